@@ -1,0 +1,423 @@
+"""Role-wise GRPO advantages (SPEC §3) and the single-baseline GRPO of the ``grpo`` variant.
+
+What it computes. For instruction x, K trajectories are sampled. Every *output* y (one ACT
+generation, or one REHEARSE generation answering one tool call) inherits the scalar reward R of its
+trajectory. Outputs are grouped by (prompt group x, role r) and
+
+    G_{x,r} = { outputs of role r across the K rollouts of x },   μ_{x,r} = mean_{y' ∈ G_{x,r}} R(y')
+    A(y)    = R(y) − μ_{x, role(y)}                                       (paper, role-wise GRPO)
+
+optionally divided by (σ_{x,r} + ε). The advantage is constant over the generated tokens of y
+(``token_advantages`` broadcasts it). ``compute_grpo_advantages`` is the same with one baseline per
+prompt group over all outputs (standard GRPO, used by the ``grpo`` ablation where only ACT trains).
+
+Deliberate choices and deviations (each tested in tests/unit/test_advantages.py):
+- Singleton group → A = 0. A (group, role) with a single member has no baseline; the reference
+  implementation (and verl's ``compute_grpo_outcome_advantage``, which uses mean 0 / std 1) gives
+  A = R there, i.e. an uncentred reward that pushes up whatever a lone output did. We give 0.
+- ``baseline="output_mean"`` (default) is the paper's formula as the reference computes it: μ over
+  outputs (rows), so a trajectory with many calls weighs more in its role's baseline.
+  ``baseline="trajectory_mean"`` counts each trajectory once per (group, role): μ is the mean reward
+  of the trajectories that produced at least one output of that role; it needs ``trajectory_ids``.
+  Under trajectory_mean "singleton" means a single such trajectory.
+- ``norm_by_std`` defaults to False (as the reference; Dr. GRPO style). When True we divide by
+  (σ + ε) with σ the *unbiased* (n−1) standard deviation over the baseline's members, exactly as
+  verl's GRPO does (``torch.std``), so a single-role batch matches verl on groups of size ≥ 2.
+- ``exclude``: outputs whose trajectory has no valid reward (judge failure, SPEC §2) get A = 0 and
+  are not counted in any baseline. (Dropping them from the loss — zeroing their response mask — is
+  the trainer's job; a zero advantage alone still lets KL and token-mean denominators see them.)
+- Padding or duplication for batch shapes must happen *after* this function: padded rows would
+  otherwise enter the baselines.
+
+verl integration: ``register_with_verl()`` registers ``envace_rolewise`` (and ``envace_grpo``) in
+verl's advantage-estimator registry; the estimator reads per-row group ids (``index`` = verl's
+``uid``) and per-token role ids. verl is imported only inside that function, so importing this
+module stays cheap and free of verl/ray.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from envace.core.records import NO_ROLE, Role
+
+logger = logging.getLogger(__name__)
+
+OUTPUT_MEAN = "output_mean"
+TRAJECTORY_MEAN = "trajectory_mean"
+VERL_ROLEWISE_NAME = "envace_rolewise"
+VERL_GRPO_NAME = "envace_grpo"
+# keys the verl estimator looks up in verl's batch / non_tensor_batch when not passed as kwargs
+ROLE_IDS_KEY = "role_ids"  # (bs, response_length) int, Role value per token, NO_ROLE off-mask
+TRAJECTORY_ID_KEY = "trajectory_id"  # (bs,) hashable, one id per trajectory
+EXCLUDE_KEY = "exclude_from_loss"  # (bs,) bool
+BASELINE_CONFIG_KEY = "rolewise_baseline"  # optional key in verl's algorithm config
+
+_VALID_ROLES = frozenset(int(r) for r in Role)
+
+
+# ---- baseline members ("units") -----------------------------------------------------------------
+def _output_units(keys: list[Hashable | None], rewards: torch.Tensor, trajectory_ids: Sequence[Hashable] | None
+                  ) -> tuple[list[Hashable | None], torch.Tensor, list[int]]:
+    """Every included output is one member of its (group, role) baseline."""
+    return keys, rewards, list(range(len(keys)))
+
+
+def _trajectory_units(keys: list[Hashable | None], rewards: torch.Tensor, trajectory_ids: Sequence[Hashable] | None
+                      ) -> tuple[list[Hashable | None], torch.Tensor, list[int]]:
+    """Each trajectory is one member of each (group, role) baseline it has outputs in.
+
+    Returns (unit keys, unit rewards (U,), unit index of every output (N,), -1 when excluded).
+    """
+    if trajectory_ids is None:
+        raise ValueError(
+            f"baseline={TRAJECTORY_MEAN!r} needs trajectory_ids (one id per output); pass them, "
+            f"or use baseline={OUTPUT_MEAN!r}"
+        )
+    if len(trajectory_ids) != len(keys):
+        raise ValueError(f"trajectory_ids has {len(trajectory_ids)} entries for {len(keys)} outputs")
+    unit_of: dict[tuple[Hashable, Hashable], int] = {}
+    unit_keys: list[Hashable | None] = []
+    unit_rewards: list[float] = []
+    output_unit: list[int] = []
+    reward_list = rewards.tolist()
+    for i, key in enumerate(keys):
+        if key is None:
+            output_unit.append(-1)
+            continue
+        uid = (key, trajectory_ids[i])
+        reward = reward_list[i]
+        if uid not in unit_of:
+            unit_of[uid] = len(unit_keys)
+            unit_keys.append(key)
+            unit_rewards.append(reward)
+        elif unit_rewards[unit_of[uid]] != reward:
+            raise ValueError(
+                f"outputs of trajectory {trajectory_ids[i]!r} (group/role {key!r}) carry different rewards "
+                f"({unit_rewards[unit_of[uid]]} vs {reward} at output {i}); every output must inherit its "
+                "trajectory's reward"
+            )
+        output_unit.append(unit_of[uid])
+    return unit_keys, torch.tensor(unit_rewards, dtype=rewards.dtype), output_unit
+
+
+_BASELINES: dict[str, Callable[..., tuple[list[Hashable | None], torch.Tensor, list[int]]]] = {
+    OUTPUT_MEAN: _output_units,
+    TRAJECTORY_MEAN: _trajectory_units,
+}
+
+
+def _group_stats(unit_keys: list[Hashable | None], unit_rewards: torch.Tensor
+                 ) -> tuple[dict[Hashable, int], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per baseline key: (key → slot, mean (G,), unbiased std (G,), member count (G,))."""
+    slot: dict[Hashable, int] = {}
+    index = []
+    for key in unit_keys:
+        if key is not None:
+            index.append(slot.setdefault(key, len(slot)))
+    rows = torch.tensor([k is not None for k in unit_keys], dtype=torch.bool)
+    values, idx = unit_rewards[rows], torch.tensor(index, dtype=torch.long)
+    n_groups = len(slot)
+    count = torch.zeros(n_groups, dtype=values.dtype).index_add_(0, idx, torch.ones_like(values))
+    mean = torch.zeros(n_groups, dtype=values.dtype).index_add_(0, idx, values) / count.clamp(min=1)
+    sq_dev = torch.zeros(n_groups, dtype=values.dtype).index_add_(0, idx, (values - mean[idx]) ** 2)
+    std = (sq_dev / (count - 1).clamp(min=1)).sqrt()
+    return slot, mean, std, count
+
+
+def _validate(rewards: torch.Tensor, group_ids: Sequence[Hashable], roles: Sequence[Any],
+              exclude: Sequence[bool] | torch.Tensor | None) -> tuple[list[int], list[bool]]:
+    """Check shapes/values; return (role ids, excluded flags), one per output."""
+    n = rewards.shape[0]
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D (one per output), got shape {tuple(rewards.shape)}")
+    if len(group_ids) != n or len(roles) != n:
+        raise ValueError(f"{n} rewards but {len(group_ids)} group ids and {len(roles)} roles; give one per output")
+    role_ids = [int(r) for r in (roles.tolist() if isinstance(roles, torch.Tensor) else roles)]
+    bad = [i for i, r in enumerate(role_ids) if r not in _VALID_ROLES]
+    if bad:
+        raise ValueError(f"outputs {bad[:5]} have role id {role_ids[bad[0]]}; valid: "
+                         f"{ {r.name: int(r) for r in Role} }")
+    if exclude is None:
+        excluded = [False] * n
+    else:
+        excluded = [bool(e) for e in (exclude.tolist() if isinstance(exclude, torch.Tensor) else exclude)]
+        if len(excluded) != n:
+            raise ValueError(f"exclude has {len(excluded)} entries for {n} outputs")
+    finite = torch.isfinite(rewards).tolist()
+    nan = [i for i in range(n) if not excluded[i] and not finite[i]]
+    if nan:
+        raise ValueError(f"outputs {nan[:5]} have non-finite rewards; mark failed trajectories with exclude=")
+    return role_ids, excluded
+
+
+def compute_rolewise_advantages(
+    rewards: torch.Tensor,
+    group_ids: Sequence[Hashable],
+    roles: Sequence[Role | int] | torch.Tensor,
+    *,
+    baseline: str = OUTPUT_MEAN,
+    norm_by_std: bool = False,
+    trajectory_ids: Sequence[Hashable] | None = None,
+    exclude: Sequence[bool] | torch.Tensor | None = None,
+    epsilon: float = 1e-6,
+) -> torch.Tensor:
+    """Role-wise GRPO advantage of every output (SPEC §3): A = R − μ_{group, role} [/ (σ + ε)].
+
+    Args:
+        rewards: (N,) trajectory reward inherited by each output.
+        group_ids: N hashable prompt-group ids (the K rollouts of one instruction share one).
+        roles: N ``Role`` values (or their int ids) — the role that generated each output.
+        baseline: ``"output_mean"`` (μ over outputs) or ``"trajectory_mean"`` (μ over trajectories).
+        norm_by_std: divide by (unbiased σ + epsilon) of the same members.
+        trajectory_ids: N trajectory ids; required for ``"trajectory_mean"``.
+        exclude: (N,) bool; True → A = 0 and not counted in baselines (e.g. judge failed).
+    Returns:
+        (N,) float advantages (float32 unless ``rewards`` is float64). Singleton baselines give 0.
+    """
+    if baseline not in _BASELINES:
+        raise ValueError(f"unknown baseline {baseline!r}; valid options: {sorted(_BASELINES)}")
+    rewards = torch.as_tensor(rewards).detach()
+    device, rewards = rewards.device, rewards.cpu()
+    rewards = rewards.double() if rewards.dtype == torch.float64 else rewards.float()
+    role_ids, excluded = _validate(rewards, group_ids, roles, exclude)
+    keys: list[Hashable | None] = [
+        None if excluded[i] else (group_ids[i], role_ids[i]) for i in range(len(role_ids))
+    ]
+    unit_keys, unit_rewards, output_unit = _BASELINES[baseline](keys, rewards, trajectory_ids)
+    if all(k is None for k in unit_keys):
+        return torch.zeros_like(rewards).to(device)
+    slot, mean, std, count = _group_stats(unit_keys, unit_rewards)
+    out_slot = torch.tensor([-1 if k is None else slot[k] for k in keys], dtype=torch.long)
+    safe_slot = out_slot.clamp(min=0)
+    centred = unit_rewards[torch.tensor(output_unit, dtype=torch.long).clamp(min=0)] - mean[safe_slot]
+    if norm_by_std:
+        centred = centred / (std[safe_slot] + epsilon)
+    has_baseline = (out_slot >= 0) & (count[safe_slot] >= 2)  # excluded or singleton -> 0
+    return torch.where(has_baseline, centred, torch.zeros_like(centred)).to(device)
+
+
+def compute_grpo_advantages(
+    rewards: torch.Tensor,
+    group_ids: Sequence[Hashable],
+    *,
+    norm_by_std: bool = False,
+    baseline: str = OUTPUT_MEAN,
+    trajectory_ids: Sequence[Hashable] | None = None,
+    exclude: Sequence[bool] | torch.Tensor | None = None,
+    epsilon: float = 1e-6,
+) -> torch.Tensor:
+    """Standard GRPO: one baseline per prompt group over all outputs (or trajectories), any role.
+
+    Same conventions as ``compute_rolewise_advantages`` (singleton → 0, unbiased σ). (N,) → (N,).
+    """
+    roles = [int(Role.ACT)] * len(group_ids)
+    return compute_rolewise_advantages(
+        rewards, group_ids, roles, baseline=baseline, norm_by_std=norm_by_std,
+        trajectory_ids=trajectory_ids, exclude=exclude, epsilon=epsilon,
+    )
+
+
+def token_advantages(output_advantages: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Broadcast per-output advantages (N,) over generated tokens: (N, L) = A[:, None] * mask."""
+    if response_mask.dim() != 2 or response_mask.shape[0] != output_advantages.shape[0]:
+        raise ValueError(
+            f"response_mask must be (N, L) with N={output_advantages.shape[0]}, got {tuple(response_mask.shape)}"
+        )
+    dtype = output_advantages.dtype if output_advantages.is_floating_point() else torch.float32
+    return output_advantages.to(dtype).unsqueeze(-1) * response_mask.to(output_advantages.device, dtype)
+
+
+def count_output_spans(response_mask: torch.Tensor) -> torch.Tensor:
+    """Number of generated outputs per row = maximal runs of mask 1. (bs, L) → (bs,) long.
+
+    Use it as ``outputs_per_row`` when one row packs a whole role stream (several outputs separated by
+    observation/scaffold tokens), so that ``output_mean`` still weighs every output once.
+    """
+    mask = response_mask.to(torch.bool)
+    starts = mask.clone()
+    starts[:, 1:] &= ~mask[:, :-1]
+    return starts.sum(dim=-1)
+
+
+# ---- verl adapter ---------------------------------------------------------------------------------
+def _lookup(container: Any, key: str) -> Any:
+    """container[key] for dicts, TensorDicts and verl configs; None when absent."""
+    if container is None:
+        return None
+    try:
+        return container[key]
+    except (KeyError, TypeError, AttributeError):
+        return None
+
+
+def _row_roles(role_ids: Any, response_mask: torch.Tensor) -> tuple[list[int], list[bool]]:
+    """Role of every row and whether it has no generated token. role_ids: (bs, L) per token or (bs,).
+
+    Raises ValueError when a row's generated tokens carry more than one role (or NO_ROLE).
+    """
+    mask = response_mask.to(torch.bool).cpu()
+    empty = (~mask.any(dim=-1)).tolist()
+    ids = torch.as_tensor(role_ids).cpu().long()
+    if ids.dim() == 1:
+        return [int(r) if not e else int(Role.ACT) for r, e in zip(ids.tolist(), empty)], empty
+    if ids.shape != mask.shape:
+        raise ValueError(f"role_ids shape {tuple(ids.shape)} must equal response_mask shape {tuple(mask.shape)}")
+    big = torch.iinfo(torch.long).max
+    low = torch.where(mask, ids, torch.full_like(ids, big)).min(dim=-1).values
+    high = torch.where(mask, ids, torch.full_like(ids, -big)).max(dim=-1).values
+    mixed = [i for i, e in enumerate(empty) if not e and (low[i] != high[i] or int(low[i]) == NO_ROLE)]
+    if mixed:
+        raise ValueError(
+            f"rows {mixed[:5]} mix roles (or carry NO_ROLE) on generated tokens; each row must hold outputs of "
+            "exactly one role (one role stream or one output per row)"
+        )
+    return [int(Role.ACT) if e else int(low[i]) for i, e in enumerate(empty)], empty
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """verl batch rows resolved to per-row inputs (bs = number of rows)."""
+
+    rewards: torch.Tensor  # (bs,) sum of token_level_rewards
+    groups: list[Hashable]
+    roles: list[int]
+    excluded: list[bool]
+    trajectory_ids: list[Hashable] | None
+    counts: list[int]  # outputs packed in each row (>= 1)
+
+
+def _resolve_rows(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, *, need_roles: bool,
+    role_ids: Any, trajectory_ids: Any, exclude: Any, outputs_per_row: Any, batch: Any, non_tensor_batch: Any,
+) -> _Rows:
+    """Gather group ids, roles, exclusions and trajectory ids from kwargs, else from verl's batch dicts."""
+    index = index if index is not None else _lookup(non_tensor_batch, "uid")
+    if index is None:
+        raise ValueError("envace advantage: per-row group ids missing; pass index= (verl's non_tensor_batch['uid'])")
+    role_ids = role_ids if role_ids is not None else _lookup(batch, ROLE_IDS_KEY)
+    if role_ids is None and need_roles:
+        raise ValueError(f"{VERL_ROLEWISE_NAME}: pass role_ids= (bs, L) per-token role ids, or put them in "
+                         f"batch[{ROLE_IDS_KEY!r}]; role ids are {[f'{r.name}={int(r)}' for r in Role]}")
+    if role_ids is None:
+        role_ids = torch.full(response_mask.shape[:1], int(Role.ACT))
+    roles, empty = _row_roles(role_ids, response_mask)
+    trajectory_ids = trajectory_ids if trajectory_ids is not None else _lookup(non_tensor_batch, TRAJECTORY_ID_KEY)
+    exclude = exclude if exclude is not None else _lookup(batch, EXCLUDE_KEY)
+    flags = [False] * len(roles) if exclude is None else [bool(x) for x in torch.as_tensor(exclude).tolist()]
+    counts = outputs_per_row if outputs_per_row is not None else _lookup(batch, "outputs_per_row")
+    counts = [1] * len(roles) if counts is None else [max(1, int(c)) for c in torch.as_tensor(counts).tolist()]
+    if not (len(index) == len(flags) == len(counts) == len(roles)):
+        raise ValueError(f"{len(roles)} rows but {len(index)} group ids, {len(flags)} exclude flags and "
+                         f"{len(counts)} output counts")
+    return _Rows(
+        rewards=token_level_rewards.detach().sum(dim=-1).cpu(),
+        groups=list(index),
+        roles=roles,
+        excluded=[f or e for f, e in zip(flags, empty)],  # rows with no generated token are not outputs
+        trajectory_ids=None if trajectory_ids is None else list(trajectory_ids),
+        counts=counts,
+    )
+
+
+def _row_advantages(rows: _Rows, *, baseline: str, norm_by_std: bool, epsilon: float) -> torch.Tensor:
+    """Per-row advantage (bs,): each row stands for ``counts[row]`` outputs in the baselines."""
+    expand = [row for row, c in enumerate(rows.counts) for _ in range(c)]
+    first = torch.tensor([0] + rows.counts[:-1], dtype=torch.long).cumsum(0)  # first copy of each row
+    per_output = compute_rolewise_advantages(
+        rows.rewards[expand],
+        [rows.groups[r] for r in expand],
+        [rows.roles[r] for r in expand],
+        baseline=baseline,
+        norm_by_std=norm_by_std,
+        trajectory_ids=None if rows.trajectory_ids is None else [rows.trajectory_ids[r] for r in expand],
+        exclude=[rows.excluded[r] for r in expand],
+        epsilon=epsilon,
+    )
+    return per_output[first]
+
+
+def _settings(config: Any, baseline: str | None, norm_adv_by_std_in_grpo: bool | None) -> tuple[str, bool]:
+    """Explicit kwargs win; else verl's algorithm config (``rolewise_baseline``, ``norm_adv_by_std_in_grpo``)."""
+    chosen = baseline or _lookup(config, BASELINE_CONFIG_KEY) or OUTPUT_MEAN
+    norm = norm_adv_by_std_in_grpo
+    if norm is None:
+        norm = bool(_lookup(config, "norm_adv_by_std_in_grpo") or False)
+    return str(chosen), bool(norm)
+
+
+def verl_rolewise_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Hashable] | None = None,
+    config: Any = None,
+    *,
+    role_ids: Any = None,
+    trajectory_ids: Sequence[Hashable] | None = None,
+    exclude: Any = None,
+    outputs_per_row: Any = None,
+    baseline: str | None = None,
+    norm_adv_by_std_in_grpo: bool | None = None,
+    epsilon: float = 1e-6,
+    batch: Any = None,
+    non_tensor_batch: Any = None,
+    **unused: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl-signature role-wise GRPO estimator (registered as ``envace_rolewise``).
+
+    Args:
+        token_level_rewards: (bs, L); a row's reward is its sum (verl's outcome convention).
+        response_mask: (bs, L) 1 on generated tokens.
+        index: (bs,) group ids (verl passes ``non_tensor_batch["uid"]``).
+        config: verl algorithm config; read: ``norm_adv_by_std_in_grpo`` (verl's default is True — set it
+            False for the SPEC default) and optional ``rolewise_baseline``. Explicit kwargs win.
+        role_ids: (bs, L) Role id per token (NO_ROLE off-mask) or (bs,) per row; else ``batch["role_ids"]``.
+        trajectory_ids: (bs,) for ``trajectory_mean``; else ``non_tensor_batch["trajectory_id"]``.
+        exclude: (bs,) bool; else ``batch["exclude_from_loss"]``. Rows with an all-zero mask are excluded.
+        outputs_per_row: (bs,) outputs packed per row (see ``count_output_spans``); default 1.
+    Returns:
+        (advantages, returns), both (bs, L) float32 = row advantage * response_mask.
+    """
+    rows = _resolve_rows(token_level_rewards, response_mask, index, need_roles=True, role_ids=role_ids,
+                         trajectory_ids=trajectory_ids, exclude=exclude, outputs_per_row=outputs_per_row,
+                         batch=batch, non_tensor_batch=non_tensor_batch)
+    chosen, norm = _settings(config, baseline, norm_adv_by_std_in_grpo)
+    per_row = _row_advantages(rows, baseline=chosen, norm_by_std=norm, epsilon=epsilon)
+    advantages = token_advantages(per_row.float(), response_mask.cpu()).to(token_level_rewards.device)
+    return advantages, advantages
+
+
+def verl_grpo_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Hashable] | None = None,
+    config: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl-signature single-baseline GRPO with envace conventions (registered as ``envace_grpo``).
+
+    Same arguments as ``verl_rolewise_advantage``; roles are ignored (one baseline per group).
+    """
+    kwargs["role_ids"] = torch.full(response_mask.shape[:1], int(Role.ACT))  # one role = one baseline
+    return verl_rolewise_advantage(token_level_rewards, response_mask, index, config, **kwargs)
+
+
+def register_with_verl() -> dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]]:
+    """Register ``envace_rolewise`` and ``envace_grpo`` in verl's advantage-estimator registry.
+
+    Idempotent (verl's ``register_adv_est`` accepts re-registering the same function); raises verl's
+    ValueError if another function already holds one of the names. Imports verl (≈ 6–10 s cold, and
+    verl's package import loads ray). Returns {name: function}.
+    """
+    from verl.trainer.ppo import core_algos
+
+    estimators = {VERL_ROLEWISE_NAME: verl_rolewise_advantage, VERL_GRPO_NAME: verl_grpo_advantage}
+    for name, fn in estimators.items():
+        core_algos.register_adv_est(name)(fn)
+    logger.debug("registered verl advantage estimators %s", sorted(estimators))
+    return estimators

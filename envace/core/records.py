@@ -1,0 +1,220 @@
+"""Typed records shared by every layer: roles, tool calls, generated segments and trajectories.
+
+All records are frozen dataclasses and round-trip through plain JSON (``to_json`` / ``from_json``),
+stamped with ``SCHEMA_VERSION`` so files written by an older envace fail loudly instead of silently.
+Token-level fields (token ids, per-token role ids, response mask, sampling log-probs) live on
+``Segment``: one contiguous piece of a token stream, either prompt/scaffold/observation text (mask 0)
+or one generation ("output") of one role (mask 1).
+
+A trajectory holds one append-only ``Stream`` per role that generated in it. The ACT stream is the
+agent's context (system + tools + user turns + its calls + the responses it received, rehearsed or
+real, as observation tokens). The REHEARSE stream is the environment-simulator's context (REHEARSE
+role prompt + tool schemas + the calls it answered and its own answers). Each generated segment is
+one output y in the sense of SPEC §3; its prompt is exactly the stream prefix before it, so a
+trainer can score every output of a stream with one forward pass, and a rollout can keep one KV
+cache per stream (append-only, never re-encoded).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+class Role(enum.IntEnum):
+    """The two seats one policy plays. Integer values are the per-token role ids fed to trainers."""
+
+    ACT = 0
+    REHEARSE = 1
+
+
+# role id used for tokens that no role generated (prompt, chat scaffold, real tool responses)
+NO_ROLE = -1
+
+
+class TrajectoryStatus(str, enum.Enum):
+    OK = "ok"  # reward is valid and the trajectory enters the loss
+    JUDGE_FAILED = "judge_failed"  # reward could not be computed: excluded from the loss, counted
+    ERROR = "error"  # the rollout itself crashed
+
+
+class Termination(str, enum.Enum):
+    FINAL_REPLY = "final_reply"  # ACT answered the user without a tool call in the last turn
+    MAX_STEPS = "max_steps"  # step budget of a turn was used up
+    MAX_TOKENS = "max_tokens"  # context/response budget was used up
+    ACT_PARSE_ERROR = "act_parse_error"
+    REHEARSE_PARSE_ERROR = "rehearse_parse_error"
+    REQUIRED_ITEM_FAILED = "required_item_failed"  # CM2 required_for_next_turn unmet
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+    id: str | None = None
+
+    def to_openai(self) -> dict[str, Any]:
+        """OpenAI chat ``tool_calls`` entry (arguments as a JSON string)."""
+        return {
+            "id": self.id or f"call_{self.name}",
+            "type": "function",
+            "function": {"name": self.name, "arguments": json.dumps(self.arguments, sort_keys=True)},
+        }
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A contiguous run of tokens. ``role`` is None for scaffold/prompt/observation tokens."""
+
+    token_ids: tuple[int, ...]
+    role: Role | None = None
+    logprobs: tuple[float, ...] | None = None  # sampling log-probs of generated tokens
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
+            raise ValueError(
+                f"Segment: {len(self.logprobs)} log-probs for {len(self.token_ids)} tokens; they must match"
+            )
+
+    @property
+    def trainable(self) -> bool:
+        return self.role is not None
+
+    @property
+    def response_mask(self) -> tuple[int, ...]:
+        return (1 if self.trainable else 0,) * len(self.token_ids)
+
+    @property
+    def role_ids(self) -> tuple[int, ...]:
+        rid = int(self.role) if self.role is not None else NO_ROLE
+        return (rid,) * len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One role's append-only token stream within a trajectory."""
+
+    role: Role
+    segments: tuple[Segment, ...] = ()
+
+    def flat(self) -> dict[str, list]:
+        """Concatenated token ids, role ids, response mask and log-probs (0.0 where not generated)."""
+        ids: list[int] = []
+        roles: list[int] = []
+        mask: list[int] = []
+        lps: list[float] = []
+        for seg in self.segments:
+            ids.extend(seg.token_ids)
+            roles.extend(seg.role_ids)
+            mask.extend(seg.response_mask)
+            lps.extend(seg.logprobs if seg.logprobs is not None else (0.0,) * len(seg.token_ids))
+        return {"input_ids": ids, "role_ids": roles, "response_mask": mask, "logprobs": lps}
+
+    def outputs(self) -> tuple[Segment, ...]:
+        return tuple(s for s in self.segments if s.trainable)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One ACT step and what followed it: the calls, and the responses (rehearsed or real)."""
+
+    act_text: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    responses: tuple[Any, ...] = ()  # one JSON value per tool call
+    rehearsed: bool = True  # False when responses came from a real executor / frozen simulator
+    user_turn: int = 0
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    prompt_id: str
+    sample_index: int
+    streams: tuple[Stream, ...] = ()
+    turns: tuple[Turn, ...] = ()
+    reward: float = 0.0
+    status: TrajectoryStatus = TrajectoryStatus.OK
+    termination: Termination = Termination.FINAL_REPLY
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def stream(self, role: Role) -> Stream | None:
+        for st in self.streams:
+            if st.role is role:
+                return st
+        return None
+
+    def outputs(self) -> list[tuple[Role, Segment]]:
+        """Every generated output (one ACT or one REHEARSE generation), in stream order."""
+        return [(seg.role, seg) for st in self.streams for seg in st.segments if seg.role is not None]
+
+    def role_token_counts(self) -> dict[Role, int]:
+        counts = {r: 0 for r in Role}
+        for role, seg in self.outputs():
+            counts[role] += len(seg.token_ids)
+        return counts
+
+    # ---- JSON round-trip -------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["schema_version"] = SCHEMA_VERSION
+        d["status"] = self.status.value
+        d["termination"] = self.termination.value
+        d["streams"] = [
+            {
+                "role": st.role.name,
+                "segments": [
+                    {**asdict(s), "role": None if s.role is None else s.role.name} for s in st.segments
+                ],
+            }
+            for st in self.streams
+        ]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Trajectory":
+        version = d.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(
+                f"Trajectory record has schema_version={version!r}; this envace reads {SCHEMA_VERSION}. "
+                "Regenerate the file with this version of envace."
+            )
+        streams = tuple(
+            Stream(
+                role=Role[st["role"]],
+                segments=tuple(
+                    Segment(
+                        token_ids=tuple(s["token_ids"]),
+                        role=None if s["role"] is None else Role[s["role"]],
+                        logprobs=None if s.get("logprobs") is None else tuple(s["logprobs"]),
+                        text=s.get("text", ""),
+                    )
+                    for s in st["segments"]
+                ),
+            )
+            for st in d.get("streams", [])
+        )
+        turns = tuple(
+            Turn(
+                act_text=t["act_text"],
+                tool_calls=tuple(ToolCall(**c) for c in t.get("tool_calls", [])),
+                responses=tuple(t.get("responses", [])),
+                rehearsed=t.get("rehearsed", True),
+                user_turn=t.get("user_turn", 0),
+            )
+            for t in d.get("turns", [])
+        )
+        return cls(
+            prompt_id=d["prompt_id"],
+            sample_index=d["sample_index"],
+            streams=streams,
+            turns=turns,
+            reward=float(d.get("reward", 0.0)),
+            status=TrajectoryStatus(d.get("status", "ok")),
+            termination=Termination(d.get("termination", "final_reply")),
+            info=dict(d.get("info", {})),
+        )

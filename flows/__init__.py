@@ -1,0 +1,1 @@
+"""Prefect flows: ``envace`` (the pipeline, deployment ``full-pipeline``) and the local server helpers."""
