@@ -1,0 +1,1 @@
+"""Stateful backends of the tool world, one module per domain (tools, handlers, seed state)."""

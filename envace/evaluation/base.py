@@ -1,0 +1,131 @@
+"""The benchmark-adapter interface, and its implementation for any executable ``Environment``.
+
+A ``BenchmarkAdapter`` turns a benchmark into: tasks (``tasks(subset, limit, seed)``), one episode of a
+policy on a task (``run_episode(policy, task)`` — or ``episode_program`` for batched drivers), a score,
+and optionally a fresh *real executor* (fidelity studies). Its ``rehearsal_context(task)`` is the only
+view of a task that private rehearsal receives: instructions, tools and user turns — no executor, no
+gold calls, no states.
+
+``EnvironmentAdapter`` implements the interface for every environment of ``envace.envs.base`` (the
+embedded tool world; later BFCL multi-turn / τ² if they expose the same protocol): the ACT loop with the
+REAL executor, user turns replayed in order, scored by the environment's own scorer. ``episode_program``
+creates the executor inside the program, so nothing outside the committed episode ever holds it.
+
+Subsets are sampled deterministically: with ``limit``, the tasks with the smallest
+``crc32(seed, task_id)`` are kept, in the environment's order.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import replace
+
+from envace.core.rehearsal import RehearsalContext, derive_seed
+from envace.envs.base import EpisodeResult, Environment, Executor, Task
+from envace.evaluation.episode import ActLoopConfig, Dialogue, ExecutorResponder, TurnHook, run_act_loop
+from envace.evaluation.programs import ACTOR, GenerationLedger, Program, drive
+from envace.evaluation.records import EpisodeRecord, held_out_kind, is_held_out
+from envace.inference.base import ChatBackend
+
+
+def sample_tasks(tasks: list[Task], limit: int | None, seed: int) -> list[Task]:
+    """Deterministic subset of at most ``limit`` tasks (original order kept)."""
+    if limit is None or limit >= len(tasks):
+        return list(tasks)
+    if limit < 0:
+        raise ValueError(f"limit={limit}: must be >= 0 or None (all tasks)")
+    keep = set(sorted(range(len(tasks)), key=lambda i: (derive_seed(seed, tasks[i].task_id), i))[:limit])
+    return [t for i, t in enumerate(tasks) if i in keep]
+
+
+class BenchmarkAdapter(ABC):
+    """One benchmark, seen by evaluation and rehearsal. Subclasses set ``name``."""
+
+    name: str = "benchmark"
+    success_threshold: float = 1.0  # a task succeeds when score >= this
+
+    @abstractmethod
+    def tasks(self, subset: str = "test", limit: int | None = None, seed: int = 0) -> list[Task]: ...
+
+    @abstractmethod
+    def episode_program(
+        self, task: Task, *, ledger: GenerationLedger | None = None, turn_hook: TurnHook | None = None
+    ) -> Program[EpisodeRecord]:
+        """One real episode as a generation program (seat ``ACTOR``); see ``programs``."""
+
+    @abstractmethod
+    def score(self, task: Task, record: EpisodeRecord) -> float:
+        """Re-score a record (the episode program already stores its score)."""
+
+    def real_executor(self, task: Task) -> Executor | None:
+        """A fresh real executor for ``task`` (fidelity studies); None when the benchmark has none."""
+        return None
+
+    def rehearsal_context(self, task: Task) -> RehearsalContext:
+        """The only view of ``task`` that private rehearsal gets."""
+        return RehearsalContext(task.task_id, task.system_prompt, tuple(task.tools), tuple(task.user_turns))
+
+    def run_episode(
+        self, policy: ChatBackend, task: Task, *, turn_hook: TurnHook | None = None, max_batch: int | None = None
+    ) -> EpisodeRecord:
+        """Run one episode of ``policy`` on ``task`` (raises on crashes; ``evaluate`` isolates them)."""
+        return drive(self.episode_program(task, turn_hook=turn_hook), {ACTOR: policy}, max_batch)
+
+
+class EnvironmentAdapter(BenchmarkAdapter):
+    """Adapter for an executable ``envs.base.Environment``: real executor, environment scorer."""
+
+    def __init__(self, env: Environment, config: ActLoopConfig | None = None, name: str | None = None) -> None:
+        self.env = env
+        self.config = config or ActLoopConfig()
+        self.name = name or getattr(env, "name", type(env).__name__)
+
+    def tasks(self, subset: str = "test", limit: int | None = None, seed: int = 0) -> list[Task]:
+        return sample_tasks(list(self.env.tasks(subset)), limit, seed)
+
+    def real_executor(self, task: Task) -> Executor:
+        return self.env.make_executor(task)
+
+    def score(self, task: Task, record: EpisodeRecord) -> float:
+        calls = tuple(
+            tuple(c for t in record.turns if t.user_turn == u for c in t.tool_calls)
+            for u in range(len(task.user_turns))
+        )
+        result = EpisodeResult(record.final_answers, calls, record.final_state)
+        return float(self.env.score(task, result))
+
+    def episode_program(
+        self, task: Task, *, ledger: GenerationLedger | None = None, turn_hook: TurnHook | None = None
+    ) -> Program[EpisodeRecord]:
+        start = time.perf_counter()
+        ledger = ledger if ledger is not None else GenerationLedger()
+        responder = ExecutorResponder(self.env.make_executor(task))
+        dialogue = Dialogue(task.task_id, task.system_prompt, tuple(task.tools), tuple(task.user_turns))
+        loop = yield from run_act_loop(dialogue, responder, self.config, ledger, turn_hook=turn_hook)
+        record = EpisodeRecord(
+            benchmark=self.name,
+            task_id=task.task_id,
+            domain=task.domain,
+            split=task.split,
+            held_out=is_held_out(task),
+            held_out_kind=held_out_kind(task),
+            score=0.0,
+            success=False,
+            final_answers=loop.final_answers,
+            turns=loop.turns,
+            termination=loop.termination,
+            act_generations=loop.act_generations,
+            parse_failures=loop.parse_failures,
+            parse_error_codes=loop.parse_error_codes,
+            real_calls=responder.calls_made,
+            final_state=responder.state(),
+            costs=ledger.to_json(),
+            wall_s=time.perf_counter() - start,
+        )
+        return _scored(self, task, record)
+
+
+def _scored(adapter: BenchmarkAdapter, task: Task, record: EpisodeRecord) -> EpisodeRecord:
+    score = adapter.score(task, record)
+    return replace(record, score=score, success=score >= adapter.success_threshold - 1e-9)

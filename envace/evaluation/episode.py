@@ -1,0 +1,246 @@
+"""The ACT loop over a chat backend, shared by evaluation, rehearsal attempts and committed executions.
+
+One loop, two kinds of responders: ``ExecutorResponder`` runs calls for real (evaluation, committed
+execution); ``envace.rehearsal.imagined.RehearserResponder`` asks the REHEARSE role instead (private
+rehearsal). The loop itself has no idea which one it talks to.
+
+Per user turn (replayed in order from the task): optional notes from a ``turn_hook`` (the rehearsal
+memory), the user message, then up to ``max_steps_per_turn`` ACT generations. Each generation is parsed
+with ``envace.core.wire.parse_tool_calls``:
+* no call block and nothing malformed → the turn's final reply; the next user turn starts;
+* malformed → an ACT parse failure; the episode ends (``Termination.ACT_PARSE_ERROR``), as in SPEC §1;
+* calls → the responder answers each; the calls and responses are appended (OpenAI ``tool_calls`` on
+  the assistant message, one ``tool`` message per call) and ACT goes again.
+Using up the step budget of a turn ends the episode (``Termination.MAX_STEPS``); the remaining turns get
+an empty answer. Unknown tool names are *not* parse failures: the environment (or the rehearser) answers
+them with an error, as a real API would, and the agent may recover.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from envace.core.prompts import DEFAULT_ROLE_PROMPTS, RolePrompts, act_messages, act_observation_messages
+from envace.core.records import Termination, ToolCall, Turn
+from envace.core.rehearsal import derive_seed
+from envace.core.wire import parse_tool_calls
+from envace.envs.base import Executor
+from envace.evaluation.programs import ACTOR, GenerationCall, GenerationLedger, Program, generate_one
+from envace.inference.base import ChatRequest
+
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ActLoopConfig:
+    """Budgets and sampling of the ACT loop."""
+
+    max_steps_per_turn: int = 8
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    seed: int = 0
+    role_prompts: RolePrompts = DEFAULT_ROLE_PROMPTS
+
+    def __post_init__(self) -> None:
+        if self.max_steps_per_turn < 1:
+            raise ValueError(f"ActLoopConfig.max_steps_per_turn={self.max_steps_per_turn}: must be >= 1")
+
+
+@dataclass(frozen=True)
+class Dialogue:
+    """What the ACT loop plays: the task's instructions, tools and the user turns to replay.
+
+    ``first_turn_index`` / ``history``: start in the middle of a conversation (turn-scope rehearsal):
+    ``history`` are the messages after the system message that precede user turn ``first_turn_index``.
+    """
+
+    task_id: str
+    system_prompt: str
+    tools: tuple[dict[str, Any], ...]
+    user_turns: tuple[str, ...]
+    first_turn_index: int = 0
+    history: tuple[Message, ...] = ()
+
+
+@dataclass(frozen=True)
+class ResponseBatch:
+    """Responses to one step's calls; ``ok=False`` when the responder could not answer (ends the loop)."""
+
+    responses: tuple[Any, ...]
+    ok: bool = True
+    error_codes: tuple[str, ...] = ()
+
+
+class ToolResponder(Protocol):
+    rehearsed: bool  # True when responses are imagined (recorded on each Turn)
+
+    def respond(self, calls: tuple[ToolCall, ...], user_turn: int, user_text: str) -> Program[ResponseBatch]: ...
+
+
+@dataclass(frozen=True)
+class TurnView:
+    """What a turn hook sees before user turn ``turn_index``: the conversation so far, never an executor."""
+
+    turn_index: int
+    conversation: tuple[Message, ...]  # messages after the system message
+    examples: tuple[tuple[ToolCall, Any], ...]  # (call, response) pairs of earlier user turns
+
+
+TurnHook = Callable[[TurnView], Program[tuple[Message, ...]]]
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    turns: tuple[Turn, ...]
+    final_answers: tuple[str, ...]
+    termination: Termination
+    act_generations: int
+    parse_failures: int
+    parse_error_codes: tuple[str, ...] = ()
+    responder_failures: int = 0
+    messages: tuple[Message, ...] = field(default=(), repr=False)
+
+
+class ExecutorResponder:
+    """Runs calls on the real executor, one by one, in call order; counts them."""
+
+    rehearsed = False
+
+    def __init__(self, executor: Executor) -> None:
+        self._executor = executor
+        self.calls_made = 0
+        self.seconds = 0.0
+
+    def respond(self, calls: tuple[ToolCall, ...], user_turn: int, user_text: str) -> Program[ResponseBatch]:
+        start = time.perf_counter()
+        responses = []
+        for call in calls:
+            self.calls_made += 1
+            responses.append(self._executor.execute(call))
+        self.seconds += time.perf_counter() - start
+        return ResponseBatch(tuple(responses))
+        yield []  # pragma: no cover - makes this method a generator
+
+    def state(self) -> dict[str, Any]:
+        """The executor's state snapshot (for scoring)."""
+        return self._executor.state()
+
+
+def _with_ids(calls: tuple[ToolCall, ...], user_turn: int, step: int) -> tuple[ToolCall, ...]:
+    return tuple(ToolCall(c.name, c.arguments, f"call_{user_turn}_{step}_{i}") for i, c in enumerate(calls))
+
+
+def _assistant_message(content: str, calls: tuple[ToolCall, ...]) -> Message:
+    message: Message = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [c.to_openai() for c in calls]
+    return message
+
+
+@dataclass
+class _LoopState:
+    """Mutable bookkeeping of one loop run (local to ``run_act_loop``)."""
+
+    messages: list[Message]
+    turns: list[Turn] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
+    generations: int = 0
+    parse_failures: int = 0
+    codes: list[str] = field(default_factory=list)
+    responder_failures: int = 0
+
+    def examples_before(
+        self, user_turn: int, given: tuple[tuple[ToolCall, Any], ...]
+    ) -> tuple[tuple[ToolCall, Any], ...]:
+        own = tuple((c, r) for t in self.turns if t.user_turn < user_turn for c, r in zip(t.tool_calls, t.responses))
+        return given + own
+
+    def result(self, termination: Termination, n_turns: int) -> LoopResult:
+        answers = self.answers + [""] * (n_turns - len(self.answers))
+        return LoopResult(
+            tuple(self.turns),
+            tuple(answers),
+            termination,
+            self.generations,
+            self.parse_failures,
+            tuple(self.codes),
+            self.responder_failures,
+            tuple(self.messages),
+        )
+
+
+def _play_turn(
+    dialogue: Dialogue,
+    responder: ToolResponder,
+    config: ActLoopConfig,
+    ledger: GenerationLedger,
+    state: _LoopState,
+    turn: int,
+    purpose: str,
+    seed_tag: str,
+) -> Program[Termination | None]:
+    """ACT steps of one user turn; returns None when the turn ended with a final reply."""
+    user_text = dialogue.user_turns[turn - dialogue.first_turn_index]
+    for step in range(config.max_steps_per_turn):
+        request = ChatRequest(
+            messages=tuple(state.messages),
+            tools=dialogue.tools,
+            temperature=config.temperature,
+            max_new_tokens=config.max_new_tokens,
+            seed=derive_seed(config.seed, dialogue.task_id, seed_tag, turn, step),
+        )
+        output = yield from generate_one(GenerationCall(ACTOR, purpose, request), ledger)
+        state.generations += 1
+        parse = parse_tool_calls(output.text)
+        if parse.is_final:
+            state.messages.append(_assistant_message(parse.content, ()))
+            state.turns.append(Turn(act_text=output.text, rehearsed=responder.rehearsed, user_turn=turn))
+            state.answers.append(parse.content)
+            return None
+        if not parse.ok:
+            state.parse_failures += 1
+            state.codes.extend(e.code.value for e in parse.errors)
+            state.turns.append(Turn(act_text=output.text, rehearsed=responder.rehearsed, user_turn=turn))
+            return Termination.ACT_PARSE_ERROR
+        calls = _with_ids(parse.calls, turn, step)
+        batch = yield from responder.respond(calls, turn, user_text)
+        state.turns.append(Turn(output.text, calls, batch.responses, rehearsed=responder.rehearsed, user_turn=turn))
+        if not batch.ok:
+            state.responder_failures += 1
+            state.codes.extend(batch.error_codes)
+            return Termination.REHEARSE_PARSE_ERROR
+        state.messages.append(_assistant_message(parse.content, calls))
+        state.messages.extend(act_observation_messages(calls, batch.responses))
+    return Termination.MAX_STEPS
+
+
+def run_act_loop(
+    dialogue: Dialogue,
+    responder: ToolResponder,
+    config: ActLoopConfig,
+    ledger: GenerationLedger,
+    *,
+    purpose: str = "act",
+    seed_tag: str = "act",
+    turn_hook: TurnHook | None = None,
+    given_examples: tuple[tuple[ToolCall, Any], ...] = (),
+) -> Program[LoopResult]:
+    """Play every user turn of ``dialogue`` (see the module docstring for the rules)."""
+    if not dialogue.user_turns:
+        raise ValueError(f"task {dialogue.task_id!r} has no user turns; nothing to play")
+    system = act_messages(config.role_prompts, dialogue.system_prompt, dialogue.user_turns[0])[0]
+    state = _LoopState(messages=[system, *dialogue.history])
+    n_turns = len(dialogue.user_turns)
+    for offset, user_text in enumerate(dialogue.user_turns):
+        turn = dialogue.first_turn_index + offset
+        if turn_hook is not None:
+            view = TurnView(turn, tuple(state.messages[1:]), state.examples_before(turn, given_examples))
+            notes = yield from turn_hook(view)
+            state.messages.extend(notes)
+        state.messages.append({"role": "user", "content": user_text})
+        ended = yield from _play_turn(dialogue, responder, config, ledger, state, turn, purpose, seed_tag)
+        if ended is not None:
+            return state.result(ended, n_turns)
+    return state.result(Termination.FINAL_REPLY, n_turns)

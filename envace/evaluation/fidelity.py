@@ -1,0 +1,242 @@
+"""World-model fidelity (SPEC §6): how well the REHEARSE role predicts the real environment.
+
+For every call a policy made in real episodes (each recorded with its real response), the REHEARSE role
+(same backend or any other, REHEARSE role prompts) is asked for the response, teacher-forced:
+
+* the REHEARSE system message lists the task's tools and, as few-shot examples, the real (call,
+  response) pairs of *earlier user turns only* (no future ground truth, SPEC §1);
+* earlier calls of the same user turn appear as the stream's history with their *real* responses;
+* then the call itself, with the current user request as context.
+
+Comparisons (real scalars are wrapped as ``{"result": v}`` first, as the rehearsal format requires):
+
+* exact match — canonical JSON (sorted keys, no whitespace) equal;
+* field F1 — both values flattened to ``path → canonical leaf`` pairs (``$.a.b[0]``; empty containers
+  are leaves), F1 of the two pair sets;
+* error agreement — both or neither are errors (an object with a non-empty ``"error"`` key).
+
+A prediction that does not parse (or whose generation failed) scores 0 on all three and is counted in
+``parse_failure_rate``. Reported overall (micro-averaged over calls) and per tool.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from tqdm.auto import tqdm
+
+from envace.core.prompts import (
+    DEFAULT_ROLE_PROMPTS,
+    RolePrompts,
+    rehearse_call_message,
+    rehearse_messages,
+    tool_function,
+)
+from envace.core.records import ToolCall
+from envace.core.rehearsal import derive_seed
+from envace.core.wire import as_result_object, parse_rehearsal, render_rehearsal
+from envace.envs.base import Task
+from envace.evaluation.programs import REHEARSER, GenerationCall, dispatch
+from envace.evaluation.records import EpisodeRecord
+from envace.inference.base import ChatBackend, ChatRequest
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _child(prefix: str, key: str) -> str:
+    plain = key.isidentifier()
+    return f"{prefix}.{key}" if plain else f"{prefix}[{json.dumps(key, ensure_ascii=False)}]"
+
+
+def flatten_json(value: Any, prefix: str = "$") -> dict[str, str]:
+    """``path → canonical JSON of the leaf``; empty objects/arrays are leaves (``{}``, ``[]``)."""
+    if isinstance(value, dict) and value:
+        out: dict[str, str] = {}
+        for key in sorted(value, key=str):
+            out.update(flatten_json(value[key], _child(prefix, str(key))))
+        return out
+    if isinstance(value, list) and value:
+        out = {}
+        for i, item in enumerate(value):
+            out.update(flatten_json(item, f"{prefix}[{i}]"))
+        return out
+    return {prefix: canonical_json(value)}
+
+
+def field_f1(predicted: Any, real: Any) -> float:
+    """F1 between the flattened (path, value) pairs of two JSON values."""
+    pred, gold = set(flatten_json(predicted).items()), set(flatten_json(real).items())
+    hit = len(pred & gold)
+    if hit == 0:
+        return 0.0
+    precision, recall = hit / len(pred), hit / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+def is_error_response(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("error") not in (None, False, "", {}, [])
+
+
+@dataclass(frozen=True)
+class FidelityPair:
+    """One call: the real response, the rehearsed one (None when unparseable) and their scores."""
+
+    task_id: str
+    tool: str
+    arguments: dict[str, Any]
+    real: Any
+    predicted: Any | None
+    exact: float
+    f1: float
+    error_agreement: float
+    parse_errors: tuple[str, ...] = ()
+
+
+def compare_responses(predicted: Any | None, real: Any) -> tuple[float, float, float]:
+    """(exact match, field F1, error agreement) of a prediction against the real response."""
+    if predicted is None:
+        return 0.0, 0.0, 0.0
+    real = as_result_object(real)
+    exact = 1.0 if canonical_json(predicted) == canonical_json(real) else 0.0
+    agree = 1.0 if is_error_response(predicted) == is_error_response(real) else 0.0
+    return exact, field_f1(predicted, real), agree
+
+
+@dataclass(frozen=True)
+class FidelityStats:
+    n: int
+    exact_match: float
+    field_f1: float
+    error_agreement: float
+    parse_failure_rate: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "exact_match": self.exact_match,
+            "field_f1": self.field_f1,
+            "error_agreement": self.error_agreement,
+            "parse_failure_rate": self.parse_failure_rate,
+        }
+
+
+def summarize_pairs(pairs: Sequence[FidelityPair]) -> FidelityStats:
+    n = len(pairs)
+    if n == 0:
+        return FidelityStats(0, 0.0, 0.0, 0.0, 0.0)
+    return FidelityStats(
+        n=n,
+        exact_match=sum(p.exact for p in pairs) / n,
+        field_f1=sum(p.f1 for p in pairs) / n,
+        error_agreement=sum(p.error_agreement for p in pairs) / n,
+        parse_failure_rate=sum(1 for p in pairs if p.predicted is None) / n,
+    )
+
+
+@dataclass(frozen=True)
+class FidelityReport:
+    overall: FidelityStats
+    per_tool: dict[str, FidelityStats] = field(default_factory=dict)
+    pairs: tuple[FidelityPair, ...] = ()
+
+    def flat(self, prefix: str = "fidelity/") -> dict[str, float]:
+        out = {f"{prefix}{k}": float(v) for k, v in self.overall.to_json().items()}
+        for tool, stats in sorted(self.per_tool.items()):
+            out.update({f"{prefix}tool/{tool}/{k}": float(v) for k, v in stats.to_json().items()})
+        return out
+
+
+def build_report(pairs: Sequence[FidelityPair]) -> FidelityReport:
+    tools: dict[str, list[FidelityPair]] = {}
+    for p in pairs:
+        tools.setdefault(p.tool, []).append(p)
+    return FidelityReport(summarize_pairs(pairs), {t: summarize_pairs(ps) for t, ps in tools.items()}, tuple(pairs))
+
+
+@dataclass(frozen=True)
+class _Probe:
+    task_id: str
+    call: ToolCall
+    real: Any
+    request: ChatRequest
+
+
+def _schema_for(tools: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
+    return next((t for t in tools if tool_function(t).get("name") == name), None)
+
+
+def _record_probes(
+    record: EpisodeRecord, task: Task, prompts: RolePrompts, max_new_tokens: int, temperature: float, seed: int
+) -> list[_Probe]:
+    probes: list[_Probe] = []
+    pairs = [(t.user_turn, c, r) for t in record.turns for c, r in zip(t.tool_calls, t.responses)]
+    for index, (turn, call, real) in enumerate(pairs):
+        examples = [(c, as_result_object(r)) for u, c, r in pairs if u < turn]
+        context = task.user_turns[turn] if turn < len(task.user_turns) else ""
+        messages = list(rehearse_messages(prompts, task.tools, examples))
+        for u, c, r in pairs[:index]:
+            if u == turn:
+                messages.append(rehearse_call_message(prompts, c, _schema_for(task.tools, c.name), context))
+                messages.append({"role": "assistant", "content": render_rehearsal(as_result_object(r))})
+        messages.append(rehearse_call_message(prompts, call, _schema_for(task.tools, call.name), context))
+        request = ChatRequest(
+            messages=tuple(messages),
+            tools=None,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            seed=derive_seed(seed, record.task_id, "fidelity", index),
+        )
+        probes.append(_Probe(record.task_id, call, real, request))
+    return probes
+
+
+def measure_fidelity(
+    backend: ChatBackend,
+    records: Sequence[EpisodeRecord],
+    tasks: Sequence[Task],
+    *,
+    role_prompts: RolePrompts = DEFAULT_ROLE_PROMPTS,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    seed: int = 0,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> FidelityReport:
+    """Ask ``backend`` (REHEARSE role) for the response of every real call in ``records`` and compare."""
+    by_id = {t.task_id: t for t in tasks}
+    probes: list[_Probe] = []
+    for record in records:
+        if record.crashed:
+            continue
+        if record.task_id not in by_id:
+            raise KeyError(f"measure_fidelity: record of task {record.task_id!r} has no matching task; pass its Task")
+        probes.extend(_record_probes(record, by_id[record.task_id], role_prompts, max_new_tokens, temperature, seed))
+    pairs: list[FidelityPair] = []
+    for lo in tqdm(range(0, len(probes), batch_size), desc="fidelity", disable=not progress, leave=False):
+        chunk = probes[lo : lo + batch_size]
+        replies = dispatch([GenerationCall(REHEARSER, "fidelity", p.request) for p in chunk], {REHEARSER: backend})
+        for probe, reply in zip(chunk, replies):
+            if reply.output is None:
+                predicted, codes = None, ("GENERATION_ERROR",)
+            else:
+                parsed = parse_rehearsal(reply.output.text)
+                predicted, codes = parsed.result, tuple(e.code.value for e in parsed.errors)
+            exact, f1, agree = compare_responses(predicted, probe.real)
+            pairs.append(
+                FidelityPair(
+                    probe.task_id,
+                    probe.call.name,
+                    dict(probe.call.arguments),
+                    probe.real,
+                    predicted,
+                    exact,
+                    f1,
+                    agree,
+                    codes,
+                )
+            )
+    return build_report(pairs)

@@ -1,0 +1,23 @@
+"""Test-time private rehearsal (SPEC §4): attempts, critiques, memory, one committed execution, sweeps.
+
+Pure logic (prompts, critique parser, memory bound, records) lives in ``envace.core.rehearsal``.
+"""
+
+from envace.rehearsal.committed import REHEARSAL_PURPOSES, evaluate_with_rehearsal, rehearsed_episode
+from envace.rehearsal.controller import RehearsalOutcome, RehearsalSettings, context_for_turn, rehearse
+from envace.rehearsal.imagined import RehearserResponder
+from envace.rehearsal.sweep import CellCosts, CellResult, run_rehearsal_sweep
+
+__all__ = [
+    "REHEARSAL_PURPOSES",
+    "CellCosts",
+    "CellResult",
+    "RehearsalOutcome",
+    "RehearsalSettings",
+    "RehearserResponder",
+    "context_for_turn",
+    "evaluate_with_rehearsal",
+    "rehearse",
+    "rehearsed_episode",
+    "run_rehearsal_sweep",
+]

@@ -1,0 +1,127 @@
+"""The test-time rehearsal grid (SPEC §4/§5): N × mode × rehearser, on one benchmark's tasks.
+
+``run_rehearsal_sweep`` evaluates every cell with ``evaluate_with_rehearsal``. N=0 (no rehearsal) does
+not depend on the mode or the rehearser, so it is run once and reported as a single cell with
+``mode="none"`` and ``rehearser="none"`` — the shared baseline of every row of the table. Cells are
+returned in a fixed order: the baseline first, then by N, mode, rehearser name (as given).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Sequence
+
+from envace.core.rehearsal import RehearsalMode
+from envace.envs.base import Task
+from envace.evaluation.base import BenchmarkAdapter
+from envace.evaluation.metrics import BenchmarkMetrics
+from envace.evaluation.records import EpisodeRecord
+from envace.inference.base import ChatBackend
+from envace.rehearsal.committed import evaluate_with_rehearsal
+from envace.rehearsal.controller import RehearsalSettings
+
+NONE = "none"
+
+
+@dataclass(frozen=True)
+class CellCosts:
+    """Per-task means over a cell."""
+
+    rehearsal_completion_tokens: float
+    rehearsal_wall_s: float
+    committed_wall_s: float
+    real_env_calls: float
+    committed_executions: float
+
+    def to_json(self) -> dict[str, float]:
+        return dict(vars(self))
+
+
+@dataclass(frozen=True)
+class CellResult:
+    n_attempts: int
+    mode: str  # "parallel" | "sequential" | "none" (N=0)
+    rehearser: str  # key of the rehearsers dict, or "none" (N=0)
+    metrics: BenchmarkMetrics
+    costs: CellCosts
+    records: tuple[EpisodeRecord, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"n{self.n_attempts}-{self.mode}-{self.rehearser}"
+
+    def to_json(self, with_records: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "n_attempts": self.n_attempts,
+            "mode": self.mode,
+            "rehearser": self.rehearser,
+            "metrics": self.metrics.to_json(),
+            "costs": self.costs.to_json(),
+        }
+        if with_records:
+            out["records"] = [r.to_json() for r in self.records]
+        return out
+
+
+def cell_costs(records: Sequence[EpisodeRecord]) -> CellCosts:
+    rows = [r.info.get("rehearsal", {}).get("costs", {}) for r in records]
+    n = max(1, len(records))
+
+    def mean(key: str, default: float = 0.0) -> float:
+        return sum(float(row.get(key, default)) for row in rows) / n
+
+    return CellCosts(
+        rehearsal_completion_tokens=mean("rehearsal_completion_tokens"),
+        rehearsal_wall_s=mean("rehearsal_wall_s"),
+        committed_wall_s=mean("committed_wall_s"),
+        real_env_calls=sum(float(r.real_calls) for r in records) / n,
+        committed_executions=mean("committed_executions"),
+    )
+
+
+def _cells(n_values: Sequence[int], modes: Sequence[str], rehearsers: Sequence[str]) -> list[tuple[int, str, str]]:
+    if any(n < 0 for n in n_values):
+        raise ValueError(f"n_values={list(n_values)}: attempts must be >= 0")
+    grid: list[tuple[int, str, str]] = [(0, NONE, NONE)] if 0 in n_values else []
+    for n in sorted({n for n in n_values if n > 0}):
+        grid.extend((n, RehearsalMode(m).value, r) for m in modes for r in rehearsers)
+    return grid
+
+
+def run_rehearsal_sweep(
+    adapter: BenchmarkAdapter,
+    actor: ChatBackend,
+    rehearsers: Mapping[str, ChatBackend],
+    n_values: Sequence[int],
+    modes: Sequence[str],
+    tasks: Sequence[Task],
+    settings: RehearsalSettings | None = None,
+    *,
+    concurrency: int = 1,
+    max_batch: int | None = None,
+    progress: bool = True,
+    keep_records: bool = True,
+) -> list[CellResult]:
+    """Evaluate every (N, mode, rehearser) cell; N=0 once (shared baseline). ``settings``: the base
+    rehearsal settings (default ``RehearsalSettings()``); each cell overrides N and the mode."""
+    settings = settings or RehearsalSettings()
+    if any(n > 0 for n in n_values) and (not rehearsers or not modes):
+        raise ValueError("run_rehearsal_sweep: N > 0 needs at least one rehearser and one mode")
+    results = []
+    for n, mode, name in _cells(n_values, modes, list(rehearsers)):
+        config = replace(settings.config, n_attempts=n, mode=settings.config.mode if mode == NONE else mode)
+        run = evaluate_with_rehearsal(
+            adapter,
+            actor,
+            None if n == 0 else rehearsers[name],
+            tasks,
+            replace(settings, config=config),
+            concurrency=concurrency,
+            max_batch=max_batch,
+            progress=progress,
+            label=f"rehearsal n{n} {mode} {name}",
+        )
+        results.append(
+            CellResult(n, mode, name, run.metrics, cell_costs(run.records), run.records if keep_records else ())
+        )
+    return results
