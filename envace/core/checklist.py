@@ -1,0 +1,509 @@
+"""CM2 checklist records and the checklist reward of SPEC §2 (pure: no I/O, no judge calls).
+
+A CM2 checklist has, for every user turn, a list of items
+``{id, question, focus_on, pass_condition, failure_examples, evidence, weight, required_for_next_turn,
+dependence}`` whose weights sum to 1. A judge (``envace.judges``) returns one verdict per
+(assistant step, item); this module turns those verdicts into the trajectory reward:
+
+    pass(t, i)  = 1 if ANY assistant step of user turn t passed item i, else 0
+    R           = Σ_t Σ_i w_{t,i} · pass(t, i)  /  T          (T = number of checklist turns)
+
+* Early termination: turns the episode never reached contribute 0 (the denominator stays T).
+* ``required_for_next_turn``: if such an item did not pass in turn t, the episode ends after turn t
+  (``continue_after_turn`` tells a rollout whether to replay the next user message); any verdicts for
+  later turns are ignored.
+* Tool-call errors: an item focused on ``assistant.tool_calls`` or ``tool.content`` fails at a step
+  whose tool message reports a tool-call error, whatever the judge said.
+* A verdict that could not be obtained (judge error, or an item no configured judge could decide) makes
+  the reward unknown: the score gets ``TrajectoryStatus.JUDGE_FAILED`` and ``reward=None`` - never 0.
+
+Deliberate choices, where the CM2 reference code is loose or silent:
+* "Tool-call error" means the harness-level marker CM2 uses - a tool message whose JSON object has the
+  key ``error_tool_call`` (``TOOL_CALL_ERROR_KEY``) - or a step flagged ``tool_error=True`` by our own
+  rollout. An ``{"error": ...}`` returned by the *tool itself* is an ordinary response: CM2's annotated
+  checklists expect items about such responses to pass (the public sample's turn-0 item C1 asks
+  precisely whether the tool reported a type error).
+* An item whose verdicts are unknown at some step still passes if another step of the turn passed it
+  (ANY semantics); it is unknown only when no step passed and at least one step was undecided.
+* ``dependence`` is kept as data; the reward does not gate on it (the reference does not either).
+* The reference silently scores judge failures 0 and stops the episode; we report JUDGE_FAILED so the
+  trajectory is excluded from the loss and counted.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from envace.core.records import TrajectoryStatus
+
+TOOL_CALL_ERROR_KEY = "error_tool_call"
+FOCUS_TOOL_CALLS = "assistant.tool_calls"
+FOCUS_TOOL_CONTENT = "tool.content"
+TOOL_FOCUSES = frozenset({FOCUS_TOOL_CALLS, FOCUS_TOOL_CONTENT})
+DEFAULT_WEIGHT_TOLERANCE = 1e-6
+
+
+class ChecklistFormatError(ValueError):
+    """A checklist (or one of its items) does not follow the CM2 format; ``field`` says where."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+class ChecklistWeightError(ChecklistFormatError):
+    """An item weight is not a finite non-negative number, or a turn's weights do not sum to 1."""
+
+
+class RuleKind(str, enum.Enum):
+    """Machine-checkable item kinds (evaluated by ``envace.judges.rule``)."""
+
+    TOOL_CALL = "tool_call"  # some call of the step has this name and these argument values
+    ANSWER_CONTAINS = "answer_contains"  # the step's user-visible reply mentions every value
+
+
+@dataclass(frozen=True)
+class BoundArgument:
+    """An argument that may instead equal a value from the response of the call that passed another
+    item (ids the agent's own execution produced). ``path`` steps: a key (str), an index (int), or a
+    matcher (object: the first list element whose fields equal it)."""
+
+    turn: int
+    item: str
+    path: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class ItemRule:
+    """Optional machine-checkable form of an item (the ``rule`` key of an item dict).
+
+    JSON forms (the embedded tool world writes the same ones):
+
+    * ``{"kind": "tool_call", "name": "get_x", "arguments": {"city": "Paris"}, "bound_arguments":
+      {"event_id": {"turn": 0, "item": "C0", "path": ["event", "id"]}}, "require_success": true}`` -
+      some call of the step has that name, each listed argument equals its value (keys may be dotted
+      paths into nested objects) or, when bound, the value at ``path`` in the response of the call that
+      passed item ``item`` of turn ``turn``; unlisted arguments are free. With ``require_success``
+      (default true for explicit rules) the call's response must not be an error object.
+    * ``{"kind": "answer_contains", "values": ["42", "Paris"]}`` (or ``"text": "42"``) - the step's
+      user-visible reply mentions every value (``envace.judges.rule.mentions``); no values: passes.
+    """
+
+    kind: RuleKind
+    tool_name: str | None = None
+    arguments: tuple[tuple[str, Any], ...] = ()
+    bound_arguments: tuple[tuple[str, BoundArgument], ...] = ()
+    require_success: bool = True
+    values: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "rule") -> ItemRule:
+        if not isinstance(raw, Mapping):
+            raise ChecklistFormatError(where, f"expected an object, got {type(raw).__name__}")
+        try:
+            kind = RuleKind(raw.get("kind"))
+        except ValueError:
+            valid = ", ".join(k.value for k in RuleKind)
+            raise ChecklistFormatError(
+                f"{where}.kind", f"{raw.get('kind')!r} is not a rule kind; valid kinds: {valid}"
+            ) from None
+        if kind is RuleKind.TOOL_CALL:
+            return cls._tool_call_from_dict(raw, where)
+        if "text" in raw:
+            values = [raw["text"]]
+        else:
+            values = raw.get("values")
+        if not isinstance(values, list) or not all(_is_scalar(v) for v in values):
+            raise ChecklistFormatError(f"{where}.values", "expected a list of strings or numbers (or 'text')")
+        return cls(kind, values=tuple(str(v) for v in values))
+
+    @classmethod
+    def _tool_call_from_dict(cls, raw: Mapping[str, Any], where: str) -> ItemRule:
+        name, args = raw.get("name"), raw.get("arguments", {})
+        if not isinstance(name, str) or not name:
+            raise ChecklistFormatError(f"{where}.name", "a tool_call rule needs a non-empty tool name")
+        if not isinstance(args, Mapping) or not all(isinstance(k, str) for k in args):
+            raise ChecklistFormatError(f"{where}.arguments", "expected an object with string keys")
+        bound_raw = raw.get("bound_arguments", {})
+        if not isinstance(bound_raw, Mapping):
+            raise ChecklistFormatError(f"{where}.bound_arguments", "expected an object")
+        bound = []
+        for arg, src in bound_raw.items():
+            ok = isinstance(src, Mapping) and _is_int(src.get("turn")) and isinstance(src.get("item"), str)
+            if not ok or not isinstance(src.get("path"), list):
+                raise ChecklistFormatError(
+                    f"{where}.bound_arguments.{arg}", 'expected {"turn": int, "item": str, "path": [...]}'
+                )
+            bound.append((str(arg), BoundArgument(src["turn"], src["item"], tuple(src["path"]))))
+        require = raw.get("require_success", True)
+        if not isinstance(require, bool):
+            raise ChecklistFormatError(f"{where}.require_success", "expected true or false")
+        return cls(
+            RuleKind.TOOL_CALL,
+            name,
+            tuple(sorted(args.items())),
+            tuple(sorted(bound, key=lambda pair: pair[0])),
+            require,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.kind is RuleKind.ANSWER_CONTAINS:
+            return {"kind": self.kind.value, "values": list(self.values)}
+        bound = {a: {"turn": b.turn, "item": b.item, "path": list(b.path)} for a, b in self.bound_arguments}
+        return {
+            "kind": self.kind.value,
+            "name": self.tool_name,
+            "arguments": dict(self.arguments),
+            "bound_arguments": bound,
+            "require_success": self.require_success,
+        }
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Where the annotator saw the item satisfied in the reference conversation."""
+
+    turn: int
+    step: int
+    source: str  # CM2 key "from", e.g. "assistant.tool_calls"
+    snippet: str
+
+
+@dataclass(frozen=True)
+class ChecklistItem:
+    id: str
+    question: str
+    focus_on: str
+    pass_condition: str
+    weight: float
+    required_for_next_turn: bool = False
+    failure_examples: tuple[str, ...] = ()
+    evidence: tuple[Evidence, ...] = ()
+    dependence: tuple[str, ...] = ()
+    rule: ItemRule | None = None
+
+    @property
+    def is_tool_focused(self) -> bool:
+        return self.focus_on in TOOL_FOCUSES
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "item") -> "ChecklistItem":
+        """Parse one CM2 item; raises ``ChecklistFormatError`` naming the offending field."""
+        if not isinstance(raw, Mapping):
+            raise ChecklistFormatError(where, f"expected an object, got {type(raw).__name__}")
+        for key in ("id", "question", "focus_on", "pass_condition"):
+            if not isinstance(raw.get(key), str):
+                raise ChecklistFormatError(f"{where}.{key}", "missing or not a string")
+        weight = raw.get("weight")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise ChecklistWeightError(f"{where}.weight", f"expected a finite number, got {weight!r}")
+        if weight < 0:
+            raise ChecklistWeightError(f"{where}.weight", f"negative weight {weight}")
+        required = raw.get("required_for_next_turn", False)
+        if not isinstance(required, bool):
+            raise ChecklistFormatError(f"{where}.required_for_next_turn", "expected true or false")
+        rule_raw = raw.get("rule")
+        return cls(
+            id=raw["id"],
+            question=raw["question"],
+            focus_on=raw["focus_on"],
+            pass_condition=raw["pass_condition"],
+            weight=float(weight),
+            required_for_next_turn=required,
+            failure_examples=_string_tuple(raw.get("failure_examples", []), f"{where}.failure_examples"),
+            evidence=_parse_evidence(raw.get("evidence", []), f"{where}.evidence"),
+            dependence=_string_tuple(raw.get("dependence", []), f"{where}.dependence"),
+            rule=None if rule_raw is None else ItemRule.from_dict(rule_raw, f"{where}.rule"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "question": self.question,
+            "focus_on": self.focus_on,
+            "pass_condition": self.pass_condition,
+            "failure_examples": list(self.failure_examples),
+            "evidence": [
+                {"turn": e.turn, "step": e.step, "from": e.source, "snippet": e.snippet}
+                for e in self.evidence
+            ],
+            "weight": self.weight,
+            "required_for_next_turn": self.required_for_next_turn,
+            "dependence": list(self.dependence),
+        }
+        if self.rule is not None:
+            out["rule"] = self.rule.to_dict()
+        return out
+
+
+def _string_tuple(raw: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not all(isinstance(s, str) for s in raw):
+        raise ChecklistFormatError(where, "expected a list of strings")
+    return tuple(raw)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parse_evidence(raw: Any, where: str) -> tuple[Evidence, ...]:
+    if not isinstance(raw, list):
+        raise ChecklistFormatError(where, "expected a list")
+    out = []
+    for k, ev in enumerate(raw):
+        if not isinstance(ev, Mapping):
+            raise ChecklistFormatError(f"{where}[{k}]", "expected an object")
+        turn, step = ev.get("turn", -1), ev.get("step", -1)
+        if not (_is_int(turn) and _is_int(step)):
+            raise ChecklistFormatError(f"{where}[{k}]", "turn and step must be integers")
+        source, snippet = ev.get("from", ""), ev.get("snippet", "")
+        if not isinstance(source, str) or not isinstance(snippet, str):
+            raise ChecklistFormatError(f"{where}[{k}]", "'from' and 'snippet' must be strings")
+        out.append(Evidence(turn=turn, step=step, source=source, snippet=snippet))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Checklist:
+    """One checklist variant: per user turn, the items of that turn."""
+
+    turns: tuple[tuple[ChecklistItem, ...], ...]
+
+    @property
+    def n_turns(self) -> int:
+        return len(self.turns)
+
+    @classmethod
+    def from_raw(
+        cls, raw: Any, where: str = "checklist", weight_tolerance: float = DEFAULT_WEIGHT_TOLERANCE
+    ) -> "Checklist":
+        """Parse ``[[item, ...] per turn]`` (one CM2 variant); weights of each turn must sum to 1."""
+        if not isinstance(raw, list) or not raw:
+            raise ChecklistFormatError(where, "expected a non-empty list of turns")
+        turns = []
+        for t, items_raw in enumerate(raw):
+            if not isinstance(items_raw, list) or not items_raw:
+                raise ChecklistFormatError(f"{where}[{t}]", "expected a non-empty list of items")
+            items = tuple(ChecklistItem.from_dict(it, f"{where}[{t}][{k}]") for k, it in enumerate(items_raw))
+            ids = [it.id for it in items]
+            if len(set(ids)) != len(ids):
+                raise ChecklistFormatError(f"{where}[{t}]", f"duplicate item ids {sorted(ids)}")
+            total = sum(it.weight for it in items)
+            if abs(total - 1.0) > weight_tolerance:
+                raise ChecklistWeightError(
+                    f"{where}[{t}]",
+                    f"weights sum to {total:.9f}, expected 1 (tolerance {weight_tolerance}); "
+                    "renormalise the turn's weights",
+                )
+            turns.append(items)
+        return cls(turns=tuple(turns))
+
+    def to_raw(self) -> list[list[dict[str, Any]]]:
+        return [[it.to_dict() for it in items] for items in self.turns]
+
+
+# ---- verdicts -----------------------------------------------------------------------------------
+
+
+class Verdict(str, enum.Enum):
+    PASS = "pass"
+    FAIL = "fail"
+    UNDECIDABLE = "undecidable"  # no configured judge can decide this item
+    ERROR = "error"  # the judge was asked and failed (timeouts, malformed output, ...)
+
+
+@dataclass(frozen=True)
+class ItemVerdict:
+    item_id: str
+    verdict: Verdict
+    source: str = ""  # "rule", "llm", "tool_error", ...
+    analysis: str = ""
+
+
+@dataclass(frozen=True)
+class StepVerdicts:
+    """Verdicts on one assistant step (one assistant message + its tool responses)."""
+
+    turn: int
+    step: int
+    verdicts: tuple[ItemVerdict, ...]
+    tool_error: bool = False
+
+    def get(self, item_id: str) -> ItemVerdict | None:
+        for v in self.verdicts:
+            if v.item_id == item_id:
+                return v
+        return None
+
+
+class ItemOutcome(str, enum.Enum):
+    PASSED = "passed"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class ChecklistScore:
+    """The reward of one trajectory and how it came about."""
+
+    reward: float | None  # None iff status is JUDGE_FAILED
+    status: TrajectoryStatus
+    turn_scores: tuple[float, ...]  # per checklist turn: Σ w·pass (0 for turns after termination)
+    item_outcomes: tuple[tuple[ItemOutcome, ...], ...]  # per turn, per item (in checklist order)
+    terminated_after: int | None  # turn after which a required item ended the episode
+    n_unknown: int  # item outcomes that count and could not be decided
+
+    @property
+    def ok(self) -> bool:
+        return self.status is TrajectoryStatus.OK
+
+
+def step_forces_fail(item: ChecklistItem, tool_error: bool) -> bool:
+    """True when ``item`` fails at a step regardless of the judge (tool-focused item, tool-call error)."""
+    return tool_error and item.is_tool_focused
+
+
+def item_outcomes_for_turn(
+    items: Sequence[ChecklistItem], steps: Sequence[StepVerdicts]
+) -> tuple[ItemOutcome, ...]:
+    """Per item of one turn: PASSED if any step passed it, UNKNOWN if none passed and one was undecided."""
+    outcomes = []
+    for item in items:
+        outcome = ItemOutcome.FAILED
+        for st in steps:
+            if step_forces_fail(item, st.tool_error):
+                continue
+            v = st.get(item.id)
+            if v is not None and v.verdict is Verdict.PASS:
+                outcome = ItemOutcome.PASSED
+                break
+            if v is None or v.verdict in (Verdict.UNDECIDABLE, Verdict.ERROR):
+                outcome = ItemOutcome.UNKNOWN
+        outcomes.append(outcome)
+    return tuple(outcomes)
+
+
+def continue_after_turn(items: Sequence[ChecklistItem], steps: Sequence[StepVerdicts]) -> bool:
+    """Whether the episode goes on to the next user turn: every required item of this turn passed.
+
+    An undecided required item also stops the episode (its reward is unknown anyway: JUDGE_FAILED).
+    """
+    outcomes = item_outcomes_for_turn(items, steps)
+    return all(o is ItemOutcome.PASSED for it, o in zip(items, outcomes) if it.required_for_next_turn)
+
+
+def score_checklist(checklist: Checklist, step_verdicts: Iterable[StepVerdicts]) -> ChecklistScore:
+    """R = Σ_turns Σ_items w·pass / number of checklist turns, with early termination (SPEC §2)."""
+    if checklist.n_turns == 0:
+        raise ValueError("score_checklist: the checklist has no turns; it cannot define a reward")
+    by_turn: list[list[StepVerdicts]] = [[] for _ in checklist.turns]
+    for sv in step_verdicts:
+        if not 0 <= sv.turn < checklist.n_turns:
+            raise ValueError(
+                f"score_checklist: verdicts for turn {sv.turn}, but the checklist has turns "
+                f"0..{checklist.n_turns - 1}; the conversation and the checklist do not match"
+            )
+        by_turn[sv.turn].append(sv)
+    scores: list[float] = []
+    outcomes_all: list[tuple[ItemOutcome, ...]] = []
+    terminated_after: int | None = None
+    n_unknown = 0
+    for t, items in enumerate(checklist.turns):
+        if terminated_after is not None:
+            scores.append(0.0)
+            outcomes_all.append((ItemOutcome.FAILED,) * len(items))
+            continue
+        outcomes = item_outcomes_for_turn(items, by_turn[t])
+        n_unknown += sum(o is ItemOutcome.UNKNOWN for o in outcomes)
+        scores.append(sum(it.weight for it, o in zip(items, outcomes) if o is ItemOutcome.PASSED))
+        outcomes_all.append(outcomes)
+        if not continue_after_turn(items, by_turn[t]):
+            terminated_after = t
+    failed = n_unknown > 0
+    return ChecklistScore(
+        reward=None if failed else sum(scores) / checklist.n_turns,
+        status=TrajectoryStatus.JUDGE_FAILED if failed else TrajectoryStatus.OK,
+        turn_scores=tuple(scores),
+        item_outcomes=tuple(outcomes_all),
+        terminated_after=terminated_after,
+        n_unknown=n_unknown,
+    )
+
+
+# ---- conversations as assistant steps -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConversationStep:
+    """One assistant message of user turn ``turn`` (``step`` counts from 0 within the turn) and the
+    tool messages that immediately follow it."""
+
+    turn: int
+    step: int
+    message_index: int
+    assistant: Mapping[str, Any]
+    tool_messages: tuple[Mapping[str, Any], ...] = ()
+    tool_error: bool = False
+
+
+def is_tool_call_error(content: Any) -> bool:
+    """True when a tool message's content carries the harness's tool-call error marker."""
+    if isinstance(content, str):
+        try:
+            content = json.loads(content)
+        except (ValueError, RecursionError):
+            return False
+    return isinstance(content, Mapping) and TOOL_CALL_ERROR_KEY in content
+
+
+_THINK_BLOCK = re.compile(r"^\s*<think>(?P<thinking>.*?)</think>", re.DOTALL)
+
+
+def split_thinking(content: Any) -> tuple[str, str]:
+    """(thinking, user-visible reply) of assistant content; an unclosed ``<think>`` is all thinking.
+
+    Content without think tags is all reply (CM2's reference treats it as thinking because its policy
+    always thinks; small policies here often do not).
+    """
+    if not isinstance(content, str):
+        return "", ""
+    m = _THINK_BLOCK.match(content)
+    if m:
+        return m.group("thinking").strip(), content[m.end() :].strip()
+    if "<think>" in content:
+        return content.split("<think>", 1)[1].strip(), ""
+    return "", content.strip()
+
+
+def conversation_steps(messages: Sequence[Mapping[str, Any]]) -> tuple[ConversationStep, ...]:
+    """Split an OpenAI-style conversation into assistant steps grouped by user turn.
+
+    Assistant messages before the first user message belong to no turn and are skipped. A message
+    with ``"tool_error": true`` (set by our rollouts) or an error-marked content flags its step.
+    """
+    steps: list[ConversationStep] = []
+    turn, step = -1, 0
+    for i, msg in enumerate(messages):
+        role = msg.get("role")
+        if role == "user":
+            turn, step = turn + 1, 0
+        elif role == "assistant" and turn >= 0:
+            tools = []
+            j = i + 1
+            while j < len(messages) and messages[j].get("role") in ("tool", "observation"):
+                tools.append(messages[j])
+                j += 1
+            error = any(bool(m.get("tool_error")) or is_tool_call_error(m.get("content")) for m in tools)
+            steps.append(ConversationStep(turn, step, i, msg, tuple(tools), error))
+            step += 1
+    return tuple(steps)

@@ -1,0 +1,1 @@
+"""Data sources: raw CM2 rows (validation, splits, episode specs)."""

@@ -1,0 +1,243 @@
+"""Rule judge: decides machine-checkable checklist items without any model; the rest is UNDECIDABLE.
+
+An item is machine-checkable when it carries an explicit ``rule`` (``envace.core.checklist.ItemRule``;
+the embedded tool world writes one on every item) or when ``envace.judges.conditions`` can parse its
+``pass_condition`` completely.
+
+Evaluation at one assistant step (its OpenAI ``tool_calls``, paired in order with the tool messages
+that follow; calls written only inside the content are not calls, as in the CM2 judge prompt):
+
+* tool_call: some call has the rule's name, its arguments are a JSON object, every listed argument
+  equals the expected value (JSON equality: 1 == 1.0, but true != 1 and "1" != 1) or, for a bound
+  argument, the value at its path in the response of the call that passed the referenced item earlier
+  in this conversation, and - with ``require_success`` - its response is not an error object (a JSON
+  object with an ``error`` or ``error_tool_call`` key). The response of the passing call is remembered
+  for later bound arguments; steps are judged in conversation order.
+* answer_contains: the step's user-visible reply (content without its ``<think>`` block) mentions
+  every value: after case-folding, collapsing whitespace and dropping thousands separators on both
+  sides, the value occurs with no letter, digit or underscore directly before or after it ("150"
+  matches "$150." but not "1500") - the tool world's own "mentions" rule.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Iterable, Mapping, Sequence
+
+from envace.core.checklist import (
+    TOOL_CALL_ERROR_KEY,
+    Checklist,
+    ChecklistItem,
+    ConversationStep,
+    ItemRule,
+    ItemVerdict,
+    RuleKind,
+    Verdict,
+    split_thinking,
+)
+from envace.judges.base import (
+    LLM_SETTING_NAMES,
+    JudgeReport,
+    Messages,
+    assemble_report,
+    forced_verdict,
+    register_judge,
+    steps_to_judge,
+)
+from envace.judges.conditions import parse_pass_condition
+
+_MISSING = object()
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+Matched = dict[tuple[int, str], Any]  # (turn, item id) -> response of the call that passed it
+
+
+def item_rule(item: ChecklistItem, parse_conditions: bool = True) -> ItemRule | None:
+    """The explicit rule of ``item``, else the rule parsed from its pass condition (when enabled)."""
+    if item.rule is not None:
+        return item.rule
+    return parse_pass_condition(item.pass_condition, item.focus_on) if parse_conditions else None
+
+
+def json_equal(a: Any, b: Any) -> bool:
+    """Equality of JSON values: numbers compare by value, booleans only with booleans."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def is_error_response(response: Any) -> bool:
+    return isinstance(response, Mapping) and ("error" in response or TOOL_CALL_ERROR_KEY in response)
+
+
+def _path_step(value: Any, step: Any) -> Any:
+    if isinstance(step, Mapping):
+        items = value if isinstance(value, list) else []
+        hits = [v for v in items if isinstance(v, Mapping) and all(v.get(k) == x for k, x in step.items())]
+        return hits[0] if hits else _MISSING
+    if isinstance(step, int) and not isinstance(step, bool):
+        return value[step] if isinstance(value, list) and -len(value) <= step < len(value) else _MISSING
+    return value.get(step, _MISSING) if isinstance(value, Mapping) else _MISSING
+
+
+def resolve_path(value: Any, path: Iterable[Any]) -> Any:
+    """Follow keys, indices and matchers (first list element with these fields); ``_MISSING`` if absent."""
+    for step in path:
+        value = _path_step(value, step)
+        if value is _MISSING:
+            return _MISSING
+    return value
+
+
+def _argument(arguments: Mapping[str, Any], path: str) -> Any:
+    if path in arguments:
+        return arguments[path]
+    return resolve_path(arguments, path.split("."))
+
+
+def _arguments_match(args: Mapping[str, Any], rule: ItemRule, matched: Matched) -> bool:
+    bound = dict(rule.bound_arguments)
+    for path, expected in rule.arguments:
+        actual = _argument(args, path)
+        if actual is not _MISSING and json_equal(actual, expected):
+            continue
+        src = bound.get(path)
+        source = matched.get((src.turn, src.item), _MISSING) if src else _MISSING
+        if source is _MISSING or actual is _MISSING:
+            return False
+        value = resolve_path(source, src.path)
+        if value is _MISSING or not json_equal(actual, value):
+            return False
+    return True
+
+
+def _parse_json(content: Any) -> Any:
+    if isinstance(content, str):
+        try:
+            return json.loads(content)
+        except (ValueError, RecursionError):
+            return content
+    return content
+
+
+def step_calls(step: ConversationStep) -> list[tuple[str, Mapping[str, Any] | None, Any]]:
+    """(name, arguments object or None when invalid, parsed response or _MISSING) per call of a step."""
+    calls = []
+    raw_calls = step.assistant.get("tool_calls")
+    for k, call in enumerate(raw_calls if isinstance(raw_calls, list) else []):
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            continue
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            args = _parse_json(args) if args.strip() else {}
+        response = (
+            _parse_json(step.tool_messages[k].get("content")) if k < len(step.tool_messages) else _MISSING
+        )
+        calls.append((fn["name"], args if isinstance(args, Mapping) else None, response))
+    return calls
+
+
+def user_visible_reply(content: Any) -> str:
+    """Assistant content without its leading ``<think>…</think>`` block."""
+    return split_thinking(content)[1]
+
+
+def _normalise(text: str) -> str:
+    return _THOUSANDS.sub("", " ".join(text.casefold().split()))
+
+
+def mentions(text: str, value: str) -> bool:
+    """``value`` occurs in ``text`` as a whole token (see the module docstring)."""
+    needle = _normalise(value)
+    if not needle:
+        return True
+    return re.search(r"(?<![0-9a-z_])" + re.escape(needle) + r"(?![0-9a-z_])", _normalise(text)) is not None
+
+
+def evaluate_rule(rule: ItemRule, step: ConversationStep, matched: Matched) -> tuple[bool, str, Any]:
+    """(passed, one-line explanation, response of the passing call or _MISSING) of ``rule`` at ``step``."""
+    if rule.kind is RuleKind.ANSWER_CONTAINS:
+        reply = user_visible_reply(step.assistant.get("content"))
+        missing = [v for v in rule.values if not mentions(reply, v)]
+        return not missing, f"reply misses {missing}" if missing else "reply mentions every value", _MISSING
+    for name, args, response in step_calls(step):
+        if name != rule.tool_name or args is None or not _arguments_match(args, rule, matched):
+            continue
+        if rule.require_success and (response is _MISSING or is_error_response(response)):
+            continue
+        return True, f"call {name} matches {dict(rule.arguments)}", response
+    return (
+        False,
+        f"no {'successful ' if rule.require_success else ''}call {rule.tool_name} matching",
+        _MISSING,
+    )
+
+
+class RuleJudge:
+    """Judge of machine-checkable items; ``parse_pass_conditions`` enables the pass-condition parser."""
+
+    name = "rule"
+
+    def __init__(self, parse_pass_conditions: bool = True) -> None:
+        self.parse_pass_conditions = parse_pass_conditions
+
+    def verdict(
+        self, item: ChecklistItem, step: ConversationStep, matched: Matched | None = None
+    ) -> ItemVerdict:
+        """The verdict on ``item`` at ``step``; ``matched`` carries bound-argument sources across steps."""
+        forced = forced_verdict(item, step)
+        if forced is not None:
+            return forced
+        rule = item_rule(item, self.parse_pass_conditions)
+        if rule is None:
+            return ItemVerdict(
+                item.id, Verdict.UNDECIDABLE, source="rule", analysis="no machine-checkable rule"
+            )
+        passed, why, response = evaluate_rule(rule, step, matched if matched is not None else {})
+        if passed and matched is not None and (step.turn, item.id) not in matched:
+            matched[(step.turn, item.id)] = response
+        return ItemVerdict(item.id, Verdict.PASS if passed else Verdict.FAIL, source="rule", analysis=why)
+
+    def verdicts(
+        self, messages: Messages, checklist: Checklist, steps: Sequence[ConversationStep]
+    ) -> dict[tuple[int, str], ItemVerdict]:
+        """Verdicts on ``steps`` keyed by (assistant message index, item id).
+
+        Every step of the conversation up to the last selected turn is evaluated in order, so bound
+        arguments can refer to calls of turns that are not being judged now (per-turn online judging).
+        """
+        last = max((st.turn for st in steps), default=-1)
+        context = [st for st in steps_to_judge(messages, checklist) if st.turn <= last]
+        matched: Matched = {}
+        every = {
+            (st.message_index, it.id): self.verdict(it, st, matched)
+            for st in context
+            for it in checklist.turns[st.turn]
+        }
+        wanted = {st.message_index for st in steps}
+        return {key: v for key, v in every.items() if key[0] in wanted}
+
+    def judge(
+        self, messages: Messages, checklist: Checklist, turns: Iterable[int] | None = None
+    ) -> JudgeReport:
+        steps = steps_to_judge(messages, checklist, turns)
+        return assemble_report(steps, self.verdicts(messages, checklist, steps), checklist)
+
+
+@register_judge("rule")
+def make_rule_judge(parse_pass_conditions: bool = True, **llm_settings: Any) -> RuleJudge:
+    """A ``RuleJudge``; endpoint settings of a shared judge config (base_url, model, ...) are ignored."""
+    unknown = sorted(set(llm_settings) - LLM_SETTING_NAMES)
+    if unknown:
+        raise TypeError(
+            f"judge 'rule': unknown settings {unknown}; valid: parse_pass_conditions (endpoint settings "
+            f"{sorted(LLM_SETTING_NAMES)} are accepted and ignored)"
+        )
+    return RuleJudge(parse_pass_conditions=parse_pass_conditions)
