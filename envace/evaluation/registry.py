@@ -16,6 +16,8 @@ AdapterFactory = Callable[..., BenchmarkAdapter]
 
 _BUILTIN: dict[str, str] = {
     "toolworld": "envace.evaluation.toolworld:ToolWorldAdapter",
+    "finmcp": "envace.envs.finmcp.adapter:FinMCPAdapter",
+    "vitabench": "envace.envs.vitabench.adapter:VitaBenchAdapter",
 }
 _REGISTERED: dict[str, AdapterFactory] = {}
 
