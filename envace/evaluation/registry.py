@@ -18,6 +18,8 @@ _BUILTIN: dict[str, str] = {
     "toolworld": "envace.evaluation.toolworld:ToolWorldAdapter",
     "finmcp": "envace.envs.finmcp.adapter:FinMCPAdapter",
     "vitabench": "envace.envs.vitabench.adapter:VitaBenchAdapter",
+    "bfcl": "envace.envs.bfcl.adapter:BfclAdapter",
+    "tau2": "envace.envs.tau2.adapter:Tau2Adapter",
 }
 _REGISTERED: dict[str, AdapterFactory] = {}
 

@@ -1,0 +1,86 @@
+"""Evaluate a policy on BFCL-v4 categories and report per category, with bfcl's own aggregates.
+
+``run_bfcl`` = ``envace.evaluation.evaluate`` (batched, crash-isolated, progress bar, bounded
+concurrency) plus what BFCL reporting needs: memory prerequisites played first, a status for every
+category of the subset (``ran`` / ``not_runnable_offline`` with the reason), per-category accuracy
+(crashed tasks count as failures) and ``scoring.bfcl_summary`` over the categories that ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from envace.envs.bfcl.adapter import BfclAdapter, category_status
+from envace.envs.bfcl.categories import CATEGORIES
+from envace.envs.bfcl.scoring import bfcl_summary
+from envace.evaluation.programs import ACTOR, drive
+from envace.evaluation.records import EpisodeRecord
+from envace.evaluation.runner import BenchmarkRun, evaluate
+from envace.inference.base import ChatBackend
+
+
+@dataclass(frozen=True)
+class BfclReport:
+    run: BenchmarkRun
+    categories: dict[str, dict[str, Any]]  # category → status, reason, n, correct, crashed, accuracy
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"policy": self.run.policy, "categories": self.categories, "summary": self.summary,
+                "metrics": self.run.metrics.to_json()}
+
+
+def category_counts(records: list[EpisodeRecord]) -> dict[str, tuple[int, int]]:
+    """``{category: (correct, total)}``; crashed tasks are in the total."""
+    counts: dict[str, list[int]] = {}
+    for record in records:
+        category = record.info.get("bfcl_category", record.domain)
+        pair = counts.setdefault(category, [0, 0])
+        pair[0] += int(record.success)
+        pair[1] += 1
+    return {k: (v[0], v[1]) for k, v in counts.items()}
+
+
+def category_table(subset: str, records: list[EpisodeRecord]) -> dict[str, dict[str, Any]]:
+    """Every category of ``subset`` with its status, and its accuracy when it ran."""
+    counts = category_counts(records)
+    crashed: dict[str, int] = {}
+    for r in records:
+        crashed[r.domain] = crashed.get(r.domain, 0) + int(r.crashed)
+    table = {}
+    for name, status in category_status(subset).items():
+        row: dict[str, Any] = dict(status)
+        if name in counts:
+            correct, total = counts[name]
+            row.update(status="ran", n=total, correct=correct, crashed=crashed.get(name, 0),
+                       accuracy=correct / total if total else 0.0)
+        elif status["status"] == "runnable":
+            row["status"] = "no_tasks_selected"
+        table[name] = row
+    return table
+
+
+def run_bfcl(
+    policy: ChatBackend,
+    subset: str = "offline",
+    *,
+    limit: int | None = None,
+    seed: int = 0,
+    adapter: BfclAdapter | None = None,
+    concurrency: int = 1,
+    max_batch: int | None = None,
+    progress: bool = True,
+    adapter_kwargs: Mapping[str, Any] | None = None,
+) -> BfclReport:
+    """Evaluate ``policy`` on the categories of ``subset`` (``limit`` tasks per category)."""
+    adapter = adapter or BfclAdapter(**dict(adapter_kwargs or {}))
+    tasks = adapter.tasks(subset, limit=limit, seed=seed)
+    drive(adapter.prepare_program(tasks), {ACTOR: policy}, max_batch)
+    run = evaluate(adapter, policy, tasks, concurrency=concurrency, max_batch=max_batch, progress=progress)
+    records = list(run.records)
+    return BfclReport(run, category_table(subset, records), bfcl_summary(category_counts(records)))
+
+
+__all__ = ["CATEGORIES", "BfclReport", "category_counts", "category_table", "run_bfcl"]

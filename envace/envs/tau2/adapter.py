@@ -1,0 +1,158 @@
+"""τ²-Bench as an envace benchmark: ``get_benchmark("tau2", config=Tau2Config(...))`` → ``Tau2Adapter``.
+
+* ``tasks(subset, limit, seed)`` — ``subset``: ``telecom``, ``airline:test``, ``all`` … (see
+  ``config.parse_subset``); ``limit`` applies per domain (deterministic crc32 sample). Domains that
+  cannot run in the configured mode are skipped and listed in ``skipped`` with the reason.
+* ``episode_program`` — one tau2 simulation (``episode.simulate``) scored by tau2's evaluator; the
+  record keeps the whole ``SimulationRun`` (``info["tau2_simulation"]``) so ``score`` re-evaluates it.
+* ``real_executor`` — a fresh ``Tau2Executor`` on the task's initial state. ``executor_wrapper`` wraps
+  the executor of every episode; all of the episode's real tool calls (agent and customer) go through it.
+* trials — ``task.meta["trial"]`` enters the generation seeds (extension; see ``runner`` for pass^k).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from envace.core.rehearsal import derive_seed
+from envace.envs.base import Executor, Task
+from envace.envs.tau2.config import Tau2Config, Tau2Mode, Tau2NotRunnable, parse_subset
+from envace.evaluation.base import BenchmarkAdapter, sample_tasks
+from envace.evaluation.episode import TurnHook
+from envace.evaluation.programs import GenerationLedger, Program
+from envace.evaluation.records import EpisodeRecord
+
+logger = logging.getLogger(__name__)
+
+ExecutorWrapper = Callable[[Executor], Executor]
+
+
+def tau2_task_of(task: Task) -> Any:
+    """The tau2 task behind an envace task."""
+    inner = task.meta.get("tau2_task")
+    if inner is None:
+        raise KeyError(f"task {task.task_id!r} is not a τ² task (no meta['tau2_task']); build it with Tau2Adapter.tasks")
+    return inner
+
+
+class Tau2Adapter(BenchmarkAdapter):
+    """See the module docstring. Keyword arguments other than ``config``/``executor_wrapper`` build a
+    ``Tau2Config`` (``mode``, ``user_base_url``, ``user_model`` …)."""
+
+    name = "tau2"
+
+    def __init__(self, config: Tau2Config | None = None, *, executor_wrapper: ExecutorWrapper | None = None,
+                 **config_kwargs: Any) -> None:
+        if config is not None and config_kwargs:
+            raise ValueError(f"Tau2Adapter: config given, so {sorted(config_kwargs)} cannot configure it")
+        self.config = config or Tau2Config(**config_kwargs)
+        self.executor_wrapper = executor_wrapper
+        self.skipped: dict[str, str] = {}
+
+    def tasks(self, subset: str = "test", limit: int | None = None, seed: int = 0) -> list[Task]:
+        from envace.envs.tau2.data import load_tau2_tasks, solo_valid, to_task
+
+        out: list[Task] = []
+        for domain, split in parse_subset(subset):
+            reason = self.config.unavailable(domain)
+            if reason:
+                self.skipped[f"{domain}:{split}"] = reason
+                logger.warning("τ² %s:%s skipped: %s", domain, split, reason)
+                continue
+            inner = [t for t in load_tau2_tasks(domain, split)
+                     if self.config.mode is not Tau2Mode.SOLO or solo_valid(t)]
+            chosen = sample_tasks([_Stub(f"{domain}:{t.id}", t) for t in inner], limit, seed)
+            out.extend(to_task(s.inner, domain, split, self.config.mode) for s in chosen)
+        return out
+
+    def real_executor(self, task: Task) -> Executor:
+        from envace.envs.tau2.data import make_environment
+        from envace.envs.tau2.executor import Tau2Executor
+
+        inner = tau2_task_of(task)
+        environment = make_environment(task.domain, Tau2Mode(task.meta["tau2_mode"]) is Tau2Mode.SOLO)
+        state = inner.initial_state
+        environment.set_state(
+            initialization_data=state.initialization_data if state else None,
+            initialization_actions=state.initialization_actions if state else None,
+            message_history=list(state.message_history or []) if state else [],
+        )
+        raw = Tau2Executor(environment)
+        return self.executor_wrapper(raw) if self.executor_wrapper else raw
+
+    def episode_program(
+        self, task: Task, *, ledger: GenerationLedger | None = None, turn_hook: TurnHook | None = None
+    ) -> Program[EpisodeRecord]:
+        from envace.envs.tau2 import episode as ep
+        from envace.envs.tau2.agent import make_user
+        from envace.envs.tau2.data import make_agent, make_environment, user_tools
+        from envace.envs.tau2.executor import EnvironmentProxy, Tau2Executor
+        from envace.envs.tau2.upstream import tau2
+
+        start = time.perf_counter()
+        ledger = ledger if ledger is not None else GenerationLedger()
+        mode = Tau2Mode(task.meta["tau2_mode"])
+        config = replace(self.config, mode=mode)
+        reason = config.unavailable(task.domain)
+        if reason:
+            raise Tau2NotRunnable(reason)
+        inner, solo, trial = tau2_task_of(task), mode is Tau2Mode.SOLO, int(task.meta.get("trial", 0))
+        environment = make_environment(task.domain, solo)
+        raw = Tau2Executor(environment)
+        executor = self.executor_wrapper(raw) if self.executor_wrapper else raw
+        agent = make_agent(task.domain, mode, inner)
+        user = make_user(config, inner, user_tools(environment))
+        orch = tau2().orchestrator.Orchestrator(
+            domain=task.domain, agent=agent, user=user, environment=EnvironmentProxy(environment, executor),
+            task=inner, max_steps=self.config.max_steps, max_errors=self.config.max_errors,
+            seed=derive_seed(self.config.seed, task.task_id, trial, "customer"), solo_mode=solo)
+        stats = yield from ep.simulate(orch, agent, self.config, ledger, (task.task_id, trial), turn_hook)
+        simulation = ep.finish(orch, stats, time.perf_counter() - start)
+        simulation.trial = trial
+        reward = ep.evaluate(simulation, inner, task.domain, solo)
+        simulation.reward_info = reward
+        return self._record(task, simulation, stats, raw, ledger, start)
+
+    def _record(self, task: Task, simulation: Any, stats: Any, raw: Any, ledger: GenerationLedger, start: float) -> EpisodeRecord:
+        from envace.envs.tau2 import episode as ep
+        from envace.envs.tau2.upstream import tau2
+
+        turns, answers = ep.trajectory_turns(simulation.messages)
+        reward = float(simulation.reward_info.reward)
+        agent_calls = sum(len(t.tool_calls) for t in turns)
+        info = {
+            "tau2_domain": task.domain, "tau2_task_id": simulation.task_id, "mode": task.meta["tau2_mode"],
+            "trial": int(task.meta.get("trial", 0)), "termination_reason": str(simulation.termination_reason.value),
+            "customer_calls": raw.calls_made - agent_calls, "tau2_simulation": simulation.model_dump(mode="json"),
+        }
+        return EpisodeRecord(
+            benchmark=self.name, task_id=task.task_id, domain=task.domain, split=task.split,
+            held_out=bool(task.meta.get("held_out", False)), score=reward,
+            success=bool(tau2().metrics.is_successful(reward)), final_answers=tuple(answers), turns=tuple(turns),
+            termination=ep.termination_of(info["termination_reason"], stats), act_generations=stats.generations,
+            parse_failures=stats.parse_failures, parse_error_codes=tuple(stats.codes), real_calls=agent_calls,
+            final_state=raw.state(), costs=ledger.to_json(), wall_s=time.perf_counter() - start, info=info,
+        )
+
+    def score(self, task: Task, record: EpisodeRecord) -> float:
+        from envace.envs.tau2 import episode as ep
+        from envace.envs.tau2.upstream import tau2
+
+        data = record.info.get("tau2_simulation")
+        if record.crashed or data is None:
+            return 0.0
+        simulation = tau2().simulation.SimulationRun.model_validate(data)
+        solo = Tau2Mode(record.info.get("mode", "solo")) is Tau2Mode.SOLO
+        return float(ep.evaluate(simulation, tau2_task_of(task), task.domain, solo).reward)
+
+
+class _Stub:
+    """Minimal task-like object for ``sample_tasks`` (only ``task_id`` is read)."""
+
+    def __init__(self, task_id: str, inner: Any) -> None:
+        self.task_id = task_id
+        self.inner = inner
