@@ -1,0 +1,31 @@
+"""The verl engine: envace's role-wise GRPO on verl 0.9.x (Ray, vLLM rollouts, FSDP actor), GPU only.
+
+Importing this package is light (no verl, no Ray). What lives where:
+
+- ``plugin``: verl's plugin entry point; registers the estimators, the ``envace`` trainer mode and the
+  ``envace_act_rehearse`` agent loop in every process that imports verl.
+- ``agent_loop`` / ``episode``: the act/rehearse agent loop over verl's server manager.
+- ``trainer``: verl's synchronous v1 trainer passing role ids etc. to the role-wise estimator.
+- ``config_builder``: our config → ``verl.trainer.main_ppo`` overrides (and a Hydra compose check).
+- ``launcher``: dataset preparation, the single-node command, Ray multi-node commands, MLflow wiring.
+- ``engine``: ``VerlEngine``, the ``Engine`` the ``train`` stage gets from ``get_engine("verl")``.
+- ``hf_server``: a transformers-backed token server for driving the agent loop without vLLM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["build_overrides", "launch_verl_training", "prepare_verl_data", "verl_command"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in {"launch_verl_training", "prepare_verl_data", "verl_command"}:
+        from envace.engines.verl import launcher
+
+        return getattr(launcher, name)
+    if name == "build_overrides":
+        from envace.engines.verl.config_builder import build_overrides
+
+        return build_overrides
+    raise AttributeError(f"module 'envace.engines.verl' has no attribute {name!r}")

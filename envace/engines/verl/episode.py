@@ -1,0 +1,346 @@
+"""One ACT/REHEARSE trajectory played turn by turn over an async token generator (no verl import here).
+
+``EpisodeRunner`` is what the verl agent loop runs for every sample; it only needs an async
+``generate(role, prompt_ids, max_new_tokens, temperature) -> Generation`` (verl's server manager behind
+it, or anything token-in/token-out) and keeps one append-only token stream per role, exactly as
+``envace.core.records`` describes them:
+
+- ACT stream: ``render(act_messages, tools)`` + ACT outputs + ``ChatFormatter.continuation`` pieces
+  (tool responses, the next replayed user turn).
+- REHEARSE stream: the REHEARSE system prompt + per call: the call message, then one REHEARSE output.
+
+The loop: ACT generates → its calls are parsed (``envace.core.wire``) → each call is answered (a
+REHEARSE generation, a real executor or a frozen simulator endpoint) → the responses go back into the
+ACT stream → until a final reply of the last user turn, a parse failure, the per-turn step limit or
+the token budget. The rules are those of the local engine's rollout (``envace.engines.local.rollout``)
+so both engines train on the same trajectories; differences:
+
+- A server that stops on an end-of-turn token but does not return it (the budget was not used up) gets
+  the token appended as scaffold (mask 0): the stream must end with it before the next message.
+- REHEARSE few-shot examples (reference pairs of *earlier* user turns only) are appended to the
+  REHEARSE stream when a later user turn starts, as in the local engine.
+- Scaffold text (tool responses, user turns, call messages) that would push a stream past
+  ``max_stream_tokens`` ends the episode (MAX_TOKENS) *before* it is appended, so every row verl trains
+  on stays within the configured length (the local engine appends it, then stops).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from envace.core.prompts import (
+    ChatFormatter,
+    RolePrompts,
+    act_messages,
+    act_observation_messages,
+    rehearse_answer_message,
+    rehearse_call_message,
+    rehearse_messages,
+)
+from envace.core.records import NO_ROLE, Role, Segment, Stream, Termination, ToolCall, Trajectory, Turn
+from envace.core.wire import as_result_object, parse_rehearsal, parse_tool_calls
+from envace.engines.base import EpisodeSpec
+from envace.engines.verl.settings import LoopSettings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What a token-in/token-out server returned for one request."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None = None
+    min_global_step: int | None = None
+    max_global_step: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
+            raise ValueError(f"server returned {len(self.logprobs)} log-probs for {len(self.token_ids)} tokens; "
+                             "a row needs exactly one per generated token")
+
+
+GenerateFn = Callable[[Role, list[int], int, float], Awaitable[Generation]]
+
+
+@dataclass
+class RoleStream:
+    """One role's append-only token stream: prompt, then response tokens with mask, role ids, log-probs."""
+
+    role: Role
+    prompt_ids: list[int]
+    prompt_text: str
+    response_ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    role_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
+    outputs: int = 0  # generations of this role with at least one token
+    ends_with_generation: bool = False
+
+    def __post_init__(self) -> None:
+        self.segments.append(Segment(tuple(self.prompt_ids), text=self.prompt_text))
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    def add_scaffold(self, ids: Sequence[int], text: str = "") -> None:
+        self.response_ids.extend(ids)
+        self.mask.extend([0] * len(ids))
+        self.role_ids.extend([NO_ROLE] * len(ids))
+        self.logprobs.extend([0.0] * len(ids))
+        if ids:
+            self.segments.append(Segment(tuple(ids), text=text))
+        self.ends_with_generation = False
+
+    def add_generation(self, ids: Sequence[int], logprobs: Sequence[float] | None, text: str,
+                       trainable: bool) -> None:
+        lps = [float(x) for x in logprobs] if logprobs is not None else [0.0] * len(ids)
+        self.response_ids.extend(ids)
+        self.mask.extend([1 if trainable else 0] * len(ids))
+        self.role_ids.extend([int(self.role) if trainable else NO_ROLE] * len(ids))
+        self.logprobs.extend(lps)
+        if ids:
+            self.outputs += 1
+            self.segments.append(Segment(tuple(ids), role=self.role if trainable else None,
+                                         logprobs=tuple(lps) if trainable else None, text=text))
+        self.ends_with_generation = True
+
+    def record(self) -> Stream:
+        return Stream(self.role, tuple(self.segments))
+
+
+@dataclass(frozen=True)
+class EpisodeOutcome:
+    """A finished trajectory: its role streams (token level) and its record (for rewards and judges)."""
+
+    streams: dict[Role, RoleStream]
+    trajectory: Trajectory
+    num_messages: int
+    min_global_step: int | None
+    max_global_step: int | None
+
+
+# who answers a tool call: name -> coroutine(runner, call) returning the response or None (episode ended)
+Responder = Callable[["EpisodeRunner", ToolCall], Awaitable[Any]]
+
+
+async def _policy_response(runner: EpisodeRunner, call: ToolCall) -> Any:
+    return await runner.rehearse(call)
+
+
+async def _executor_response(runner: EpisodeRunner, call: ToolCall) -> Any:
+    if runner.executor is None:
+        raise ValueError("responses='executor' but the episode has no executor; pass executor= to EpisodeRunner")
+    return await asyncio.get_running_loop().run_in_executor(None, runner.executor.execute, call)
+
+
+async def _simulator_response(runner: EpisodeRunner, call: ToolCall) -> Any:
+    return await runner.simulate(call)
+
+
+RESPONDERS: dict[str, Responder] = {
+    "policy": _policy_response,
+    "executor": _executor_response,
+    "simulator": _simulator_response,
+}
+
+
+class EpisodeRunner:
+    """Plays one trajectory of ``spec`` (see the module docstring)."""
+
+    def __init__(self, spec: EpisodeSpec, settings: LoopSettings, formatter: ChatFormatter, prompts: RolePrompts,
+                 generate: GenerateFn, *, sample_index: int = 0, executor: Any = None, simulator: Any = None):
+        self.spec = spec
+        self.settings = settings
+        self.fmt = formatter
+        self.prompts = prompts
+        self.generate_fn = generate
+        self.sample_index = sample_index
+        self.executor = executor
+        self.simulator = simulator  # a ChatBackend (envace.inference) for responses='simulator'
+        self.stop_ids = frozenset(formatter.end_of_turn_token_ids)
+        self.trainable = settings.trainable_roles
+        self.streams: dict[Role, RoleStream] = {}
+        self.sim_messages: list[dict[str, Any]] = []
+        self.turns: list[Turn] = []
+        self.parse_errors: list[tuple[str, str]] = []
+        self.pending_examples: list[dict[str, Any]] = []
+        self.user_turn = 0
+        self.steps_in_turn = 0
+        self.termination: Termination | None = None
+        self.steps: list[int] = []
+
+    # ---- setup ---------------------------------------------------------------------------------
+    def _start(self) -> None:
+        spec = self.spec
+        act_text = self.fmt.render(act_messages(self.prompts, spec.system_prompt, spec.user_turns[0]), spec.tools)
+        self.streams[Role.ACT] = RoleStream(Role.ACT, self.fmt.encode(act_text), act_text)
+        base = rehearse_messages(self.prompts, spec.tools, ())
+        if self.settings.responses == "policy":
+            text = self.fmt.render(base, None, add_generation_prompt=False)
+            self.streams[Role.REHEARSE] = RoleStream(Role.REHEARSE, self.fmt.encode(text), text)
+        self.sim_messages = list(base)
+
+    async def run(self) -> EpisodeOutcome:
+        self._start()
+        while self.termination is None:
+            await self._act_step()
+        return self._outcome()
+
+    # ---- generation ----------------------------------------------------------------------------
+    async def _generate(self, role: Role) -> str | None:
+        """One output of ``role`` appended to its stream; its text, or None when the episode ended."""
+        stream = self.streams[role]
+        budget = min(self.settings.max_new_tokens(role), self.settings.max_stream_tokens - len(stream))
+        if budget <= 0:
+            self.termination = Termination.MAX_TOKENS
+            return None
+        gen = await self.generate_fn(role, stream.token_ids, budget, self.settings.temperature(role))
+        self.steps.extend(s for s in (gen.min_global_step, gen.max_global_step) if s is not None)
+        ids = list(gen.token_ids)
+        finished = bool(ids) and ids[-1] in self.stop_ids
+        body = ids[:-1] if finished else ids
+        stream.add_generation(ids, gen.logprobs, self.fmt.decode(body), role in self.trainable)
+        if not finished and len(ids) < budget:  # stopped on end-of-turn without returning it
+            eot = self.fmt.end_of_turn_token_ids[0]
+            stream.add_scaffold([eot], self.fmt.decode([eot]))
+            stream.ends_with_generation = True
+            finished = True
+        if not finished:
+            self.termination = Termination.MAX_TOKENS
+            return None
+        return self.fmt.decode(body)
+
+    def _append(self, role: Role, text: str) -> bool:
+        """Append scaffold text to a stream; past ``max_stream_tokens`` the episode ends instead (False)."""
+        ids = self.fmt.encode(text)
+        if len(self.streams[role]) + len(ids) > self.settings.max_stream_tokens:
+            self.termination = Termination.MAX_TOKENS
+            return False
+        self.streams[role].add_scaffold(ids, text)
+        return True
+
+    # ---- ACT -----------------------------------------------------------------------------------
+    async def _act_step(self) -> None:
+        text = await self._generate(Role.ACT)
+        if text is None:
+            return
+        parsed = parse_tool_calls(text, allowed_names=self.spec.tool_names)
+        if not parsed.ok:
+            self.parse_errors.extend((Role.ACT.name, e.code.value) for e in parsed.errors)
+            self.termination = Termination.ACT_PARSE_ERROR
+            return
+        if not parsed.calls:
+            self._final_reply(parsed.content)
+            return
+        calls = tuple(ToolCall(c.name, c.arguments, id=f"call_{self.user_turn}_{self.steps_in_turn}_{j}")
+                      for j, c in enumerate(parsed.calls))
+        responses = []
+        for call in calls:
+            response = await RESPONDERS[self.settings.responses](self, call)
+            if self.termination is not None:
+                return
+            responses.append(response)
+        rehearsed = self.settings.responses == "policy"
+        self.turns.append(Turn(parsed.content, calls, tuple(responses), rehearsed, self.user_turn))
+        self.steps_in_turn += 1
+        if self.steps_in_turn >= self.settings.max_steps_per_turn:
+            self.termination = Termination.MAX_STEPS
+            return
+        self._append(Role.ACT, self.fmt.continuation(act_observation_messages(calls, responses), self.spec.tools))
+
+    def _final_reply(self, content: str) -> None:
+        self.turns.append(Turn(content, user_turn=self.user_turn))
+        if self.user_turn + 1 >= len(self.spec.user_turns):
+            self.termination = Termination.FINAL_REPLY
+            return
+        if self.settings.rehearse_examples:
+            self.pending_examples.extend(self._example_messages(self.user_turn))
+        self.user_turn += 1
+        self.steps_in_turn = 0
+        user = {"role": "user", "content": self.spec.user_turns[self.user_turn]}
+        self._append(Role.ACT, self.fmt.continuation([user], self.spec.tools))
+
+    def _example_messages(self, turn: int) -> list[dict[str, Any]]:
+        """Answered call messages for the reference (call, response) pairs of a finished user turn."""
+        messages: list[dict[str, Any]] = []
+        for call, response in self.spec.examples_of_turn(turn):
+            messages.append(rehearse_call_message(self.prompts, call, self.spec.tool_schema(call.name),
+                                                  self.spec.user_turns[turn]))
+            messages.append(rehearse_answer_message(as_result_object(response)))
+        return messages
+
+    # ---- REHEARSE / simulator ------------------------------------------------------------------
+    def _call_messages(self, call: ToolCall) -> list[dict[str, Any]]:
+        message = rehearse_call_message(self.prompts, call, self.spec.tool_schema(call.name),
+                                        self.spec.user_turns[self.user_turn])
+        messages, self.pending_examples = [*self.pending_examples, message], []
+        return messages
+
+    async def rehearse(self, call: ToolCall) -> Any:
+        """The policy's REHEARSE output for ``call`` (None and a termination when unusable)."""
+        stream = self.streams[Role.REHEARSE]
+        messages = self._call_messages(call)
+        if stream.ends_with_generation:
+            text = self.fmt.continuation(messages)
+        else:  # still only the system prompt: cut the rendered difference
+            base = rehearse_messages(self.prompts, self.spec.tools, ())
+            before = self.fmt.render(base, None, add_generation_prompt=False)
+            after = self.fmt.render([*base, *messages], None, add_generation_prompt=True)
+            if not after.startswith(before):
+                raise ValueError(f"chat template of {self.fmt.name} rewrites the REHEARSE system prompt")
+            text = after[len(before):]
+        if not self._append(Role.REHEARSE, text):
+            return None
+        output = await self._generate(Role.REHEARSE)
+        return None if output is None else self._parsed_result(output)
+
+    async def simulate(self, call: ToolCall) -> Any:
+        """A frozen simulator's answer for ``call`` (same REHEARSE prompt, through a chat endpoint)."""
+        from envace.inference.base import ChatRequest
+
+        if self.simulator is None:
+            raise ValueError("responses='simulator' but no simulator backend was given to EpisodeRunner")
+        self.sim_messages.extend(self._call_messages(call))
+        request = ChatRequest(messages=tuple(self.sim_messages), temperature=self.settings.rehearse_temperature,
+                              max_new_tokens=self.settings.max_rehearse_tokens)
+        loop = asyncio.get_running_loop()
+        output = (await loop.run_in_executor(None, self.simulator.generate, [request]))[0]
+        self.sim_messages.append({"role": "assistant", "content": output.text})
+        return self._parsed_result(output.text)
+
+    def _parsed_result(self, text: str) -> Any:
+        parsed = parse_rehearsal(text)
+        if not parsed.ok:
+            self.parse_errors.extend((Role.REHEARSE.name, e.code.value) for e in parsed.errors)
+            self.termination = Termination.REHEARSE_PARSE_ERROR
+            return None
+        return parsed.result
+
+    # ---- result --------------------------------------------------------------------------------
+    def _outcome(self) -> EpisodeOutcome:
+        streams = tuple(s.record() for s in self.streams.values() if s.outputs or s.role is Role.ACT)
+        finals = {t.user_turn: t.act_text for t in self.turns if not t.tool_calls}
+        info = {
+            "outputs": {role.name: s.outputs for role, s in self.streams.items()},
+            "parse_errors": list(self.parse_errors),
+            "final_answers": [finals.get(t, "") for t in range(len(self.spec.user_turns))],
+            "responses": self.settings.responses,
+        }
+        if self.executor is not None and hasattr(self.executor, "state"):
+            info["final_state"] = self.executor.state()
+        trajectory = Trajectory(prompt_id=self.spec.task_id, sample_index=self.sample_index, streams=streams,
+                                turns=tuple(self.turns), termination=self.termination or Termination.ERROR,
+                                info=info)
+        messages = (self.user_turn + 1) + len(self.turns) + sum(len(t.responses) for t in self.turns)
+        return EpisodeOutcome(dict(self.streams), trajectory, messages,
+                              min(self.steps) if self.steps else None, max(self.steps) if self.steps else None)

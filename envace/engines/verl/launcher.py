@@ -1,0 +1,319 @@
+"""Launching verl: dataset preparation, the ``main_ppo`` command, Ray multi-node commands, MLflow wiring.
+
+Single node (the ``train`` stage): ``launch_verl_training(cfg_dict)`` writes the verl datasets, builds
+``python -m verl.trainer.main_ppo <overrides>`` (``config_builder``), logs it and runs it as a
+subprocess (verl starts its own local Ray cluster); ``dry_run=True`` composes verl's config with the
+overrides (struct errors surface here, on a CPU machine) and prints the command instead.
+
+Multi-node: ``multinode_commands`` gives the ``ray start`` lines for the head and the workers and the
+``ray job submit -- python -m verl.trainer.main_ppo …`` line; docs/GPU.md walks through them.
+
+MLflow: verl's ``mlflow`` logger attaches to the run named by ``MLFLOW_RUN_ID``. With a parent run (the
+``train`` stage's run, or ``ENVACE_PARENT_RUN_ID``) we create a child run ``verl`` under it and hand
+its id and an absolute ``MLFLOW_TRACKING_URI`` to every Ray worker through ``runtime_env.env_vars``
+(verl logs its whole config as params; a child run keeps those apart from the stage's own params,
+where a clash would make verl silently drop MLflow). verl's ``file`` logger also writes one JSON line
+per step under ``<output_dir>/metrics/`` (read back by ``VerlEngine`` for the stage's callbacks).
+
+Checkpoints: ``<output_dir>/checkpoints/global_step_N`` (verl's own format, HF weights included);
+with ``train.resume`` a re-run of the same output directory continues from the latest one
+(``trainer.resume_mode=auto``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envace.engines.verl.config_builder import (
+    VerlConfigError,
+    build_overrides,
+    check_supported,
+    compose_verl_config,
+    plain,
+)
+from envace.engines.verl.episodes import act_prompt_uuids, read_jsonl, split_records, write_dataset
+
+logger = logging.getLogger(__name__)
+
+PLUGIN_MODULE = "envace.engines.verl.plugin"
+MAIN_MODULE = "verl.trainer.main_ppo"
+TELEMETRY_OFF = {"DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1",
+                 "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+SPLITS = ("train", "val")
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything a launch needs, computed without side effects."""
+
+    command: list[str]
+    overrides: list[str]
+    env_vars: dict[str, str]
+    output_dir: Path
+    data_files: dict[str, Path]
+    model_path: str
+    notes: list[str] = field(default_factory=list)
+
+    def shell(self) -> str:
+        return shlex.join(self.command)
+
+
+# ---- model and data -----------------------------------------------------------------------------
+def _path_model(model: Mapping[str, Any]) -> str:
+    if not model.get("path"):
+        raise VerlConfigError("model.kind=path needs model.path (a local HF model directory)")
+    return str(Path(str(model["path"])).expanduser().resolve())
+
+
+def _smollm2_model(model: Mapping[str, Any]) -> str:
+    from envace.models import ModelSpec
+    from envace.models.smollm2 import ensure_smollm2_cache, model_cache_root
+
+    return str(ensure_smollm2_cache(model_cache_root(ModelSpec(kind="smollm2"))))
+
+
+def _tiny_model(model: Mapping[str, Any]) -> str:
+    raise VerlConfigError("model.kind=tiny is built in memory; verl loads models from a directory. Save it "
+                          "first (scripts/gpu_smoke.py does: build_tiny_model_dir) and use model.kind=path")
+
+
+MODEL_DIRS: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "path": _path_model, "smollm2": _smollm2_model, "tiny": _tiny_model,
+}
+
+
+def model_dir(cfg: Mapping[str, Any]) -> str:
+    """The local model directory verl loads (never a hub id)."""
+    model = plain(cfg["model"])
+    kind = str(model.get("kind", "path"))
+    if kind not in MODEL_DIRS:
+        raise VerlConfigError(f"model.kind={kind!r}; valid for verl: {sorted(MODEL_DIRS)}")
+    return MODEL_DIRS[kind](model)
+
+
+def data_files(output_dir: Path) -> dict[str, Path]:
+    return {split: output_dir / "data" / f"{split}.parquet" for split in SPLITS}
+
+
+def prepare_verl_data(cfg: Mapping[str, Any], output_dir: Path | str, *, uuids: Sequence[str] | None = None
+                      ) -> dict[str, Path]:
+    """Write ``<output_dir>/data/{train,val}.parquet`` from the pipeline's files.
+
+    Instructions are the ACT records of ``template_prompts``' ``{split}.parquet`` (rows whose prompts fit);
+    episodes are built from ``prepare_data``'s ``{split}.jsonl`` rows. ``uuids`` restricts the train split
+    (the ``train`` stage's own selection). An empty val split reuses the train file.
+    """
+    cfg = plain(cfg)
+    paths, source = plain(cfg["paths"]), str(plain(cfg["data"]["source"]))
+    files = data_files(Path(output_dir))
+    for split in SPLITS:
+        parquet = Path(paths["prompts"]) / f"{split}.parquet"
+        prepared = Path(paths["prepared"]) / f"{split}.jsonl"
+        if not parquet.is_file() or not prepared.is_file():
+            raise FileNotFoundError(f"verl data: {parquet} or {prepared} is missing; run the prepare_data and "
+                                    "template_prompts stages first")
+        chosen = act_prompt_uuids(parquet)
+        if split == "train" and uuids is not None:
+            chosen = [u for u in chosen if u in set(uuids)]
+        records = split_records(chosen, read_jsonl(prepared), split, source)
+        if records:
+            write_dataset(files[split], records)
+        elif split == "train":
+            raise ValueError("verl data: no training instructions left; check template_prompts' kept rows")
+        else:
+            files[split] = files["train"]
+        logger.info("verl data: %d %s instructions -> %s", len(records), split, files[split])
+    _check_batch(cfg, files["train"])
+    return files
+
+
+def _check_batch(cfg: Mapping[str, Any], train_file: Path) -> None:
+    import pandas as pd
+
+    n_rows = len(pd.read_parquet(train_file, columns=["agent_name"]))
+    batch = int(plain(cfg["rollout"])["prompts_per_step"])
+    if n_rows < batch:
+        raise VerlConfigError(f"rollout.prompts_per_step={batch} but only {n_rows} training instructions; verl "
+                              "drops incomplete batches, so lower prompts_per_step or add data")
+
+
+# ---- MLflow --------------------------------------------------------------------------------------
+def absolute_tracking_uri(uri: str) -> str:
+    """``sqlite:///rel.db`` → ``sqlite:////abs/rel.db`` (Ray workers do not share the driver's cwd)."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        return prefix + str(Path(uri[len(prefix):]).resolve())
+    if "://" not in uri:  # a bare directory
+        return str(Path(uri).resolve())
+    return uri
+
+
+def create_child_run(tracking_uri: str, parent_run_id: str, name: str = "verl") -> str:
+    """A run nested under ``parent_run_id`` (same experiment) for verl to attach to; returns its id."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    parent = client.get_run(parent_run_id)
+    run = client.create_run(parent.info.experiment_id, run_name=name,
+                            tags={"mlflow.parentRunId": parent_run_id, "envace.kind": "engine",
+                                  "envace.engine": "verl"})
+    return run.info.run_id
+
+
+def mlflow_env(cfg: Mapping[str, Any], *, tracking_uri: str | None, parent_run_id: str | None, create: bool
+               ) -> tuple[dict[str, str], list[str]]:
+    """Env vars attaching verl's MLflow logger to a child of the parent run (and notes for the log)."""
+    tracking = plain(cfg.get("tracking") or {})
+    if tracking.get("backend", "mlflow") != "mlflow":
+        return {}, ["tracking.backend is not mlflow: verl logs to the console only"]
+    uri = absolute_tracking_uri(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db")
+    env = {"MLFLOW_TRACKING_URI": uri}
+    parent = parent_run_id or os.environ.get("ENVACE_PARENT_RUN_ID")
+    if not parent:
+        return env, [f"no parent run: verl creates its own run in experiment {tracking.get('experiment', 'envace')!r}"]
+    if not create:
+        return env, [f"a child run of {parent} is created at launch and passed as MLFLOW_RUN_ID"]
+    env["MLFLOW_RUN_ID"] = create_child_run(uri, parent)
+    return env, [f"verl logs to MLflow run {env['MLFLOW_RUN_ID']} (child of {parent})"]
+
+
+def finish_child_run(env: Mapping[str, str], returncode: int) -> None:
+    """Mark the child run FAILED when verl failed (verl ends it FINISHED itself on success)."""
+    if "MLFLOW_RUN_ID" not in env or returncode == 0:
+        return
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    client.set_tag(env["MLFLOW_RUN_ID"], "envace.returncode", str(returncode))
+    client.set_terminated(env["MLFLOW_RUN_ID"], status="FAILED")
+
+
+# ---- commands ------------------------------------------------------------------------------------
+def verl_command(overrides: Sequence[str], python: str | None = None) -> list[str]:
+    """``python -m verl.trainer.main_ppo <overrides>`` as an argv list (no shell quoting needed)."""
+    return [python or sys.executable, "-m", MAIN_MODULE, *overrides]
+
+
+def multinode_commands(overrides: Sequence[str], *, head: str = "$HEAD_IP", n_gpus_per_node: int = 8,
+                       python: str = "python") -> dict[str, str]:
+    """Shell lines for a Ray cluster: start the head, start each worker, submit the job from the head."""
+    runtime_env = json.dumps({"env_vars": {"VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE, **TELEMETRY_OFF}})
+    job = [python, "-m", MAIN_MODULE, *overrides]
+    return {
+        "head": f"ray start --head --port=6379 --dashboard-host=0.0.0.0 --num-gpus={n_gpus_per_node}",
+        "worker": f"ray start --address={head}:6379 --num-gpus={n_gpus_per_node}",
+        "submit": (f"ray job submit --address=http://{head}:8265 --runtime-env-json={shlex.quote(runtime_env)} -- "
+                   + shlex.join(job)),
+    }
+
+
+def default_output_dir(cfg: Mapping[str, Any]) -> Path:
+    name = f"{plain(cfg.get('experiment_name', 'default'))}-{plain(cfg['algo']['name'])}"
+    return (Path(".envace") / "verl" / name).resolve()
+
+
+def plan_launch(cfg: Mapping[str, Any], *, output_dir: Path | str | None = None, dry_run: bool = False,
+                tracking_uri: str | None = None, parent_run_id: str | None = None,
+                extra_overrides: Sequence[str] = (), files: Mapping[str, Path] | None = None,
+                model_path: str | None = None) -> LaunchPlan:
+    """Compute the launch (data paths, env vars, overrides, command); creates the MLflow child run
+    unless ``dry_run``. Does not write datasets (``prepare_verl_data`` does)."""
+    cfg = plain(cfg)
+    check_supported(cfg)
+    out = Path(output_dir).resolve() if output_dir else default_output_dir(cfg)
+    files = dict(files or data_files(out))
+    model = model_path or model_dir(cfg)
+    env, notes = mlflow_env(cfg, tracking_uri=tracking_uri, parent_run_id=parent_run_id, create=not dry_run)
+    launch_id = time.strftime("%Y%m%d-%H%M%S")
+    env.update({"VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE,
+                "VERL_FILE_LOGGER_PATH": str(out / "metrics" / f"{launch_id}.jsonl"), **TELEMETRY_OFF})
+    overrides = build_overrides(cfg, train_files=[str(files["train"])], val_files=[str(files["val"])],
+                                output_dir=out, model_path=model, env_vars=env, extra_loggers=["file"])
+    overrides += list(extra_overrides)
+    return LaunchPlan(verl_command(overrides), overrides, env, out, files, model, notes)
+
+
+def launch_verl_training(cfg_dict: Mapping[str, Any], *, dry_run: bool = False, output_dir: Path | str | None = None,
+                         uuids: Sequence[str] | None = None, tracking_uri: str | None = None,
+                         parent_run_id: str | None = None, extra_overrides: Sequence[str] = ()) -> int:
+    """Train with verl on this node: prepare data, build and log the command, run it; returns its exit code.
+
+    ``cfg_dict`` is our config as a plain dict (``OmegaConf.to_container(cfg, resolve=True)``). With
+    ``dry_run`` nothing is written or started: verl's config is composed with the overrides (when verl is
+    installed) and the command is printed; returns 0.
+    """
+    cfg_dict = plain(cfg_dict)
+    plan = plan_launch(cfg_dict, output_dir=output_dir, dry_run=dry_run, tracking_uri=tracking_uri,
+                       parent_run_id=parent_run_id, extra_overrides=extra_overrides)
+    for note in plan.notes:
+        logger.info("verl launch: %s", note)
+    logger.info("verl command:\n%s", plan.shell())
+    if dry_run:
+        try:
+            compose_verl_config(plan.overrides)
+            logger.info("verl config composes with %d overrides (dry run, nothing started)", len(plan.overrides))
+        except VerlConfigError as exc:  # verl not installed here: the command is still useful
+            logger.warning("verl config not checked: %s", exc)
+        sys.stdout.write(plan.shell() + "\n")
+        return 0
+    prepare_verl_data(cfg_dict, plan.output_dir, uuids=uuids)
+    (plan.output_dir / "metrics").mkdir(parents=True, exist_ok=True)
+    (plan.output_dir / "command.sh").write_text(plan.shell() + "\n", encoding="utf-8")
+    env = {**os.environ, **plan.env_vars}
+    returncode = subprocess.run(plan.command, env=env, check=False).returncode
+    finish_child_run(plan.env_vars, returncode)
+    if returncode != 0:
+        logger.error("verl exited with %d; the command is in %s", returncode, plan.output_dir / "command.sh")
+    return returncode
+
+
+def write_multinode_scripts(plan: LaunchPlan, head: str, n_gpus_per_node: int) -> dict[str, Path]:
+    """``head.sh`` / ``worker.sh`` / ``submit.sh`` next to the run (printed by the CLI)."""
+    paths = {}
+    for name, line in multinode_commands(plan.overrides, head=head, n_gpus_per_node=n_gpus_per_node).items():
+        path = plan.output_dir / f"{name}.sh"
+        path.write_text(f"#!/usr/bin/env bash\nset -euo pipefail\n{line}\n", encoding="utf-8")
+        path.chmod(0o755)
+        paths[name] = path
+    return paths
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI: ``python -m envace.engines.verl.launcher --params params.yaml [--dry-run | --multinode HEAD_IP]
+    [verl overrides…]`` (see docs/GPU.md)."""
+    import argparse
+
+    from omegaconf import OmegaConf
+
+    parser = argparse.ArgumentParser(description="Train with verl from a composed envace params.yaml")
+    parser.add_argument("--params", default="params.yaml", help="composed envace config (make params)")
+    parser.add_argument("--output-dir", default=None, help="run directory (data, checkpoints, metrics)")
+    parser.add_argument("--dry-run", action="store_true", help="compose verl's config and print the command")
+    parser.add_argument("--multinode", metavar="HEAD_IP", help="prepare data and write head/worker/submit scripts")
+    parser.add_argument("verl_overrides", nargs="*", help="extra main_ppo overrides, appended last (they win)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = OmegaConf.to_container(OmegaConf.load(args.params), resolve=True)
+    if not args.multinode:
+        return launch_verl_training(cfg, dry_run=args.dry_run, output_dir=args.output_dir,
+                                    extra_overrides=args.verl_overrides)
+    plan = plan_launch(cfg, output_dir=args.output_dir, extra_overrides=args.verl_overrides)
+    prepare_verl_data(cfg, plan.output_dir)
+    gpus = int(plain(cfg["engine"]).get("n_gpus_per_node", 8))
+    for name, path in write_multinode_scripts(plan, args.multinode, gpus).items():
+        sys.stdout.write(f"# {name}: {path}\n{path.read_text(encoding='utf-8').splitlines()[-1]}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

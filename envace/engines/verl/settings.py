@@ -1,0 +1,115 @@
+"""What the act/rehearse agent loop needs to know besides verl's own config (no verl import here).
+
+The settings travel inside verl's Hydra config as a top-level ``envace`` node (the launcher adds it with
+``+envace.<key>=<value>`` overrides), so every Ray worker that instantiates the agent loop reads the same
+values from ``trainer_config.config.envace``. ``LoopSettings.from_mapping`` rebuilds them and checks them;
+``LoopSettings.to_flat`` is the inverse used by the config builder.
+
+Choices:
+- ``responses`` says who answers tool calls: ``policy`` (the REHEARSE role, the method), ``executor``
+  (a real executable environment rebuilt in the worker from the dataset row) or ``simulator`` (a frozen
+  simulator behind an OpenAI-compatible endpoint). It follows from the variant (``grpo`` uses
+  ``grpo_responses``; every other variant rehearses with the policy).
+- ``trainable_roles`` follow ``envace.engines.base.VARIANTS``; ``per_role`` (two separate models) is
+  refused by the config builder: verl trains one actor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from envace.core.records import Role
+
+AGENT_LOOP_NAME = "envace_act_rehearse"
+TRAINER_MODE = "envace"
+SETTINGS_NODE = "envace"
+RESPONSE_SOURCES = ("policy", "executor", "simulator")
+CHAT_TEMPLATES = ("auto", "model", "chatml")
+
+
+@dataclass(frozen=True)
+class EndpointSettings:
+    """An OpenAI-compatible endpoint (LLM judge or frozen simulator)."""
+
+    base_url: str | None = None
+    model: str | None = None
+    api_key_env: str | None = "OPENAI_API_KEY"
+    max_retries: int = 3
+    timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """Everything the agent loop reads from ``config.envace`` (plain values only)."""
+
+    variant: str = "envace"
+    responses: str = "policy"
+    data_source: str = "toolworld"
+    reward: str = "verifiable"  # judge name (envace.judges) or "verifiable"
+    baseline: str = "output_mean"
+    act_temperature: float = 1.0
+    rehearse_temperature: float = 1.0
+    max_steps_per_turn: int = 4
+    max_act_tokens: int = 256
+    max_rehearse_tokens: int = 256
+    max_stream_tokens: int = 4096
+    rehearse_examples: bool = True
+    chat_template: str = "auto"
+    seed: int = 0
+    judge: EndpointSettings = field(default_factory=EndpointSettings)
+    simulator: EndpointSettings = field(default_factory=EndpointSettings)
+
+    def __post_init__(self) -> None:
+        from envace.engines.base import get_variant
+
+        variant = get_variant(self.variant)  # unknown names raise listing the valid ones
+        if self.responses not in RESPONSE_SOURCES:
+            raise ValueError(f"envace.responses={self.responses!r}; valid: {list(RESPONSE_SOURCES)}")
+        if variant.rehearse_by_policy and self.responses != "policy":
+            raise ValueError(f"variant {self.variant!r} rehearses with the policy; envace.responses must be "
+                             f"'policy', got {self.responses!r} (only grpo takes executor/simulator responses)")
+        if not variant.rehearse_by_policy and self.responses == "policy":
+            raise ValueError(f"variant {self.variant!r} takes responses from outside the policy; set "
+                             "envace.responses to 'executor' or 'simulator'")
+        if self.chat_template not in CHAT_TEMPLATES:
+            raise ValueError(f"envace.chat_template={self.chat_template!r}; valid: {list(CHAT_TEMPLATES)}")
+        for name in ("max_steps_per_turn", "max_act_tokens", "max_rehearse_tokens", "max_stream_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"envace.{name}={getattr(self, name)} must be >= 1")
+
+    @property
+    def trainable_roles(self) -> frozenset[Role]:
+        from envace.engines.base import get_variant
+
+        return get_variant(self.variant).trainable_roles
+
+    def temperature(self, role: Role) -> float:
+        return self.act_temperature if role is Role.ACT else self.rehearse_temperature
+
+    def max_new_tokens(self, role: Role) -> int:
+        return self.max_act_tokens if role is Role.ACT else self.max_rehearse_tokens
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any] | None) -> LoopSettings:
+        """Settings from a plain mapping (``OmegaConf.to_container(config.envace)``); unknown keys raise."""
+        values = dict(values or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown envace settings {unknown}; valid keys: {sorted(known)}")
+        for name in ("judge", "simulator"):
+            if name in values and not isinstance(values[name], EndpointSettings):
+                values[name] = EndpointSettings(**dict(values[name] or {}))
+        return cls(**values)
+
+    def to_flat(self) -> dict[str, Any]:
+        """``{"variant": ..., "judge.base_url": ...}``: one entry per leaf (for Hydra overrides)."""
+        flat: dict[str, Any] = {}
+        for key, value in asdict(self).items():
+            if isinstance(value, dict):
+                flat.update({f"{key}.{k}": v for k, v in value.items()})
+            else:
+                flat[key] = value
+        return flat

@@ -1,0 +1,266 @@
+"""GPU smoke checks for envace (run through scripts/gpu_smoke.sh; < 10 minutes on one GPU, no network).
+
+Modes:
+  verl  A tiny model is built locally (random init, then a short SFT warm-up on gold tool-world
+        trajectories so that it emits tool calls and REHEARSE answers), saved with save_pretrained,
+        and trained for a few steps by verl (engine=verl: our agent loop, trainer mode and estimator,
+        vLLM rollouts, FSDP actor) on tool-world prompts. Checks: verl exits 0, every step's actor loss
+        is finite, both roles had trainable tokens with non-zero advantages, parameters changed.
+  bare  A GPU machine with PyTorch + transformers only (no vLLM/Ray/verl): the local engine on CUDA in
+        bf16 (SFT warm-up, rollouts and — when verl's core_algos is importable — RL steps), the
+        role-wise estimator and the policy loss on CUDA tensors, compared with CPU results. What could
+        not run (verl absent) is detected and reported, not failed.
+
+Writes ``report.json`` in --out and exits non-zero when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("gpu_smoke")
+TINY = {"kind": "tiny", "tiny_hidden": 256, "tiny_heads": 4, "tiny_layers": 2}  # head_dim 64: vLLM kernels
+
+
+def available(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def toolworld_specs(n_train: int, seed: int = 0) -> tuple[list[Any], list[dict]]:
+    from envace.engines.verl.episodes import spec_from_row
+    from envace.envs.toolworld import generate_tasks, to_cm2_row
+
+    tasks = generate_tasks(seed=seed, n_train=n_train, n_val=0, n_test=0)["train"]
+    rows = [to_cm2_row(t, include_state=True) for t in tasks]
+    return [spec_from_row(r, "toolworld") for r in rows], rows
+
+
+def build_tiny_model_dir(out: Path, specs: list[Any], *, sft_epochs: int, device: str, dtype: str = "float32") -> Path:
+    """Random tiny model, SFT warm-up on the gold trajectories of ``specs``, saved as an HF directory."""
+    from envace.engines.local.config import LocalEngineConfig, RolloutConfig, SFTConfig
+    from envace.engines.local.engine import LocalEngine
+    from envace.models import ModelSpec
+
+    config = LocalEngineConfig(
+        model=ModelSpec(dtype=dtype, **TINY), steps=0, device=device, output_dir=str(out), progress=False,
+        rollout=RolloutConfig(max_act_tokens=128, max_rehearse_tokens=128, max_stream_tokens=2048),
+        sft=SFTConfig(epochs=sft_epochs, lr=2e-3, batch_streams=8),
+    )
+    result = LocalEngine().train(config, specs)
+    sft = [h for h in result.history if "sft/epoch" in h]
+    last = {k: round(v, 4) for k, v in (sft[-1] if sft else {}).items()}
+    logger.info("tiny model: %d SFT epochs, last %s", len(sft), last)
+    return Path(result.artifacts["policy"])
+
+
+# ---- mode verl ------------------------------------------------------------------------------------
+def verl_config(model_dir: Path, steps: int) -> dict:
+    from omegaconf import OmegaConf
+
+    from envace.config import compose
+
+    cfg = compose(["profile=smoke", "engine=verl", "engine.n_gpus_per_node=1", "engine.nnodes=1",
+                   "model.kind=path", f"model.path={model_dir}", f"train.steps={steps}", "train.checkpoint_every=0",
+                   "rollout.prompts_per_step=4", "rollout.samples_per_prompt=4", "rollout.max_act_tokens=128",
+                   "rollout.max_rehearse_tokens=128", "rollout.max_stream_tokens=2048",
+                   "rollout.max_prompt_tokens=1536", "rollout.max_steps_per_turn=2", "algo.lr=1e-4", "tracking=none"])
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def run_verl(out: Path, steps: int, dry_run: bool = False) -> dict[str, Any]:
+    import os
+    import subprocess
+
+    from envace.engines.verl.config_builder import compose_verl_config
+    from envace.engines.verl.episodes import dataset_record, write_dataset
+    from envace.engines.verl.launcher import plan_launch
+
+    specs, rows = toolworld_specs(16)
+    model_dir = build_tiny_model_dir(out / "warmup", specs, sft_epochs=1 if dry_run else 20,
+                                     device="cpu" if dry_run else "cuda")
+    files = {"train": out / "data" / "train.parquet", "val": out / "data" / "val.parquet"}
+    records = [dataset_record(s, i, "train", "toolworld", r) for i, (s, r) in enumerate(zip(specs, rows))]
+    write_dataset(files["train"], records)
+    write_dataset(files["val"], records[:4])
+    extra = ["actor_rollout_ref.rollout.gpu_memory_utilization=0.3", "actor_rollout_ref.rollout.enforce_eager=true",
+             "actor_rollout_ref.rollout.agent.num_workers=2"]
+    if not available("flash_attn"):  # verl's actor defaults to flash_attention_2 (and padding removal on it)
+        logger.warning("flash_attn is not installed: the actor uses sdpa attention without padding removal")
+        extra += ["+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+                  "actor_rollout_ref.model.use_remove_padding=false"]
+    plan = plan_launch(verl_config(model_dir, steps), output_dir=out / "run", files=files, extra_overrides=extra)
+    (out / "run" / "metrics").mkdir(parents=True, exist_ok=True)
+    (out / "run" / "command.sh").write_text(plan.shell() + "\n")
+    logger.info("verl command: %s", plan.shell())
+    if dry_run:  # CPU check of everything before the launch
+        compose_verl_config(plan.overrides)
+        return {"dry_run": True, "command": plan.shell(), "checks": {"verl_config_composes": True}}
+    started = time.time()
+    code = subprocess.run(plan.command, env={**os.environ, **plan.env_vars}, check=False).returncode
+    report: dict[str, Any] = {"verl_returncode": code, "verl_seconds": round(time.time() - started, 1)}
+    if code == 0:
+        report.update(check_verl_run(out / "run", model_dir, steps))
+    return report
+
+
+def check_verl_run(run: Path, initial: Path, steps: int) -> dict[str, Any]:
+    from envace.engines.verl.engine import latest_hf_weights, read_step_metrics
+
+    metrics = read_step_metrics(run / "metrics")
+    losses = {s: v for s, m in metrics.items() for k, v in m.items() if k in ("actor/pg_loss", "actor/loss")}
+    trained = {role: any(m.get(f"envace/{role}/tokens", 0) > 0 and m.get(f"envace/{role}/adv_abs_mean", 0) > 0
+                         for m in metrics.values()) for role in ("act", "rehearse")}
+    final = latest_hf_weights(run)
+    delta = max_weight_change(initial, final) if final else None
+    checks = {
+        "all_steps_logged": sorted(metrics) == list(range(1, steps + 1)),
+        "loss_finite": bool(losses) and all(math.isfinite(v) for v in losses.values()),
+        "act_trained": trained["act"], "rehearse_trained": trained["rehearse"],
+        "parameters_changed": delta is not None and delta > 0,
+    }
+    per_step = {s: {k: m[k] for k in sorted(m) if k.startswith("envace/") or k in ("actor/pg_loss",
+                "critic/score/mean", "response_length/mean")} for s, m in metrics.items()}
+    return {"checks": checks, "max_weight_change": delta, "steps": per_step}
+
+
+def max_weight_change(before: Path, after: Path) -> float:
+    from safetensors.torch import load_file
+
+    def tensors(path: Path) -> dict:
+        out: dict = {}
+        for file in sorted(path.glob("*.safetensors")):
+            out.update(load_file(str(file)))
+        return out
+
+    a, b = tensors(before), tensors(after)
+    common = sorted(set(a) & set(b))
+    if not common:
+        raise ValueError(f"no common weights between {before} and {after}")
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in common)
+
+
+# ---- mode bare --------------------------------------------------------------------------------------
+def run_bare(out: Path, steps: int, device: str = "cuda") -> dict[str, Any]:
+    import torch
+
+    report: dict[str, Any] = {"cuda": torch.cuda.is_available(), "torch": torch.__version__, "device": device,
+                              "found": {m: available(m) for m in ("verl", "vllm", "ray", "transformers")}}
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bare mode needs CUDA (torch.cuda.is_available() is False)")
+    report["device_name"] = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+    report["estimator"] = estimator_on(device)
+    has_verl = available("verl") and _core_algos_importable()
+    report["loss"] = loss_on(device) if has_verl else "skipped: verl.trainer.ppo.core_algos not importable"
+    report["local_engine"] = local_engine_on(device, out, steps if has_verl else 0)
+    checks = {"estimator_matches_cpu": report["estimator"]["matches_cpu"],
+              "local_engine_finite": report["local_engine"]["finite"],
+              "local_engine_parameters_changed": report["local_engine"]["parameters_changed"]}
+    if has_verl:
+        checks["loss_matches_cpu"] = report["loss"]["matches_cpu"]
+    report["checks"] = checks
+    return report
+
+
+def _core_algos_importable() -> bool:
+    try:
+        import verl.trainer.ppo.core_algos  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - report any reason
+        logger.warning("verl core_algos not importable: %s", exc)
+        return False
+    return True
+
+
+def estimator_on(device: str) -> dict[str, Any]:
+    import torch
+
+    from envace.core.advantages import compute_rolewise_advantages, token_advantages
+
+    gen = torch.Generator().manual_seed(0)
+    rewards = torch.rand(64, generator=gen)
+    groups = [i // 16 for i in range(64)]
+    roles = [int(torch.randint(0, 2, (1,), generator=gen)) for _ in range(64)]
+    mask = (torch.rand(64, 32, generator=gen) > 0.3).float()
+    cpu = token_advantages(compute_rolewise_advantages(rewards, groups, roles), mask)
+    gpu = token_advantages(compute_rolewise_advantages(rewards.to(device), groups, roles), mask.to(device))
+    return {"device": str(gpu.device), "matches_cpu": bool(torch.allclose(gpu.cpu(), cpu, atol=1e-6))}
+
+
+def loss_on(device: str) -> dict[str, Any]:
+    import torch
+
+    from envace.core.losses import compute_policy_loss
+
+    gen = torch.Generator().manual_seed(1)
+    shape = (8, 24)
+    logp = (torch.randn(shape, generator=gen) * 0.1 - 2).requires_grad_()
+    old, ref = logp.detach() + 0.05 * torch.randn(shape, generator=gen), logp.detach() - 0.02
+    adv, mask = torch.randn(shape, generator=gen), (torch.rand(shape, generator=gen) > 0.2).float()
+    cpu = compute_policy_loss(logp, old, adv, mask, kl_coef=1e-4, ref_log_probs=ref)
+    cpu.loss.backward()
+    logp_gpu = logp.detach().to(device).requires_grad_()
+    gpu = compute_policy_loss(logp_gpu, old.to(device), adv.to(device), mask.to(device), kl_coef=1e-4,
+                              ref_log_probs=ref.to(device))
+    gpu.loss.backward()
+    same = torch.allclose(gpu.loss.detach().cpu(), cpu.loss.detach(), atol=1e-5)
+    same_grad = torch.allclose(logp_gpu.grad.cpu(), logp.grad, atol=1e-6)
+    return {"loss": float(gpu.loss), "matches_cpu": bool(same and same_grad and math.isfinite(float(gpu.loss)))}
+
+
+def local_engine_on(device: str, out: Path, steps: int) -> dict[str, Any]:
+    from envace.engines.local.config import LocalEngineConfig, OptimConfig, RolloutConfig, SFTConfig
+    from envace.engines.local.engine import LocalEngine
+    from envace.models import ModelSpec, load_model_and_tokenizer
+
+    specs, _ = toolworld_specs(8)
+    spec = ModelSpec(dtype="bfloat16", **TINY)
+    before = {k: v.float().clone() for k, v in load_model_and_tokenizer(spec)[0].state_dict().items()}
+    config = LocalEngineConfig(model=spec, steps=steps, prompts_per_step=2, device=device, progress=False,
+                               output_dir=str(out / "local"), optim=OptimConfig(lr=1e-3),
+                               rollout=RolloutConfig(samples_per_prompt=4, max_act_tokens=96, max_rehearse_tokens=96,
+                                                     max_stream_tokens=2048),
+                               sft=SFTConfig(epochs=3, lr=2e-3))
+    started = time.time()
+    result = LocalEngine().train(config, specs)
+    after = {k: v.float().cpu() for k, v in result.models["policy"].state_dict().items()}
+    delta = max(float((after[k] - before[k]).abs().max()) for k in before)
+    values = [v for h in result.history for v in h.values() if isinstance(v, float)]
+    return {"rl_steps": result.steps_done, "sft_epochs": sum("sft/epoch" in h for h in result.history),
+            "dtype": str(next(result.models["policy"].parameters()).dtype), "seconds": round(time.time() - started, 1),
+            "finite": all(math.isfinite(v) for v in values), "parameters_changed": delta > 0,
+            "last": {k: v for k, v in (result.history[-1] if result.history else {}).items() if "loss" in k}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=["verl", "bare"])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--dry-run", action="store_true", help="verl mode: prepare on CPU and stop before launching")
+    parser.add_argument("--device", default="cuda", help="bare mode: 'cpu' exercises the same code without a GPU")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import torch
+
+    torch.set_num_threads(1 if args.dry_run or args.device == "cpu" else 4)
+    args.out.mkdir(parents=True, exist_ok=True)  # torch threads set above
+    if args.mode == "verl":
+        report = {"mode": args.mode, **run_verl(args.out, args.steps, dry_run=args.dry_run)}
+    else:
+        report = {"mode": args.mode, **run_bare(args.out, args.steps, args.device)}
+    checks = report.get("checks", {})
+    report["ok"] = bool(checks) and all(checks.values()) and report.get("verl_returncode", 0) == 0
+    (args.out / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    logger.info("report: %s", json.dumps(report, default=str)[:4000])
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
