@@ -1,0 +1,465 @@
+"""Typed configuration: the dataclass schemas behind ``conf/`` and the one way to load a config.
+
+``conf/config.yaml`` starts its defaults list with ``envace_schema`` — the ``Config`` dataclass below,
+registered in Hydra's ConfigStore — so every group file merges *into* a typed, struct-mode node:
+an unknown key, a wrongly typed value or an enumerated value outside its set fails at composition
+time with OmegaConf's message naming the full key (``full_key: algo.lr``) and, for enums, the valid
+names. DVC composes ``conf/`` itself (``dvc exp run -S``); it finds the schema through the
+``hydra_plugins/envace_schemas`` package at the repo root, which imports this module.
+
+Cross-field rules that a schema cannot express (``model.kind=path`` needs ``model.path``) live in
+``validate_config``. Stages load ``params.yaml`` with ``load_params`` (same schema, same checks).
+Run ``python -m envace.config [OVERRIDES…]`` (``make params``) to regenerate ``params.yaml`` exactly
+as ``dvc exp run -S`` does.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+logger = logging.getLogger(__name__)
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONFIG_NAME = "config"
+PARAMS_FILE = "params.yaml"
+SCHEMA_NAME = "envace_schema"
+
+
+# ---- enumerated values (member names are the strings written in YAML) -----------------------------
+class ProfileName(str, enum.Enum):
+    smoke = "smoke"
+    cpu = "cpu"
+    paper = "paper"
+
+
+class AlgoName(str, enum.Enum):
+    """Training variants; must equal ``envace.engines.base.VARIANTS`` (a unit test checks)."""
+
+    envace = "envace"
+    grpo = "grpo"
+    per_role = "per_role"
+    frozen_act = "frozen_act"
+    frozen_rehearse = "frozen_rehearse"
+
+
+class EngineName(str, enum.Enum):
+    local = "local"
+    verl = "verl"
+
+
+class ModelKind(str, enum.Enum):
+    tiny = "tiny"
+    smollm2 = "smollm2"
+    path = "path"
+
+
+class DataSource(str, enum.Enum):
+    toolworld = "toolworld"
+    cm2 = "cm2"
+
+
+class JudgeName(str, enum.Enum):
+    """Reward source: the environment's verifiable scorer, or a checklist judge (envace.judges)."""
+
+    verifiable = "verifiable"
+    rule = "rule"
+    llm = "llm"
+    composite = "composite"
+
+
+class ResponseSource(str, enum.Enum):
+    """grpo only: where tool responses come from during training."""
+
+    executor = "executor"
+    simulator = "simulator"
+
+
+class Baseline(str, enum.Enum):
+    output_mean = "output_mean"
+    trajectory_mean = "trajectory_mean"
+
+
+class Benchmark(str, enum.Enum):
+    """Benchmarks a stage can run (each needs a line in envace.stages.common.BENCHMARK_KWARGS)."""
+
+    toolworld = "toolworld"
+    bfcl = "bfcl"  # BFCL-v4 offline categories (bfcl-eval bundles data and checkers)
+
+
+class RehearsalMode(str, enum.Enum):
+    parallel = "parallel"
+    sequential = "sequential"
+
+
+class Rehearser(str, enum.Enum):
+    trained = "trained"
+    base = "base"
+
+
+class RehearsalScope(str, enum.Enum):
+    task = "task"
+    turn = "turn"
+
+
+class Summarizer(str, enum.Enum):
+    policy = "policy"
+    structured = "structured"
+
+
+class TrackingBackend(str, enum.Enum):
+    mlflow = "mlflow"
+    none = "none"
+
+
+# ---- group schemas ----------------------------------------------------------------------------------
+@dataclass
+class PathsConfig:
+    """Every file/dir the stages read or write, relative to the working directory; the values are
+    declared once, in conf/config.yaml (dvc.yaml interpolates them from params.yaml)."""
+
+    raw_cm2: str = MISSING
+    prepared: str = MISSING
+    prompts: str = MISSING
+    checkpoints: str = MISSING
+    evaluation: str = MISSING
+    rehearsal: str = MISSING
+    metrics: str = MISSING
+    plots: str = MISSING
+    reports: str = MISSING
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"  # label used in tables and MLflow
+    kind: ModelKind = ModelKind.tiny
+    path: Optional[str] = None  # required when kind=path (local HF checkpoint dir)
+    dtype: str = "float32"
+    max_context_tokens: int = 1024
+
+
+@dataclass
+class DataConfig:
+    source: DataSource = DataSource.toolworld
+    n_train: int = 8  # tool world: tasks per split; CM2: cap on accepted rows (0 = all)
+    n_val: int = 4
+    n_test: int = 4
+    held_out_domain: Optional[str] = "todo"  # tool world: a domain never trained on (null = none)
+    val_fraction: float = 0.05  # CM2: share of uuids held out for validation
+    checklist_variant: int = 0  # CM2: which checklist variant scores a row
+
+
+@dataclass
+class AlgoConfig:
+    name: AlgoName = AlgoName.envace
+    baseline: Baseline = Baseline.output_mean
+    norm_by_std: bool = False
+    lr: float = 1e-5
+    clip_ratio: float = 0.2
+    kl_coef: float = 0.0  # > 0 adds low_var_kl to a frozen reference
+    grad_clip: float = 1.0
+    ppo_epochs: int = 1
+    grpo_responses: ResponseSource = ResponseSource.executor
+
+
+@dataclass
+class EndpointConfig:
+    """An OpenAI-compatible endpoint (null fields: not used)."""
+
+    base_url: Optional[str] = None
+    model: Optional[str] = None
+    api_key_env: Optional[str] = None
+
+
+@dataclass
+class EngineConfig:
+    name: EngineName = EngineName.local
+    device: str = "cpu"
+    num_threads: int = 1
+    n_gpus_per_node: int = 0
+    nnodes: int = 1
+    # verl only (null = the engine's default; see envace.engines.verl.config_builder)
+    rollout_name: Optional[str] = None
+    tensor_parallel: Optional[int] = None
+    gpu_memory_utilization: Optional[float] = None
+    max_token_len_per_gpu: Optional[int] = None
+    agent_workers: Optional[int] = None
+    chat_template: Optional[str] = None
+    val_every: Optional[int] = None
+    simulator: EndpointConfig = field(default_factory=EndpointConfig)  # grpo_responses=simulator served remotely
+    overrides: List[str] = field(default_factory=list)  # raw verl overrides, appended last
+
+
+@dataclass
+class RolloutConfig:
+    samples_per_prompt: int = 4  # K trajectories per instruction
+    prompts_per_step: int = 2
+    act_temperature: float = 1.0
+    rehearse_temperature: float = 1.0
+    max_steps_per_turn: int = 4
+    max_act_tokens: int = 64
+    max_rehearse_tokens: int = 64
+    max_stream_tokens: int = 2048
+    max_prompt_tokens: int = 768  # template_prompts drops longer prompts (and their rows from training)
+
+
+@dataclass
+class TrainConfig:
+    sft_epochs: int = 0  # supervised warm-up epochs on gold ACT/REHEARSE targets before GRPO
+    sft_lr: float = 1e-4
+    steps: int = 2  # GRPO steps; 0 = no RL (the exported model is the warm-started/base one)
+    checkpoint_every: int = 0  # 0 = only the final checkpoint
+    keep_checkpoints: int = 2
+    resume: bool = True  # continue an interrupted run of the same config
+
+
+@dataclass
+class JudgeConfig:
+    name: JudgeName = JudgeName.verifiable
+    base_url: Optional[str] = None  # OpenAI-compatible endpoint for llm/composite
+    model: Optional[str] = None
+    api_key_env: str = "OPENAI_API_KEY"
+    max_retries: int = 3
+    timeout_s: float = 60.0
+
+
+@dataclass
+class EvalConfig:
+    benchmarks: List[Benchmark] = field(default_factory=lambda: [Benchmark.toolworld])
+    benchmark: Benchmark = Benchmark.toolworld  # the one an `evaluate@<name>` stage runs
+    split: str = "test"
+    n_tasks: int = 0  # 0 = the whole split
+    concurrency: int = 8  # episodes in flight (their generations are batched)
+    compare_base: bool = True
+    fidelity: bool = True
+    temperature: float = 0.0
+    max_steps_per_turn: int = 4
+    act_max_new_tokens: int = 64
+    rehearse_max_new_tokens: int = 64
+
+
+@dataclass
+class RehearsalSweepConfig:
+    benchmark: Benchmark = Benchmark.toolworld
+    split: str = "test"
+    n_attempts: List[int] = field(default_factory=lambda: [0, 1, 2, 3])
+    modes: List[RehearsalMode] = field(default_factory=lambda: [RehearsalMode.parallel, RehearsalMode.sequential])
+    rehearsers: List[Rehearser] = field(default_factory=lambda: [Rehearser.trained, Rehearser.base])
+    scope: RehearsalScope = RehearsalScope.task
+    summarizer: Summarizer = Summarizer.policy
+    n_tasks: int = 2  # 0 = the whole split
+    concurrency: int = 8
+    max_steps_per_turn: int = 4
+    act_max_new_tokens: int = 64
+    rehearse_max_new_tokens: int = 64
+    critique_max_new_tokens: int = 64
+    summary_max_new_tokens: int = 64
+    act_temperature: float = 0.0
+    rehearse_temperature: float = 0.0
+
+
+@dataclass
+class TrackingConfig:
+    backend: TrackingBackend = TrackingBackend.mlflow
+    experiment: str = "envace"
+    log_artifacts: bool = True
+
+
+@dataclass
+class Config:
+    profile: ProfileName = MISSING
+    experiment_name: str = "default"  # set by experiment/ files: the paper-table row this run fills
+    seed: int = 0
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    rehearsal: RehearsalSweepConfig = field(default_factory=RehearsalSweepConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+
+# config groups a user selects with `group=option` (the rest are plain keys)
+GROUPS = ("profile", "model", "algo", "engine", "rollout", "judge", "eval", "rehearsal", "tracking", "data",
+          "experiment")
+
+
+class ConfigError(ValueError):
+    """A configuration that composes but cannot run; the message names the key and the fix."""
+
+
+def register_schemas() -> None:
+    """Register ``Config`` in Hydra's ConfigStore (idempotent; called on import)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)
+
+
+register_schemas()
+
+
+def _explain(exc: BaseException) -> str:
+    """Hydra wraps OmegaConf's precise message (key, valid values) as the cause: show the whole chain."""
+    parts: list[str] = []
+    while exc is not None:
+        text = str(exc).strip()
+        if text and text not in parts:
+            parts.append(text)
+        exc = exc.__cause__
+    return "\n".join(parts)
+
+
+def validate_config(cfg: DictConfig) -> DictConfig:
+    """Re-check against the schema (keys added with Hydra's ``+`` bypass struct mode) and the rules
+    the schema cannot express; raises ``ConfigError`` naming the key."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.to_container(cfg, enum_to_str=True))
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"config does not match the envace schema: {_explain(exc)}") from exc
+    if cfg.model.kind == ModelKind.path and not cfg.model.path:
+        raise ConfigError("model.kind=path needs model.path (a local HF checkpoint dir); set model.path=/dir")
+    if cfg.train.steps < 0 or cfg.train.sft_epochs < 0:
+        raise ConfigError(f"train.steps={cfg.train.steps}, train.sft_epochs={cfg.train.sft_epochs}: must be >= 0")
+    bad = [n for n in cfg.rehearsal.n_attempts if n < 0]
+    if bad:
+        raise ConfigError(f"rehearsal.n_attempts has negative entries {bad}; use 0 for 'no rehearsal'")
+    if cfg.eval.benchmark not in list(cfg.eval.benchmarks):
+        raise ConfigError(
+            f"eval.benchmark={cfg.eval.benchmark.name} is not in eval.benchmarks="
+            f"{[b.name for b in cfg.eval.benchmarks]}; add it there or pick one of those"
+        )
+    if not 0.0 <= cfg.data.val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction={cfg.data.val_fraction}: must be in [0, 1)")
+    return cfg
+
+
+def compose(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path | str = CONF_DIR) -> DictConfig:
+    """Compose ``conf/config.yaml`` with Hydra overrides (``profile=smoke``, ``algo.lr=1e-6``)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(str(Path(conf_dir).resolve()), version_base=None):
+            cfg = hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(f"cannot compose {conf_dir}/{CONFIG_NAME}.yaml with {list(overrides)}: {_explain(exc)}") from exc
+    return validate_config(cfg)
+
+
+def write_params(
+    overrides: list[str] | tuple[str, ...] = (), root: Path | str = ".", conf_dir: Path | str | None = None
+) -> Path:
+    """Write ``<root>/params.yaml`` exactly the way ``dvc exp run -S`` does (DVC's own function)."""
+    from dvc.utils.hydra import compose_and_dump
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    root = Path(root).resolve()
+    conf = Path(conf_dir).resolve() if conf_dir else root / "conf"
+    out = root / PARAMS_FILE
+    tmp = out.with_name(".params.tmp.yaml")  # DVC picks the dumper by suffix
+    try:
+        try:
+            compose_and_dump(tmp, str(conf), None, CONFIG_NAME, str(root), list(overrides))
+        except (HydraException, OmegaConfBaseException) as exc:
+            raise ConfigError(f"cannot compose {conf}/{CONFIG_NAME}.yaml with {list(overrides)}: {_explain(exc)}") from exc
+        load_params(tmp)  # the checks the schema cannot express, before params.yaml changes
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def _is_group_override(item: str) -> bool:
+    key = item.split("=", 1)[0].lstrip("+~")
+    return key in GROUPS and "." not in key
+
+
+def load_params(path: Path | str = PARAMS_FILE, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Load a composed ``params.yaml`` into the schema and apply ``key=value`` overrides.
+
+    Group selections (``profile=smoke``) cannot be applied to an already composed file: they raise
+    with the command that does it (``make params ARGS=…`` or ``dvc exp run -S …``).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path} not found; generate it with `make params` (or run from the repo root)")
+    groups = [o for o in overrides if _is_group_override(o)]
+    if groups:
+        raise ConfigError(
+            f"group selections {groups} need recomposition: run `make params ARGS='{' '.join(groups)}'` or "
+            f"`dvc exp run -S {' -S '.join(groups)}`; a stage accepts only key=value overrides"
+        )
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path))
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{path} with overrides {list(overrides)}: {_explain(exc)}") from exc
+    assert isinstance(cfg, DictConfig)
+    return validate_config(cfg)
+
+
+def to_plain(node: Any) -> Any:
+    """A DictConfig/ListConfig as plain Python (enums as their string values) for libraries and MLflow."""
+    if OmegaConf.is_config(node):
+        return _strip_enums(OmegaConf.to_container(node, resolve=True, enum_to_str=True))
+    return _strip_enums(node)
+
+
+def _strip_enums(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {k: _strip_enums(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strip_enums(v) for v in value]
+    return value
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"algo": {"lr": 1e-5}}`` → ``{"algo.lr": 1e-5}`` (lists kept as values)."""
+    plain = to_plain(node)
+    out: dict[str, Any] = {}
+    if isinstance(plain, dict):
+        for key, value in plain.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if isinstance(value, dict) and value:
+                out.update(flatten(value, name))
+            else:
+                out[name] = value
+    else:
+        out[prefix] = plain
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m envace.config [OVERRIDES…]``: regenerate params.yaml from conf/."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    overrides = list(sys.argv[1:] if argv is None else argv)
+    try:
+        out = write_params(overrides, root=Path.cwd())
+    except ConfigError as exc:
+        logger.error("%s", exc)
+        return 2
+    logger.info("wrote %s (overrides: %s)", out, overrides or "none")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

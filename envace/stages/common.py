@@ -1,0 +1,104 @@
+"""Translations from the pipeline config to library objects, shared by several stages.
+
+Each function is a small adapter around one library constructor; benchmark- and source-specific
+pieces are registries keyed by the config's enumerated names (no if/elif over names).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from omegaconf import DictConfig
+
+from envace.config import to_plain
+from envace.utils.io import read_json
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+
+
+def toolworld_config(cfg: DictConfig) -> Any:
+    """The tool world's generator config from ``data.*`` (train/val/test sizes, seed, held-out domain)."""
+    from envace.envs.toolworld import ToolWorldConfig  # LIBRARY: envace.envs.toolworld
+
+    data = cfg.data
+    return ToolWorldConfig(seed=int(cfg.seed), n_train=int(data.n_train), n_val=int(data.n_val),
+                           n_test=int(data.n_test), held_out_domain=data.held_out_domain)
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Per-episode budgets of an evaluation or a rehearsal sweep (from ``eval.*`` / ``rehearsal.*``)."""
+
+    max_steps_per_turn: int
+    max_new_tokens: int
+    temperature: float
+    seed: int
+
+
+def _toolworld_kwargs(cfg: DictConfig, budgets: Budgets) -> dict[str, Any]:
+    from envace.envs.toolworld import ToolWorldEnv  # LIBRARY: envace.envs.toolworld
+    from envace.evaluation import ActLoopConfig  # LIBRARY: envace.evaluation
+
+    return {"config": ActLoopConfig(**vars(budgets)), "env": ToolWorldEnv(toolworld_config(cfg))}
+
+
+def _bfcl_kwargs(cfg: DictConfig, budgets: Budgets) -> dict[str, Any]:
+    from envace.envs.bfcl.episode import BfclConfig  # LIBRARY: envace.envs.bfcl
+
+    return {"config": BfclConfig(**vars(budgets))}
+
+
+# benchmark name -> constructor kwargs of its adapter (one line per benchmark; names = config.Benchmark)
+BENCHMARK_KWARGS: dict[str, Callable[[DictConfig, Budgets], dict[str, Any]]] = {
+    "toolworld": _toolworld_kwargs,
+    "bfcl": _bfcl_kwargs,
+}
+
+
+def make_adapter(cfg: DictConfig, benchmark: str, budgets: Budgets) -> Any:
+    """The benchmark adapter registered as ``benchmark``, configured with ``budgets``."""
+    from envace.evaluation import get_benchmark  # LIBRARY: envace.evaluation
+
+    return get_benchmark(benchmark, **BENCHMARK_KWARGS[benchmark](cfg, budgets))
+
+
+def model_spec(cfg: DictConfig, path: str | Path | None = None) -> Any:
+    """``ModelSpec`` of the configured base model, or of a trained HF directory when ``path`` is given."""
+    from envace.models import ModelSpec  # LIBRARY: envace.models
+
+    model = cfg.model
+    if path is not None:
+        return ModelSpec(kind="path", path=str(path), dtype=model.dtype, seed=int(cfg.seed))
+    return ModelSpec(kind=to_plain(model.kind), path=model.path, dtype=model.dtype, seed=int(cfg.seed))
+
+
+@functools.lru_cache(maxsize=4)
+def _backend(spec: Any, name: str) -> Any:
+    from envace.inference.local import LocalHFBackend  # LIBRARY: envace.inference.local
+
+    return LocalHFBackend.from_spec(spec, name=name)
+
+
+def read_manifest(cfg: DictConfig) -> dict[str, Any]:
+    path = Path(cfg.paths.checkpoints) / MANIFEST
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: run the train stage first (`dvc repro train`)")
+    return read_json(path)
+
+
+def trained_backend(cfg: DictConfig, role: str) -> Any:
+    """Chat backend of the trained model that plays ``role`` ("act" | "rehearse"), per the manifest."""
+    manifest = read_manifest(cfg)
+    rel = manifest["roles"][role]
+    return _backend(model_spec(cfg, Path(cfg.paths.checkpoints) / rel), f"trained:{Path(rel).name}")
+
+
+def base_backend(cfg: DictConfig) -> Any:
+    """Chat backend of the untrained base model (the baseline and the `base` rehearser)."""
+    return _backend(model_spec(cfg), f"base:{cfg.model.name}")

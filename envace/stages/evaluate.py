@@ -1,0 +1,88 @@
+"""Stage ``evaluate`` (one DVC stage per benchmark: ``evaluate@<eval.benchmark>``).
+
+The trained policy and, with ``eval.compare_base``, the untrained base model play the benchmark's
+test split against its real environment: success overall, per domain, and on the held-out domain
+(``transfer``) vs the rest (``in_domain``). With ``eval.fidelity`` each model's REHEARSE role is then
+asked, teacher-forced, for the response of every real call it made: world-model fidelity (exact match,
+field F1, error agreement), overall and per tool.
+
+Outputs in ``paths.evaluation/<benchmark>``: ``<label>.predictions.jsonl`` (one record per task),
+``<label>.fidelity.json``; metrics in ``paths.metrics/evaluate_<benchmark>.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from envace.config import to_plain
+from envace.stages.common import Budgets, base_backend, make_adapter, trained_backend
+from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
+from envace.utils.io import atomic_dir, write_json, write_jsonl
+
+logger = logging.getLogger(__name__)
+
+
+def contenders(cfg: DictConfig) -> dict[str, tuple[Any, Any]]:
+    """label -> (acting backend, rehearsing backend used for fidelity)."""
+    out = {"policy": (trained_backend(cfg, "act"), trained_backend(cfg, "rehearse"))}
+    if cfg.eval.compare_base:
+        base = base_backend(cfg)
+        out["base"] = (base, base)
+    return out
+
+
+def evaluate_one(cfg: DictConfig, adapter: Any, tasks: list[Any], actor: Any, rehearser: Any, out: Path,
+                 label: str) -> dict[str, Any]:
+    from envace.evaluation import evaluate, measure_fidelity  # LIBRARY: envace.evaluation
+
+    ev = cfg.eval
+    result = evaluate(adapter, actor, tasks, concurrency=int(ev.concurrency))
+    write_jsonl(out / f"{label}.predictions.jsonl", result.predictions())
+    summary: dict[str, Any] = {**result.metrics.to_json()}
+    if ev.fidelity:
+        report = measure_fidelity(rehearser, result.records, tasks, max_new_tokens=int(ev.rehearse_max_new_tokens),
+                                  seed=int(cfg.seed))
+        write_json(out / f"{label}.fidelity.json", {
+            "overall": report.overall.to_json(),
+            "per_tool": {tool: stats.to_json() for tool, stats in sorted(report.per_tool.items())},
+            "pairs": [asdict(p) for p in report.pairs],
+        })
+        summary["fidelity"] = report.overall.to_json()
+        summary["fidelity_per_tool"] = {t: s.to_json() for t, s in sorted(report.per_tool.items())}
+    return summary
+
+
+def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
+    configure_torch(cfg)
+    benchmark, ev = to_plain(cfg.eval.benchmark), cfg.eval
+    adapter = make_adapter(cfg, benchmark, Budgets(int(ev.max_steps_per_turn), int(ev.act_max_new_tokens),
+                                                   float(ev.temperature), int(cfg.seed)))
+    tasks = adapter.tasks(ev.split, limit=int(ev.n_tasks) or None, seed=int(cfg.seed))
+    if not tasks:
+        raise ValueError(f"evaluate: benchmark {benchmark} has no tasks in split {ev.split!r}")
+    out = Path(cfg.paths.evaluation) / benchmark
+    results: dict[str, Any] = {}
+    with atomic_dir(out) as tmp:
+        for label, (actor, rehearser) in contenders(cfg).items():
+            logger.info("evaluate %s: %s on %d tasks", benchmark, label, len(tasks))
+            results[label] = evaluate_one(cfg, adapter, tasks, actor, rehearser, tmp, label)
+    tracker.log_artifact(out, f"evaluation/{benchmark}")
+    metrics: dict[str, Any] = {"benchmark": benchmark, "split": ev.split, "n_tasks": len(tasks), **results}
+    if "base" in results:
+        metrics["success_gain_vs_base"] = results["policy"]["success_rate"] - results["base"]["success_rate"]
+    return metrics
+
+
+def metrics_path(cfg: DictConfig) -> Path:
+    return Path(cfg.paths.metrics) / f"evaluate_{to_plain(cfg.eval.benchmark)}.json"
+
+
+main = stage_main("evaluate", run, metrics_path)
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,91 @@
+"""Stage ``rehearsal_sweep``: test-time private rehearsal over N × mode × rehearser.
+
+The trained policy acts; before its one committed execution on each task it runs N private
+rehearsal attempts (``parallel`` or ``sequential``) whose tool responses come from a rehearser — the
+trained model's REHEARSE role (``trained``) or the untrained base model (``base``, the paper's
+control). N=0 (no rehearsal) is the shared baseline, run once. Rehearsal never reaches the real
+environment; only the committed execution does (envace.rehearsal enforces and tests it).
+
+Outputs in ``paths.rehearsal``: ``cells.json`` (metrics and costs per cell) and one
+``<cell>.records.jsonl`` per cell; metrics (the grid, with the gain over N=0) in
+``paths.metrics/rehearsal_sweep.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from envace.config import to_plain
+from envace.stages.common import Budgets, base_backend, make_adapter, trained_backend
+from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
+from envace.utils.io import atomic_dir, write_json, write_jsonl
+
+logger = logging.getLogger(__name__)
+
+# rehearser name -> the backend that answers imagined tool calls
+REHEARSERS = {"trained": lambda cfg: trained_backend(cfg, "rehearse"), "base": base_backend}
+
+
+def rehearsal_settings(cfg: DictConfig) -> Any:
+    from envace.core.rehearsal import RehearsalConfig  # LIBRARY: envace.core.rehearsal
+    from envace.rehearsal import RehearsalSettings  # LIBRARY: envace.rehearsal
+
+    r = cfg.rehearsal
+    return RehearsalSettings(config=RehearsalConfig(
+        scope=to_plain(r.scope), summarizer=to_plain(r.summarizer), max_steps_per_turn=int(r.max_steps_per_turn),
+        act_max_new_tokens=int(r.act_max_new_tokens), rehearse_max_new_tokens=int(r.rehearse_max_new_tokens),
+        critique_max_new_tokens=int(r.critique_max_new_tokens), summary_max_new_tokens=int(r.summary_max_new_tokens),
+        act_temperature=float(r.act_temperature), rehearse_temperature=float(r.rehearse_temperature),
+        seed=int(cfg.seed),
+    ))
+
+
+def grid_rows(cells: list[Any]) -> list[dict[str, Any]]:
+    """One flat row per cell, with the success gain over the N=0 baseline."""
+    baseline = next((c.metrics.success_rate for c in cells if c.n_attempts == 0), None)
+    rows = []
+    for cell in cells:
+        row = {"cell": cell.key, "n_attempts": cell.n_attempts, "mode": cell.mode, "rehearser": cell.rehearser,
+               "success_rate": cell.metrics.success_rate, "mean_score": cell.metrics.mean_score,
+               **{f"cost/{k}": v for k, v in cell.costs.to_json().items()}}
+        if baseline is not None:
+            row["gain_vs_none"] = cell.metrics.success_rate - baseline
+        rows.append(row)
+    return rows
+
+
+def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
+    from envace.rehearsal import run_rehearsal_sweep  # LIBRARY: envace.rehearsal
+
+    configure_torch(cfg)
+    r = cfg.rehearsal
+    benchmark = to_plain(r.benchmark)
+    adapter = make_adapter(cfg, benchmark, Budgets(int(r.max_steps_per_turn), int(r.act_max_new_tokens),
+                                                   float(r.act_temperature), int(cfg.seed)))
+    tasks = adapter.tasks(r.split, limit=int(r.n_tasks) or None, seed=int(cfg.seed))
+    rehearsers = {name: REHEARSERS[name](cfg) for name in to_plain(r.rehearsers)}
+    cells = run_rehearsal_sweep(
+        adapter, trained_backend(cfg, "act"), rehearsers, [int(n) for n in r.n_attempts], to_plain(r.modes), tasks,
+        rehearsal_settings(cfg), concurrency=int(r.concurrency),
+    )
+    rows = grid_rows(cells)
+    out = Path(cfg.paths.rehearsal)
+    with atomic_dir(out) as tmp:
+        write_json(tmp / "cells.json", [c.to_json() for c in cells])
+        for cell in cells:
+            write_jsonl(tmp / f"{cell.key}.records.jsonl", (rec.to_json() for rec in cell.records))
+    for index, row in enumerate(rows):  # one MLflow step per cell, in grid order
+        tracker.log_metrics({k: v for k, v in row.items() if k not in ("cell", "mode", "rehearser")}, step=index)
+    tracker.log_artifact(out / "cells.json", "rehearsal")
+    logger.info("rehearsal_sweep: %d cells on %d %s tasks", len(cells), len(tasks), benchmark)
+    return {"benchmark": benchmark, "n_tasks": len(tasks), "cells": rows}
+
+
+main = stage_main("rehearsal_sweep", run)
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,177 @@
+"""Stage ``train``: role-wise GRPO (or an ablation variant, ``algo.name``) with the engine ``engine.name``.
+
+Training rows are the prepared train rows whose prompts fit (``kept_uuids.json``); each becomes an
+episode spec (tool-world rows are rebuilt into tasks whose gold calls run on a real executor, so
+REHEARSE examples and SFT targets carry real responses). Every optimiser step's metrics go to MLflow
+(``step=``) and to ``paths.plots/train_steps.csv``.
+
+Resumable: the engine checkpoints into ``.envace/train/<config hash>`` (outside DVC's outputs, which
+DVC deletes before a run); a re-run of the same config continues from the latest checkpoint. On
+success the final weights move into ``paths.checkpoints/final`` with ``manifest.json`` (which
+directory plays which role, files and sizes, the config hash) and the work directory is removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from omegaconf import DictConfig
+
+from envace.config import flatten, to_plain
+from envace.stages.common import MANIFEST, model_spec
+from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
+from envace.tracking import default_tracking_uri
+from envace.utils.io import atomic_dir, atomic_path, read_json, read_jsonl, write_json
+
+logger = logging.getLogger(__name__)
+
+WORK_ROOT = Path(".envace") / "train"
+CONFIG_KEYS = ("seed", "model", "data", "algo", "engine", "rollout", "train", "judge")
+
+
+def config_hash(cfg: DictConfig) -> str:
+    plain = {key: flatten(cfg[key]) if key != "seed" else cfg.seed for key in CONFIG_KEYS}
+    return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _toolworld_specs(rows: list[dict[str, Any]]) -> tuple[list[Any], Callable[[Any], Any]]:
+    from envace.engines import episode_spec_from_task  # LIBRARY: envace.engines
+    from envace.envs.toolworld import ToolWorldExecutor, task_from_cm2_row  # LIBRARY: envace.envs.toolworld
+
+    tasks = {row["uuid"]: task_from_cm2_row(row) for row in rows}
+    specs = [episode_spec_from_task(task, ToolWorldExecutor(task)) for task in tasks.values()]
+    return specs, lambda spec: ToolWorldExecutor(tasks[spec.task_id])
+
+
+def _cm2_specs(rows: list[dict[str, Any]]) -> tuple[list[Any], None]:
+    from envace.engines import to_episode_spec  # LIBRARY: envace.engines
+
+    return [to_episode_spec(row) for row in rows], None  # CM2 has no executor: grpo needs the simulator
+
+
+# data.source -> (episode specs, executor factory for grpo's real responses)
+SPEC_BUILDERS: dict[str, Callable[[list[dict[str, Any]]], tuple[list[Any], Any]]] = {
+    "toolworld": _toolworld_specs,
+    "cm2": _cm2_specs,
+}
+
+
+def _judge_reward(cfg: DictConfig) -> Any:
+    from envace.judges import checklist_reward_fn, get_judge  # LIBRARY: envace.judges
+
+    judge = cfg.judge
+    return checklist_reward_fn(get_judge(to_plain(judge.name), base_url=judge.base_url, model=judge.model,
+                                         api_key_env=judge.api_key_env, max_retries=judge.max_retries,
+                                         timeout_s=judge.timeout_s))
+
+
+# judge.name -> reward function (None = the engine's built-in verifiable tool-world reward)
+REWARDS: dict[str, Callable[[DictConfig], Any]] = {
+    "verifiable": lambda cfg: None, "rule": _judge_reward, "llm": _judge_reward, "composite": _judge_reward,
+}
+
+
+def local_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> Any:
+    from envace.engines.local.config import (  # LIBRARY: envace.engines.local
+        LocalEngineConfig, OptimConfig, RolloutConfig, SFTConfig)
+
+    r, a, t = cfg.rollout, cfg.algo, cfg.train
+    return LocalEngineConfig(
+        model=model_spec(cfg), variant=to_plain(a.name), steps=int(t.steps), prompts_per_step=int(r.prompts_per_step),
+        seed=int(cfg.seed), device=cfg.engine.device, output_dir=str(output_dir),
+        checkpoint_every=int(t.checkpoint_every), keep_checkpoints=int(t.keep_checkpoints), resume=bool(t.resume),
+        grpo_responses=to_plain(a.grpo_responses),
+        rollout=RolloutConfig(samples_per_prompt=r.samples_per_prompt, act_temperature=r.act_temperature,
+                              rehearse_temperature=r.rehearse_temperature, max_steps_per_turn=r.max_steps_per_turn,
+                              max_act_tokens=r.max_act_tokens, max_rehearse_tokens=r.max_rehearse_tokens,
+                              max_stream_tokens=r.max_stream_tokens),
+        optim=OptimConfig(lr=a.lr, clip_ratio=a.clip_ratio, kl_coef=a.kl_coef, grad_clip=a.grad_clip,
+                          ppo_epochs=a.ppo_epochs, baseline=to_plain(a.baseline), norm_by_std=a.norm_by_std),
+        sft=SFTConfig(epochs=int(t.sft_epochs), lr=float(t.sft_lr)),
+    )
+
+
+def verl_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> Any:
+    """verl rebuilds everything from the whole config; its MLflow logging nests under this stage's run."""
+    from envace.engines.verl.engine import VerlEngineConfig  # LIBRARY: envace.engines.verl (registers "verl")
+
+    uri = default_tracking_uri() if tracker.run_id else None
+    return VerlEngineConfig(cfg=to_plain(cfg), output_dir=str(output_dir), tracking_uri=uri, parent_run_id=tracker.run_id)
+
+
+# engine.name -> its typed config
+ENGINE_CONFIGS: dict[str, Callable[[DictConfig, Path, Tracker], Any]] = {
+    "local": local_engine_config, "verl": verl_engine_config,
+}
+
+
+def training_rows(cfg: DictConfig) -> list[dict[str, Any]]:
+    kept = set(read_json(Path(cfg.paths.prompts) / "kept_uuids.json")["train"])
+    rows = [row for row in read_jsonl(Path(cfg.paths.prepared) / "train.jsonl") if row["uuid"] in kept]
+    if not rows:
+        raise ValueError(f"train: no training rows left after template_prompts ({cfg.paths.prompts}/kept_uuids.json)")
+    return rows
+
+
+def write_step_csv(path: Path, history: list[dict[str, Any]]) -> None:
+    import pandas as pd
+
+    with atomic_path(path) as tmp:
+        columns = ["step", *sorted({k for h in history for k in h} - {"step"})]
+        pd.DataFrame(history, columns=columns).to_csv(tmp, index=False)
+
+
+def export_checkpoint(result: Any, work: Path, cfg: DictConfig, digest: str) -> dict[str, Any]:
+    """Move the engine's final weights into paths.checkpoints with a manifest."""
+    final = {name: Path(path) for name, path in result.artifacts.items()}
+    with atomic_dir(cfg.paths.checkpoints) as tmp:
+        shutil.move(str(work / "final"), tmp / "final")
+        files = sorted(p for p in (tmp / "final").rglob("*") if p.is_file())
+        manifest = {
+            "schema_version": 1, "engine": to_plain(cfg.engine.name), "variant": to_plain(cfg.algo.name),
+            "base_model": flatten(cfg.model), "steps_done": result.steps_done, "config_hash": digest,
+            "roles": {role: f"final/{name if name in final else 'policy'}" for role, name in
+                      (("act", "act"), ("rehearse", "rehearse"))},
+            "files": [{"path": str(p.relative_to(tmp)), "bytes": p.stat().st_size} for p in files],
+            "final_metrics": result.final_metrics,
+        }
+        write_json(tmp / MANIFEST, manifest)
+    return manifest
+
+
+def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
+    from envace.engines import get_engine  # LIBRARY: envace.engines
+
+    configure_torch(cfg)
+    name = to_plain(cfg.engine.name)
+    specs, executor_factory = SPEC_BUILDERS[to_plain(cfg.data.source)](training_rows(cfg))
+    digest = config_hash(cfg)
+    work = WORK_ROOT / digest
+    engine_config = ENGINE_CONFIGS[name](cfg, work, tracker)
+    history: list[dict[str, Any]] = []
+
+    def on_step(step: int, metrics: dict[str, float]) -> None:
+        tracker.log_metrics(metrics, step=step)
+        if "step" in metrics:  # RL steps (SFT epochs report sft/* keys)
+            history.append(dict(metrics))
+
+    engine = get_engine(name, reward_fn=REWARDS[to_plain(cfg.judge.name)](cfg), executor_factory=executor_factory)
+    result = engine.train(engine_config, specs, callbacks=[on_step])
+    write_step_csv(Path(cfg.paths.plots) / "train_steps.csv", history)
+    manifest = export_checkpoint(result, work, cfg, digest)
+    shutil.rmtree(work, ignore_errors=True)
+    tracker.log_artifact(Path(cfg.paths.checkpoints) / MANIFEST, "checkpoint")
+    tracker.log_artifact(Path(cfg.paths.plots) / "train_steps.csv", "train")
+    final = {f"final/{k}": v for k, v in result.final_metrics.items() if isinstance(v, (int, float)) and k != "step"}
+    return {"steps_done": result.steps_done, "n_train_rows": len(specs), "variant": manifest["variant"], **final}
+
+
+main = stage_main("train", run)
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,372 @@
+"""Experiment tracking behind one small interface: ``Tracker`` (MLflow or null).
+
+Layout in MLflow (experiment ``tracking.experiment``, default ``envace``):
+- one **parent run per pipeline run** (tags: git commit, profile, overrides, Prefect flow-run id);
+- one **nested run per stage** (``mlflow.parentRunId``), holding the resolved config as flat params,
+  per-step metrics (``step=``) and the stage's artifacts. A stage that raises ends FAILED with the
+  error as tags and an ``error.txt`` artifact.
+
+How a stage finds its parent run:
+1. ``ENVACE_PARENT_RUN_ID`` in the environment (set by the Prefect flow, which owns the parent), else
+2. the nearest ``dvc`` ancestor process (``dvc repro`` / ``dvc exp run``) identifies the pipeline run:
+   the first stage it launches creates the parent and records it in ``.envace/pipeline_run.json``
+   keyed by that process; later stages of the same ``dvc`` process reuse it. One ``dvc repro`` = one
+   parent run. Such an auto-created parent carries the status of the latest stage.
+3. A stage started by hand (no ``dvc`` ancestor) gets a parent run of its own.
+
+Store: ``MLFLOW_TRACKING_URI`` when set, else ``sqlite:///<root>/mlflow.db`` with artifacts under
+``<root>/mlartifacts``, where root is ``DVC_ROOT`` (queued DVC experiments run in a temp copy but log
+to the main repo) or the working directory.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import subprocess
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+logger = logging.getLogger(__name__)
+
+ENV_PARENT_RUN_ID = "ENVACE_PARENT_RUN_ID"
+ENV_FLOW_RUN_ID = "ENVACE_FLOW_RUN_ID"
+ENV_OVERRIDES = "ENVACE_OVERRIDES"
+PIPELINE_RUN_FILE = Path(".envace") / "pipeline_run.json"
+STAGE_TAG = "envace.stage"
+KIND_TAG = "envace.kind"  # "pipeline" | "stage"
+_MAX_PARAM_CHARS = 6000
+_BATCH = 100
+
+
+# ---- the interface -----------------------------------------------------------------------------------
+class Tracker(abc.ABC):
+    """What a stage may log. ``run_id`` is None for the null tracker."""
+
+    run_id: str | None = None
+
+    @abc.abstractmethod
+    def log_params(self, params: Mapping[str, Any]) -> None: ...
+
+    @abc.abstractmethod
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Log the numeric entries of ``metrics`` (others are skipped) at ``step``."""
+
+    @abc.abstractmethod
+    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        """Log a file or a whole directory."""
+
+    @abc.abstractmethod
+    def log_text(self, text: str, artifact_file: str) -> None: ...
+
+    @abc.abstractmethod
+    def set_tags(self, tags: Mapping[str, Any]) -> None: ...
+
+
+class NullTracker(Tracker):
+    """Logs nothing (tests, ``tracking=none``)."""
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        pass
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        pass
+
+    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        pass
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        pass
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        pass
+
+
+NULL_TRACKER = NullTracker()
+
+
+def _metric_key(key: str) -> str:
+    return re.sub(r"[^\w\-. /]", "_", str(key))
+
+
+def numeric_items(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The finite numeric (incl. bool) entries of a mapping, as floats, with MLflow-safe keys."""
+    out = {}
+    for key, value in metrics.items():
+        if isinstance(value, (bool, int, float)) and math.isfinite(float(value)):
+            out[_metric_key(key)] = float(value)
+    return out
+
+
+class MlflowTracker(Tracker):
+    """Logs into one existing MLflow run through an explicit client (no global fluent state)."""
+
+    def __init__(self, client: Any, run_id: str) -> None:
+        self.client = client
+        self.run_id = run_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(_metric_key(k), _param_value(v)) for k, v in params.items()]
+        for i in range(0, len(items), _BATCH):
+            self.client.log_batch(self.run_id, params=items[i : i + _BATCH])
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, v, now, step or 0) for k, v in numeric_items(metrics).items()]
+        for i in range(0, len(items), _BATCH):
+            self.client.log_batch(self.run_id, metrics=items[i : i + _BATCH])
+
+    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_path or path.name)
+        elif path.exists():
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+        else:
+            logger.warning("artifact %s does not exist; not logged", path)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        for key, value in tags.items():
+            self.client.set_tag(self.run_id, key, str(value)[:_MAX_PARAM_CHARS])
+
+
+def _param_value(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text[:_MAX_PARAM_CHARS]
+
+
+# ---- the store -----------------------------------------------------------------------------------------
+def tracking_root() -> Path:
+    """Where the default store lives: the main repo of a DVC run, else the working directory."""
+    return Path(os.environ.get("DVC_ROOT") or os.getcwd()).resolve()
+
+
+def default_tracking_uri(root: Path | None = None) -> str:
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    return f"sqlite:///{(root or tracking_root()) / 'mlflow.db'}"
+
+
+class MlflowStore:
+    """An MLflow tracking store and one experiment in it (created on first use)."""
+
+    def __init__(self, experiment: str = "envace", tracking_uri: str | None = None) -> None:
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+        from mlflow.tracking import MlflowClient
+
+        self.tracking_uri = tracking_uri or default_tracking_uri()
+        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        self.experiment_id = self._experiment_id(experiment)
+
+    def _experiment_id(self, name: str) -> str:
+        found = self.client.get_experiment_by_name(name)
+        if found is not None:
+            return found.experiment_id
+        location = None
+        if self.tracking_uri.startswith("sqlite:///"):
+            db = Path(self.tracking_uri[len("sqlite:///") :])
+            location = (db.resolve().parent / "mlartifacts").as_uri()
+        try:
+            return self.client.create_experiment(name, artifact_location=location)
+        except Exception:  # created concurrently by another stage: read it back
+            found = self.client.get_experiment_by_name(name)
+            if found is None:
+                raise
+            return found.experiment_id
+
+    def start_run(self, name: str, tags: Mapping[str, Any], parent_run_id: str | None = None) -> MlflowTracker:
+        all_tags = {"mlflow.runName": name, **{k: str(v) for k, v in tags.items()}}
+        if parent_run_id:
+            all_tags["mlflow.parentRunId"] = parent_run_id
+        run = self.client.create_run(self.experiment_id, tags=all_tags, run_name=name)
+        return MlflowTracker(self.client, run.info.run_id)
+
+    def set_status(self, run_id: str, status: str) -> None:
+        """``RUNNING`` reopens a run; ``FINISHED``/``FAILED``/``KILLED`` end it now."""
+        if status == "RUNNING":
+            self.client.update_run(run_id, status="RUNNING")
+        else:
+            self.client.set_terminated(run_id, status=status)
+
+
+# ---- pipeline (parent) runs ------------------------------------------------------------------------------
+def git_commit(cwd: Path | None = None) -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "none"
+
+
+def pipeline_tags(profile: str, overrides: list[str] | None = None, flow_run_id: str | None = None) -> dict:
+    commit = git_commit()
+    tags = {
+        KIND_TAG: "pipeline",
+        "envace.profile": profile,
+        "envace.overrides": json.dumps(overrides if overrides is not None else _env_overrides()),
+        "mlflow.source.git.commit": commit,
+        "git_commit": commit,
+    }
+    flow_run = flow_run_id or os.environ.get(ENV_FLOW_RUN_ID) or os.environ.get("PREFECT__FLOW_RUN_ID")
+    if flow_run:
+        tags["prefect.flow_run_id"] = flow_run
+    if os.environ.get("DVC_EXP_NAME"):
+        tags["dvc.exp_name"] = os.environ["DVC_EXP_NAME"]
+    return tags
+
+
+def _env_overrides() -> list[str]:
+    raw = os.environ.get(ENV_OVERRIDES)
+    return list(json.loads(raw)) if raw else []
+
+
+def start_pipeline_run(
+    store: MlflowStore, profile: str, overrides: list[str] | None = None, flow_run_id: str | None = None
+) -> str:
+    """Create a parent run for one pipeline run; returns its id."""
+    name = f"pipeline-{profile}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return store.start_run(name, pipeline_tags(profile, overrides, flow_run_id)).run_id
+
+
+def _dvc_ancestor_key() -> str | None:
+    """Identify the ``dvc`` process (repro / exp run) that launched this stage, if any."""
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil comes with the stack
+        return None
+    proc = psutil.Process().parent()
+    while proc is not None and proc.pid > 1:
+        try:
+            cmd = proc.cmdline()
+            if any(Path(arg).name == "dvc" for arg in cmd[:2]) or cmd[1:3] == ["-m", "dvc"]:
+                return f"{proc.pid}-{int(proc.create_time())}-{os.environ.get('DVC_EXP_NAME', '')}"
+            proc = proc.parent()
+        except psutil.Error:
+            return None
+    return None
+
+
+def resolve_parent_run(store: MlflowStore, profile: str) -> tuple[str, bool]:
+    """(parent run id, whether this process manages its status) — see the module docstring."""
+    external = os.environ.get(ENV_PARENT_RUN_ID)
+    if external:
+        return external, False
+    key = _dvc_ancestor_key()
+    if key is not None and PIPELINE_RUN_FILE.exists():
+        try:
+            known = json.loads(PIPELINE_RUN_FILE.read_text())
+        except (OSError, json.JSONDecodeError):
+            known = {}
+        if known.get("key") == key and known.get("tracking_uri") == store.tracking_uri:
+            store.set_status(known["run_id"], "RUNNING")
+            return known["run_id"], True
+    run_id = start_pipeline_run(store, profile)
+    if key is not None:
+        from envace.utils.io import write_json
+
+        write_json(PIPELINE_RUN_FILE, {"key": key, "run_id": run_id, "tracking_uri": store.tracking_uri})
+    return run_id, True
+
+
+# ---- one stage = one nested run ------------------------------------------------------------------------
+@contextlib.contextmanager
+def stage_run(
+    stage: str, params: Mapping[str, Any], *, profile: str, backend: str = "mlflow", experiment: str = "envace",
+    tracking_uri: str | None = None,
+) -> Iterator[Tracker]:
+    """Open the nested MLflow run of ``stage`` (flat ``params`` logged), yield its tracker, end it
+    FINISHED, or FAILED with the error as tags + ``error.txt`` when the body raises (re-raised)."""
+    if backend == "none":
+        yield NullTracker()
+        return
+    store = MlflowStore(experiment, tracking_uri)
+    parent_id, owns_parent = resolve_parent_run(store, profile)
+    shared = pipeline_tags(profile)
+    tags = {k: v for k, v in shared.items() if k != "envace.overrides"}
+    tags.update({KIND_TAG: "stage", STAGE_TAG: stage})
+    run = store.start_run(stage, tags, parent_run_id=parent_id)
+    run.log_params(params)
+    logger.info("MLflow: stage run %s (parent %s) in %s", run.run_id, parent_id, store.tracking_uri)
+    try:
+        yield run
+    except BaseException as exc:
+        status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+        _record_failure(run, exc)
+        store.set_status(run.run_id, status)
+        if owns_parent:
+            store.set_status(parent_id, status)
+        raise
+    store.set_status(run.run_id, "FINISHED")
+    if owns_parent:
+        store.set_status(parent_id, "FINISHED")
+
+
+def _record_failure(run: Tracker, exc: BaseException) -> None:
+    try:
+        run.set_tags({"error": f"{type(exc).__name__}: {exc}", "error.type": type(exc).__name__})
+        run.log_text("".join(traceback.format_exception(exc)), "error.txt")
+    except Exception:  # never mask the stage's own error
+        logger.exception("could not record the failure in MLflow")
+
+
+# ---- comparing runs ------------------------------------------------------------------------------------
+def runs_table(
+    experiment: str = "envace", *, parent_run_id: str | None = None, stage: str | None = None,
+    kind: str | None = None, filter_string: str = "", tracking_uri: str | None = None,
+    include_params: bool = False, max_results: int = 1000,
+):
+    """One row per run (newest first): ids, names, status, stage, parent, times, ``metrics.*`` and
+    optionally ``params.*`` columns. Filters combine with AND."""
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri or default_tracking_uri())
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return pd.DataFrame(columns=["run_id", "run_name", "status", "stage", "parent_run_id"])
+    clauses = [filter_string] if filter_string else []
+    if parent_run_id:
+        clauses.append(f"tags.mlflow.parentRunId = '{parent_run_id}'")
+    if stage:
+        clauses.append(f"tags.`{STAGE_TAG}` = '{stage}'")
+    if kind:
+        clauses.append(f"tags.`{KIND_TAG}` = '{kind}'")
+    runs = client.search_runs(
+        [exp.experiment_id], " and ".join(clauses), max_results=max_results, order_by=["attributes.start_time DESC"]
+    )
+    return pd.DataFrame([_run_row(run, include_params) for run in runs])
+
+
+def _run_row(run: Any, include_params: bool) -> dict[str, Any]:
+    info, tags = run.info, run.data.tags
+    end = info.end_time
+    row: dict[str, Any] = {
+        "run_id": info.run_id,
+        "run_name": info.run_name,
+        "status": info.status,
+        "kind": tags.get(KIND_TAG),
+        "stage": tags.get(STAGE_TAG),
+        "parent_run_id": tags.get("mlflow.parentRunId"),
+        "profile": tags.get("envace.profile"),
+        "start_time": info.start_time,
+        "duration_s": (end - info.start_time) / 1000 if end and info.start_time else None,
+    }
+    row.update({f"metrics.{k}": v for k, v in run.data.metrics.items()})
+    if include_params:
+        row.update({f"params.{k}": v for k, v in run.data.params.items()})
+    return row

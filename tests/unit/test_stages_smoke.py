@@ -1,0 +1,103 @@
+"""Every stage for real on the smoke profile (tiny model, embedded tool world), in process, once;
+small assertions read what the chain wrote. Paths live under a temp dir; tracking is off."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pandas as pd
+import pytest
+
+from envace.config import compose, to_plain
+from envace.stages import STAGES
+from envace.stages import runner
+from envace.utils.io import read_json, read_jsonl
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory, paths_under):
+    """Run the stages in DAG order; returns (cfg, metrics per stage, root)."""
+    import importlib
+
+    root = tmp_path_factory.mktemp("smoke")
+    cfg = compose(["profile=smoke", "tracking=none", *paths_under(root)])
+    old = os.getcwd()
+    os.chdir(root)
+    metrics = {}
+    try:
+        for name in STAGES:
+            module = importlib.import_module(f"envace.stages.{name}")
+            path = root / "metrics" / f"{name}.json"
+            metrics[name] = runner.execute(name, module.run, cfg, path)
+    finally:
+        os.chdir(old)
+    return cfg, metrics, root
+
+
+def test_prepare_data_writes_validated_splits_rejects_stats_and_a_plot(chain):
+    cfg, metrics, root = chain
+    m = metrics["prepare_data"]
+    train = read_jsonl(root / "prepared" / "train.jsonl")
+    assert m["n_train"] == len(train) == cfg.data.n_train and m["n_val"] == cfg.data.n_val
+    assert m["n_raw"] == m["n_train"] + m["n_val"] + m["n_rejected"]
+    assert {"uuid", "messages", "tools", "checklists"} <= set(train[0])
+    assert (root / "prepared" / "rejects.jsonl").exists()
+    assert read_json(root / "prepared" / "stats.json")["splits"]["train"]["n_rows"] == len(train)
+    assert (root / "plots" / "prepare_data.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_template_prompts_writes_both_roles_with_lengths_jsonl_and_parquet(chain):
+    cfg, metrics, root = chain
+    records = read_jsonl(root / "prompts" / "train.jsonl")
+    roles = {r["role"] for r in records}
+    assert roles == {"ACT", "REHEARSE"}
+    assert all(0 < r["n_tokens"] <= cfg.rollout.max_prompt_tokens for r in records)
+    frame = pd.read_parquet(root / "prompts" / "train.parquet")
+    assert list(frame.columns) == ["data_source", "messages", "extra_info"] and len(frame) == len(records)
+    assert frame.iloc[0]["extra_info"]["role"] in roles
+    kept = read_json(root / "prompts" / "kept_uuids.json")
+    assert metrics["template_prompts"]["train/rows_kept"] == len(kept["train"]) > 0
+
+
+def test_train_exports_a_checkpoint_with_a_manifest_and_step_metrics(chain):
+    cfg, metrics, root = chain
+    manifest = read_json(root / "checkpoints" / "manifest.json")
+    assert manifest["variant"] == to_plain(cfg.algo.name) and manifest["steps_done"] == cfg.train.steps
+    assert (root / "checkpoints" / manifest["roles"]["act"]).is_dir()
+    steps = pd.read_csv(root / "plots" / "train_steps.csv")
+    assert list(steps["step"]) == list(range(1, cfg.train.steps + 1))
+    assert metrics["train"]["steps_done"] == cfg.train.steps
+    assert not (root / ".envace" / "train").exists() or not any((root / ".envace" / "train").iterdir())
+
+
+def test_evaluate_scores_policy_and_base_with_domains_and_fidelity(chain):
+    cfg, metrics, root = chain
+    m = metrics["evaluate"]
+    assert m["benchmark"] == "toolworld" and m["n_tasks"] == cfg.eval.n_tasks
+    for label in ("policy", "base"):
+        assert 0.0 <= m[label]["success_rate"] <= 1.0
+        assert sum(g["n"] for g in m[label]["per_domain"].values()) == m["n_tasks"]
+        assert "fidelity" in m[label]
+        assert len(read_jsonl(root / "evaluation" / "toolworld" / f"{label}.predictions.jsonl")) == m["n_tasks"]
+
+
+def test_rehearsal_sweep_covers_the_grid(chain):
+    cfg, metrics, root = chain
+    cells = metrics["rehearsal_sweep"]["cells"]
+    n_positive = sum(1 for n in cfg.rehearsal.n_attempts if n > 0)
+    assert len(cells) == 1 + n_positive * len(cfg.rehearsal.modes) * len(cfg.rehearsal.rehearsers)
+    assert {(c["mode"], c["rehearser"]) for c in cells if c["n_attempts"]} == {
+        (m, r) for m in ("parallel", "sequential") for r in ("trained", "base")}
+    assert len(json.loads((root / "rehearsal" / "cells.json").read_text())) == len(cells)
+
+
+def test_report_writes_tables_and_plots_from_the_metrics(chain):
+    cfg, metrics, root = chain
+    reports = root / "reports"
+    for table in ("main", "domains", "fidelity", "testtime", "training", "data"):
+        assert (reports / f"{table}.csv").exists()
+    main = pd.read_csv(reports / "main.csv")
+    assert list(main.columns) == ["method", "toolworld", "Overall"] and len(main) == 2
+    assert "testtime.png" in metrics["report"]["plots"]
+    assert "## Test-time private rehearsal" in (reports / "report.md").read_text()
