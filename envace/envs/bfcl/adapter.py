@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import shutil
 import tempfile
+import weakref
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -116,6 +118,8 @@ class BfclAdapter(BenchmarkAdapter):
         """Where memory snapshots go (a fresh temporary folder unless one was given)."""
         if self._work_dir is None:
             self._work_dir = Path(tempfile.mkdtemp(prefix="envace-bfcl-"))
+            # a folder we made is ours to remove: when the adapter is collected or the process exits
+            weakref.finalize(self, shutil.rmtree, str(self._work_dir), ignore_errors=True)
         return self._work_dir
 
     # ---- tasks ------------------------------------------------------------------------------
