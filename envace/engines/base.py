@@ -1,0 +1,349 @@
+"""The training-engine interface: what an engine consumes, how rewards plug in, and the variants.
+
+An engine (``local``: HF transformers + torch; ``verl``: the GPU plugin, written elsewhere) trains one
+policy that plays ACT and REHEARSE with role-wise GRPO (SPEC §3). Everything an engine needs to know
+about one instruction lives in an ``EpisodeSpec``; everything it needs to score a rollout is a
+``RewardFn``; the ablation being run is a registered ``Variant``.
+
+Deliberate choices (and deviations from the reference implementation):
+- REHEARSE few-shot examples come from *earlier user turns only* (``EpisodeSpec.examples_before``);
+  the reference leaks later-turn ground truth into the rehearsal prompt.
+- A ``RewardFn`` may report ``TrajectoryStatus.JUDGE_FAILED``: such a trajectory is excluded from the
+  loss and counted, never silently scored 0 (the reference scores it 0).
+- The built-in ``toolworld_verifiable_reward`` is a simple verifiable score for tests and the CPU demo
+  (gold-call matching + answer values); the pipeline plugs the checklist/rule judge in its place.
+- The ``frozen_*`` variants freeze one *role* (its outputs get no gradient) even though weights are
+  shared; the reference froze per worker group, which in shared mode froze both roles.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import json
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import (
+    Any,
+    NamedTuple,
+    Protocol,
+    runtime_checkable,
+)
+
+from envace.core.records import Role, ToolCall, Trajectory, TrajectoryStatus
+from envace.envs.base import Executor, Task
+
+logger = logging.getLogger(__name__)
+
+
+# ---- what an engine consumes ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class GoldStep:
+    """One reference step: calls issued together and, when known, the real responses (same order)."""
+
+    calls: tuple[ToolCall, ...]
+    responses: tuple[Any, ...] | None = None
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """One instruction as an engine sees it.
+
+    ``user_turns`` are replayed in order; ``checklists[t]`` are the CM2 items of user turn t (for the
+    judge); ``gold[t]`` are the reference steps of turn t (source of REHEARSE few-shot examples from
+    earlier turns, of the SFT warm-up targets and of the built-in verifiable reward);
+    ``gold_answers[t]`` the reference final reply and ``answer_values[t]`` strings a correct final
+    reply of turn t must contain.
+    """
+
+    task_id: str
+    system_prompt: str
+    tools: tuple[dict[str, Any], ...]
+    user_turns: tuple[str, ...]
+    checklists: tuple[tuple[dict[str, Any], ...], ...] = ()
+    gold: tuple[tuple[GoldStep, ...], ...] = ()
+    gold_answers: tuple[str, ...] = ()
+    answer_values: tuple[tuple[str, ...], ...] = ()
+    domain: str = ""
+    source: str = "toolworld"
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.user_turns:
+            raise ValueError(f"EpisodeSpec {self.task_id!r}: no user turns; every episode needs at least one")
+        for name, per_turn in (("gold", self.gold), ("checklists", self.checklists)):
+            if per_turn and len(per_turn) != len(self.user_turns):
+                raise ValueError(
+                    f"EpisodeSpec {self.task_id!r}: {name} has {len(per_turn)} turns but user_turns has "
+                    f"{len(self.user_turns)}; give one entry per user turn (empty tuple when none)"
+                )
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        return tuple(tool_schema_name(t) for t in self.tools)
+
+    def tool_schema(self, name: str) -> dict[str, Any] | None:
+        for tool in self.tools:
+            if tool_schema_name(tool) == name:
+                return tool
+        return None
+
+    def examples_before(self, turn: int) -> tuple[tuple[ToolCall, Any], ...]:
+        """(call, real response) pairs of reference turns < ``turn`` — never of the current or later ones."""
+        pairs: list[tuple[ToolCall, Any]] = []
+        for steps in self.gold[:turn]:
+            for step in steps:
+                if step.responses is not None:
+                    pairs.extend(zip(step.calls, step.responses))
+        return tuple(pairs)
+
+    def examples_of_turn(self, turn: int) -> tuple[tuple[ToolCall, Any], ...]:
+        return self.examples_before(turn + 1)[len(self.examples_before(turn)) :]
+
+
+def tool_schema_name(tool: Mapping[str, Any]) -> str:
+    """The function name of an OpenAI tool schema ({"type": "function", "function": {"name": ...}})."""
+    fn = tool.get("function", tool)
+    if "name" not in fn:
+        raise ValueError(f"tool schema without a name: {json.dumps(tool)[:200]}; expected OpenAI function format")
+    return str(fn["name"])
+
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def _default_answer_values(answer: str) -> tuple[str, ...]:
+    """Numbers in a reference reply: the values a correct reply must repeat (when a task gives none)."""
+    return tuple(dict.fromkeys(_NUMBER.findall(answer or "")))
+
+
+def gold_with_responses(task: Task, executor: Executor) -> tuple[tuple[GoldStep, ...], ...]:
+    """Run a task's gold calls on a fresh real executor, turn by turn, recording the real responses."""
+    return tuple(
+        tuple(GoldStep(calls=tuple(step), responses=tuple(executor.execute(c) for c in step)) for step in steps)
+        for steps in task.gold_calls
+    )
+
+
+def episode_spec_from_task(task: Task, executor: Executor | None = None) -> EpisodeSpec:
+    """Convert a tool-world ``Task``. With a fresh ``executor``, gold calls are run to record responses
+    (needed for REHEARSE examples and SFT targets); without one, responses stay unknown."""
+    if executor is not None:
+        gold = gold_with_responses(task, executor)
+    else:
+        gold = tuple(tuple(GoldStep(calls=tuple(step)) for step in steps) for steps in task.gold_calls)
+    n_turns = len(task.user_turns)
+    answers = tuple(task.gold_answers) + ("",) * (n_turns - len(task.gold_answers))
+    given_values = task.meta.get("answer_values")
+    values = (
+        tuple(tuple(str(v) for v in vs) for vs in given_values)
+        if given_values is not None
+        else tuple(_default_answer_values(a) for a in answers)
+    )
+    return EpisodeSpec(
+        task_id=task.task_id,
+        system_prompt=task.system_prompt,
+        tools=tuple(task.tools),
+        user_turns=tuple(task.user_turns),
+        checklists=tuple(tuple(c) for c in task.checklists),
+        gold=gold if gold else tuple(() for _ in range(n_turns)),
+        gold_answers=answers,
+        answer_values=values,
+        domain=task.domain,
+        source="toolworld",
+        meta=dict(task.meta),
+    )
+
+
+def executor_factory_for(make_executor: Callable[[Task], Executor], tasks: Sequence[Task]) -> Callable[[EpisodeSpec], Executor]:
+    """Adapt an environment's ``make_executor(task)`` to the engines' ``factory(spec)`` (by task id)."""
+    by_id = {t.task_id: t for t in tasks}
+
+    def factory(spec: EpisodeSpec) -> Executor:
+        if spec.task_id not in by_id:
+            raise KeyError(f"no task with id {spec.task_id!r} among the {len(by_id)} tasks given to executor_factory_for")
+        return make_executor(by_id[spec.task_id])
+
+    return factory
+
+
+def to_episode_spec(item: Any, *, executor: Executor | None = None) -> EpisodeSpec:
+    """Hook converting any supported input to an ``EpisodeSpec``.
+
+    ``Task`` → ``episode_spec_from_task``; a raw CM2 row (a mapping with ``messages`` and ``tools``) →
+    ``envace.data.cm2.cm2_row_to_episode_spec`` (imported lazily; it is written in envace/data).
+    """
+    if isinstance(item, EpisodeSpec):
+        return item
+    if isinstance(item, Task):
+        return episode_spec_from_task(item, executor)
+    if isinstance(item, Mapping) and "messages" in item and "tools" in item:
+        cm2 = importlib.import_module("envace.data.cm2")
+        converted = cm2.cm2_row_to_episode_spec(item)
+        # the data layer returns its own episode record; it converts itself to the engine's spec
+        return converted if isinstance(converted, EpisodeSpec) else converted.to_engine_spec()
+    raise TypeError(
+        f"to_episode_spec: cannot convert {type(item).__name__}; pass an EpisodeSpec, an envace.envs.base.Task "
+        "or a raw CM2 row (mapping with 'messages' and 'tools')"
+    )
+
+
+# ---- rewards --------------------------------------------------------------------------------------
+class RewardOutcome(NamedTuple):
+    reward: float
+    status: TrajectoryStatus
+    info: dict[str, Any]
+
+
+@runtime_checkable
+class RewardFn(Protocol):
+    """Scores one finished trajectory: ``(spec, trajectory) -> (reward, status, info)``.
+
+    Return ``TrajectoryStatus.JUDGE_FAILED`` when the reward could not be computed (the engine then
+    excludes the trajectory from the loss and counts it); ``reward`` is ignored in that case.
+    """
+
+    def __call__(self, spec: EpisodeSpec, trajectory: Trajectory) -> RewardOutcome | tuple: ...
+
+
+def _call_key(call: ToolCall) -> str:
+    return json.dumps({"name": call.name, "arguments": call.arguments}, sort_keys=True, default=str)
+
+
+def _call_match_score(gold: Sequence[ToolCall], made: Sequence[ToolCall]) -> float:
+    """Multiset matches by name + arguments over max(#gold, #made): extra calls cost as much as missing ones."""
+    if not gold and not made:
+        return 1.0
+    remaining = [_call_key(c) for c in gold]
+    matched = 0
+    for call in made:
+        key = _call_key(call)
+        if key in remaining:
+            remaining.remove(key)
+            matched += 1
+    return matched / max(len(gold), len(made))
+
+
+def toolworld_verifiable_reward(spec: EpisodeSpec, trajectory: Trajectory) -> RewardOutcome:
+    """Built-in verifiable reward in [0, 1]: per user turn, the mean of (gold-call match score, fraction of
+    answer values present in the final reply); turns never reached score 0; the reward is the turn mean."""
+    calls: dict[int, list[ToolCall]] = {}
+    finals: dict[int, str] = {}
+    for turn in trajectory.turns:
+        if turn.tool_calls:
+            calls.setdefault(turn.user_turn, []).extend(turn.tool_calls)
+        else:
+            finals[turn.user_turn] = turn.act_text
+    scores = []
+    for t in range(len(spec.user_turns)):
+        if t not in finals and t not in calls:
+            scores.append(0.0)
+            continue
+        gold_calls = [c for step in (spec.gold[t] if spec.gold else ()) for c in step.calls]
+        parts = [_call_match_score(gold_calls, calls.get(t, []))]
+        values = spec.answer_values[t] if t < len(spec.answer_values) else ()
+        if values:
+            reply = finals.get(t, "")
+            parts.append(sum(v in reply for v in values) / len(values))
+        elif t not in finals:
+            parts.append(0.0)  # the turn never reached a final reply
+        scores.append(sum(parts) / len(parts))
+    reward = sum(scores) / len(scores)
+    return RewardOutcome(reward, TrajectoryStatus.OK, {"turn_scores": scores})
+
+
+# ---- variants -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Variant:
+    """One ablation row of SPEC §3, selected by name from config."""
+
+    name: str
+    trainable_roles: frozenset[Role]
+    rolewise_baseline: bool  # per (prompt, role) baselines vs one baseline per prompt
+    separate_models: bool  # one model per role (per_role) vs shared weights
+    rehearse_by_policy: bool  # False: responses come from a real executor or a frozen simulator
+    description: str = ""
+
+
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("envace", frozenset(Role), True, False, True, "shared weights, role-wise baselines"),
+        Variant("grpo", frozenset({Role.ACT}), False, False, False, "ACT only; external responses"),
+        Variant("per_role", frozenset(Role), True, True, True, "one model per role"),
+        Variant("frozen_act", frozenset({Role.REHEARSE}), True, False, True, "train REHEARSE outputs only"),
+        Variant("frozen_rehearse", frozenset({Role.ACT}), True, False, True, "train ACT outputs only"),
+    )
+}
+
+
+def get_variant(name: str) -> Variant:
+    if name not in VARIANTS:
+        raise KeyError(f"unknown training variant {name!r}; valid variants: {sorted(VARIANTS)}")
+    return VARIANTS[name]
+
+
+# ---- engines --------------------------------------------------------------------------------------
+StepCallback = Callable[[int, dict[str, float]], None]
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    steps_done: int
+    history: tuple[dict[str, float], ...] = ()
+    checkpoint_dir: str | None = None
+    artifacts: Mapping[str, str] = field(default_factory=dict)
+    # in-process handles (e.g. the trained torch modules by name); not part of equality or repr
+    models: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def final_metrics(self) -> dict[str, float]:
+        return dict(self.history[-1]) if self.history else {}
+
+
+class Engine(abc.ABC):
+    """A training engine: ``train(config, data, callbacks) -> TrainResult``.
+
+    ``data`` are ``EpisodeSpec``s; ``callbacks`` receive ``(step, metrics)`` after every optimiser step
+    (the pipeline logs them to MLflow). ``config`` is the engine's own typed config dataclass.
+    """
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def train(
+        self, config: Any, data: Sequence[EpisodeSpec], callbacks: Sequence[StepCallback] = ()
+    ) -> TrainResult: ...
+
+
+_ENGINES: dict[str, Callable[..., Engine]] = {}
+# engines importable on demand: name -> "module:attribute" (the module registers nothing itself)
+_LAZY_ENGINES: dict[str, str] = {"local": "envace.engines.local.engine:LocalEngine"}
+
+
+def register_engine(name: str) -> Callable[[Callable[..., Engine]], Callable[..., Engine]]:
+    """Decorator registering an engine factory (usually the class) under ``name``."""
+
+    def decorate(factory: Callable[..., Engine]) -> Callable[..., Engine]:
+        if name in _ENGINES and _ENGINES[name] is not factory:
+            raise ValueError(f"engine {name!r} is already registered by {_ENGINES[name]!r}")
+        _ENGINES[name] = factory
+        return factory
+
+    return decorate
+
+
+def available_engines() -> list[str]:
+    return sorted(set(_ENGINES) | set(_LAZY_ENGINES))
+
+
+def get_engine(name: str, **kwargs: Any) -> Engine:
+    """Instantiate the engine registered as ``name``; unknown names raise listing the valid ones."""
+    if name not in _ENGINES and name in _LAZY_ENGINES:
+        module, attr = _LAZY_ENGINES[name].split(":")
+        _ENGINES.setdefault(name, getattr(importlib.import_module(module), attr))
+    if name not in _ENGINES:
+        raise KeyError(f"unknown engine {name!r}; valid engines: {available_engines()}")
+    return _ENGINES[name](**kwargs)

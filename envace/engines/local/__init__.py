@@ -1,0 +1,26 @@
+"""The local engine (HF transformers + torch; CPU or one GPU): rollouts, role-wise GRPO, SFT, checkpoints."""
+
+from envace.engines.local.config import (
+    LocalEngineConfig,
+    OptimConfig,
+    RolloutConfig,
+    SFTConfig,
+)
+from envace.engines.local.decode import DecodeGuide, OutputKey, derive_seed
+from envace.engines.local.engine import LocalEngine, step_examples
+from envace.engines.local.rollout import ResponseSource, RolloutBatch, RolloutRunner
+
+__all__ = [
+    "DecodeGuide",
+    "LocalEngine",
+    "LocalEngineConfig",
+    "OptimConfig",
+    "OutputKey",
+    "ResponseSource",
+    "RolloutBatch",
+    "RolloutConfig",
+    "RolloutRunner",
+    "SFTConfig",
+    "derive_seed",
+    "step_examples",
+]

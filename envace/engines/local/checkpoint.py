@@ -1,0 +1,151 @@
+"""Atomic training checkpoints with everything exact resumption needs.
+
+Layout: ``<root>/step_00000004/`` holding ``models/<name>.pt`` (state dicts of trained and frozen
+models), ``optim/<name>.pt``, ``rng.pt`` (torch CPU [+ CUDA], python ``random``, numpy) and
+``state.json`` (step, data position, free-form extras). A checkpoint is written into a temporary
+sibling directory, flushed, and renamed into place in one ``os.rename`` — a crash mid-write leaves
+only a ``.tmp-*`` directory that loading ignores (and the next save removes). ``<root>/latest`` names
+the newest complete checkpoint and is itself replaced atomically; loading falls back to scanning
+``step_*`` directories when it is missing or stale.
+
+State dicts go through ``torch.save`` (not safetensors) because tied embeddings share storage.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "state.json"
+LATEST_FILE = "latest"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    step: int
+    state: dict[str, Any]
+
+    def model_state(self, name: str) -> dict[str, torch.Tensor]:
+        return torch.load(self.path / "models" / f"{name}.pt", map_location="cpu", weights_only=True)
+
+    def optimizer_state(self, name: str) -> dict[str, Any]:
+        return torch.load(self.path / "optim" / f"{name}.pt", map_location="cpu", weights_only=False)
+
+    def model_names(self) -> list[str]:
+        return sorted(p.stem for p in (self.path / "models").glob("*.pt"))
+
+    def restore_rng(self) -> None:
+        set_rng_state(torch.load(self.path / "rng.pt", map_location="cpu", weights_only=False))
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step:08d}"
+
+
+def _fsync_tree(path: Path) -> None:
+    for file in path.rglob("*"):
+        if file.is_file():
+            with open(file, "rb") as fh:
+                os.fsync(fh.fileno())
+
+
+def _write_latest(root: Path, name: str) -> None:
+    tmp = root / f".{LATEST_FILE}.tmp-{os.getpid()}"
+    tmp.write_text(name + "\n")
+    os.replace(tmp, root / LATEST_FILE)
+
+
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    models: Mapping[str, torch.nn.Module],
+    optimizers: Mapping[str, torch.optim.Optimizer],
+    state: Mapping[str, Any],
+    keep: int = 2,
+) -> Path:
+    """Write checkpoint ``step`` atomically; keep the newest ``keep`` (0 = all). Returns its path."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = root / f".tmp-step_{step:08d}-{os.getpid()}"
+    (tmp / "models").mkdir(parents=True)
+    (tmp / "optim").mkdir()
+    for name, model in models.items():
+        torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, tmp / "models" / f"{name}.pt")
+    for name, opt in optimizers.items():
+        torch.save(opt.state_dict(), tmp / "optim" / f"{name}.pt")
+    torch.save(rng_state(), tmp / "rng.pt")
+    (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=1, sort_keys=True, default=str))
+    _fsync_tree(tmp)
+    final = _step_dir(root, step)
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _write_latest(root, final.name)
+    _prune(root, keep)
+    logger.info("checkpoint step %d written to %s", step, final)
+    return final
+
+
+def _complete(path: Path) -> bool:
+    return path.is_dir() and (path / STATE_FILE).is_file() and not path.name.startswith(".")
+
+
+def list_checkpoints(root: str | Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob("step_*") if _complete(p))
+
+
+def _prune(root: Path, keep: int) -> None:
+    if keep <= 0:
+        return
+    for old in list_checkpoints(root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def load_latest(root: str | Path) -> Checkpoint | None:
+    """The newest complete checkpoint under ``root`` (None when there is none)."""
+    root = Path(root)
+    pointer = root / LATEST_FILE
+    candidates = list_checkpoints(root)
+    if pointer.is_file():
+        named = root / pointer.read_text().strip()
+        if _complete(named) and (not candidates or named.name >= candidates[-1].name):
+            candidates.append(named)
+    if not candidates:
+        return None
+    path = max(candidates, key=lambda p: p.name)
+    state = json.loads((path / STATE_FILE).read_text())
+    return Checkpoint(path=path, step=int(state["step"]), state=state)

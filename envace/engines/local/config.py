@@ -1,0 +1,97 @@
+"""Typed configuration of the local engine (plain frozen dataclasses; the pipeline builds them from Hydra).
+
+Defaults follow SPEC §3 where it fixes a value (clip 0.2, token-mean, grad-clip 1.0, AdamW, constant LR,
+low_var_kl, K = 4, output-mean baseline, no std normalisation); sizes default to CPU scale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from envace.core.records import Role
+from envace.models import ModelSpec
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How trajectories are sampled.
+
+    ``reuse_kv=False`` is the naive baseline of the rollout benchmark: every stream is re-encoded
+    from scratch before each generation and the K samples of a prompt prefill it separately.
+    """
+
+    samples_per_prompt: int = 4
+    act_temperature: float = 1.0
+    rehearse_temperature: float = 1.0
+    max_steps_per_turn: int = 4
+    max_act_tokens: int = 256
+    max_rehearse_tokens: int = 256
+    max_stream_tokens: int = 4096
+    rehearse_examples: bool = True  # earlier-turn reference (call, response) pairs in the REHEARSE stream
+    reuse_kv: bool = True
+
+    def temperature(self, role: Role) -> float:
+        return self.act_temperature if role is Role.ACT else self.rehearse_temperature
+
+    def max_new_tokens(self, role: Role) -> int:
+        return self.max_act_tokens if role is Role.ACT else self.max_rehearse_tokens
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """The update: clipped policy loss, optional KL to a frozen reference, AdamW with constant LR."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    clip_ratio: float = 0.2
+    kl_coef: float = 0.0  # > 0 loads a frozen reference copy and adds low_var_kl
+    loss_agg_mode: str = "token-mean"
+    grad_clip: float = 1.0
+    ppo_epochs: int = 1
+    mini_batch_streams: int = 0  # streams per optimiser step within an epoch; 0 = all in one
+    micro_batch_streams: int = 4  # streams per forward/backward (gradient accumulation)
+    baseline: str = "output_mean"  # output_mean | trajectory_mean (role-wise variants)
+    norm_by_std: bool = False
+    # "recompute": old log-probs from the current model in eval mode before the update (default; the
+    # first PPO epoch then starts at ratio exactly 1). "sampling": reuse the rollout's log-probs.
+    old_logprobs: str = "recompute"
+    track_role_grad_norms: bool = False  # one extra backward per micro-batch: per-role grad norms
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Optional warm-up on gold trajectories of both roles (loss on target tokens only)."""
+
+    epochs: int = 0  # 0 disables the warm-up
+    lr: float = 1e-4
+    batch_streams: int = 4
+    grad_clip: float = 1.0
+    roles: tuple[Role, ...] = (Role.ACT, Role.REHEARSE)
+
+
+@dataclass(frozen=True)
+class LocalEngineConfig:
+    """Everything ``LocalEngine.train`` needs besides the data and the reward function."""
+
+    model: ModelSpec = field(default_factory=lambda: ModelSpec(kind="tiny"))
+    variant: str = "envace"
+    steps: int = 10
+    prompts_per_step: int = 2
+    seed: int = 0
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    # grpo only: where environment responses come from: "executor" (real tool world, needs an
+    # executor factory) or "simulator" (a frozen ``simulator_model``, which must share the policy's
+    # tokenizer; default: a frozen copy of the policy after the SFT warm-up)
+    grpo_responses: str = "executor"
+    simulator_model: ModelSpec | None = None
+    output_dir: str | None = None  # checkpoints + final weights; None keeps everything in memory
+    checkpoint_every: int = 0  # steps; 0 = only at the end (when output_dir is set)
+    keep_checkpoints: int = 2
+    resume: bool = True  # continue from the latest complete checkpoint in output_dir
+    stop_after_steps: int | None = None  # stop (as if killed) after this many steps of this call
+    device: str = "cpu"
+    progress: bool = True  # tqdm bar over steps

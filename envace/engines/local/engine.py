@@ -1,0 +1,281 @@
+"""The ``local`` engine: HF transformers + torch on CPU or one GPU, registered as ``get_engine("local")``.
+
+``LocalEngine.train(config, data, callbacks)`` runs: optional SFT warm-up (skipped when resuming) →
+``config.steps`` role-wise GRPO steps, each = rollout (``RolloutRunner``) → rewards (``RewardFn``) →
+per-output advantages → clipped updates of every trained model (``PolicyUpdater``) → metrics to the
+callbacks → checkpoint every ``checkpoint_every`` steps. Variants (``envace.engines.base.VARIANTS``)
+decide which models exist and which roles train them:
+
+- ``envace``, ``frozen_act``, ``frozen_rehearse``: one shared policy plays both roles; its rows hold
+  the outputs of the trainable roles only.
+- ``per_role``: two copies of the initial model, one per role, each with its own optimiser.
+- ``grpo``: the policy trains on ACT outputs with one baseline per prompt; responses come from a real
+  executor per trajectory (``executor_factory``) or a frozen simulator (a frozen copy of the policy
+  after SFT, or ``simulator_model``).
+
+Deviation: data are visited in a seeded permutation per epoch, ``prompts_per_step`` prompts a step;
+sampling seeds derive from (seed, step, example, sample), so a resumed run replays the exact same
+batches as an uninterrupted one (the resume test asserts identical weights).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from envace.core.prompts import DEFAULT_ROLE_PROMPTS, ChatFormatter, RolePrompts
+from envace.core.records import Role, Trajectory
+from envace.engines.base import (
+    Engine,
+    EpisodeSpec,
+    RewardFn,
+    RewardOutcome,
+    StepCallback,
+    TrainResult,
+    get_variant,
+    register_engine,
+    to_episode_spec,
+    toolworld_verifiable_reward,
+)
+from envace.engines.local.attention import use_gqa_attention
+from envace.engines.local.batching import build_rows
+from envace.engines.local.checkpoint import load_latest, save_checkpoint
+from envace.engines.local.config import LocalEngineConfig
+from envace.engines.local.decode import DecodeGuide, derive_seed
+from envace.engines.local.metrics import rollout_metrics
+from envace.engines.local.rollout import ExecutorFactory, ResponseSource, RolloutRunner
+from envace.engines.local.sft import gold_trajectories, sft_epoch, sft_rows
+from envace.engines.local.trainer import (
+    PolicyUpdater,
+    Slot,
+    compute_output_advantages,
+    make_optimizer,
+)
+from envace.models import load_model_and_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+def step_examples(step: int, n_data: int, per_step: int, seed: int) -> list[int]:
+    """Data indices of one step: position step*per_step.. in a seeded permutation per epoch."""
+    out = []
+    for pos in range(step * per_step, (step + 1) * per_step):
+        epoch, offset = divmod(pos, n_data)
+        order = list(range(n_data))
+        random.Random(derive_seed(seed, "data", epoch)).shuffle(order)
+        out.append(order[offset])
+    return out
+
+
+def _frozen(model: torch.nn.Module) -> torch.nn.Module:
+    frozen = copy.deepcopy(model).eval()
+    for p in frozen.parameters():
+        p.requires_grad_(False)
+    return frozen
+
+
+@register_engine("local")
+class LocalEngine(Engine):
+    """Local role-wise GRPO trainer. ``reward_fn`` defaults to ``toolworld_verifiable_reward``."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        reward_fn: RewardFn | None = None,
+        executor_factory: ExecutorFactory | None = None,
+        role_prompts: RolePrompts = DEFAULT_ROLE_PROMPTS,
+        guide: DecodeGuide | None = None,
+    ):
+        self.reward_fn = reward_fn or toolworld_verifiable_reward
+        self.executor_factory = executor_factory
+        self.role_prompts = role_prompts
+        self.guide = guide
+        self.slots: dict[str, Slot] = {}
+        self.frozen: dict[str, torch.nn.Module] = {}
+
+    # ---- setup ---------------------------------------------------------------------------------
+    def _load(self, cfg: LocalEngineConfig) -> None:
+        model, tokenizer = load_model_and_tokenizer(cfg.model)
+        model.to(cfg.device)
+        use_gqa_attention(model)
+        self.tokenizer = tokenizer
+        self.formatter = ChatFormatter(tokenizer)
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(pad) if pad is not None else 0
+        self.variant = get_variant(cfg.variant)
+        if self.variant.separate_models:
+            self.models = {"act": model, "rehearse": copy.deepcopy(model)}
+        else:
+            self.models = {"policy": model}
+        if not self.variant.rehearse_by_policy and cfg.grpo_responses not in ("executor", "simulator"):
+            raise ValueError(f"grpo_responses={cfg.grpo_responses!r}; valid: 'executor', 'simulator'")
+        if not self.variant.rehearse_by_policy and cfg.grpo_responses == "executor" and self.executor_factory is None:
+            raise ValueError("variant 'grpo' with grpo_responses='executor' needs LocalEngine(executor_factory=...); "
+                             "pass one (e.g. the tool world's make_executor) or set grpo_responses='simulator'")
+
+    def _make_slots(self, cfg: LocalEngineConfig) -> None:
+        """Trained models with their roles, optimisers, references; frozen simulator for grpo."""
+        roles = self.variant.trainable_roles
+        if self.variant.separate_models:
+            wanted = {"act": frozenset({Role.ACT}) & roles, "rehearse": frozenset({Role.REHEARSE}) & roles}
+        else:
+            wanted = {"policy": roles}
+        self.slots = {
+            name: Slot(name, self.models[name], r, make_optimizer(self.models[name], cfg.optim),
+                       _frozen(self.models[name]) if cfg.optim.kl_coef > 0 else None)
+            for name, r in wanted.items() if r
+        }
+        self.frozen = {f"ref_{n}": s.ref for n, s in self.slots.items() if s.ref is not None}
+        if not self.variant.rehearse_by_policy and cfg.grpo_responses == "simulator":
+            if cfg.simulator_model is not None:
+                sim, _ = load_model_and_tokenizer(cfg.simulator_model)
+                use_gqa_attention(sim)
+                self.frozen["simulator"] = _frozen(sim.to(cfg.device))
+            else:
+                self.frozen["simulator"] = _frozen(self.models["policy"])
+
+    def _response_source(self) -> ResponseSource:
+        if self.variant.rehearse_by_policy:
+            return ResponseSource(model=self.models.get("rehearse", self.models.get("policy")), trainable=True)
+        if "simulator" in self.frozen:
+            return ResponseSource(model=self.frozen["simulator"], trainable=False)
+        return ResponseSource(executor_factory=self.executor_factory)
+
+    # ---- SFT -----------------------------------------------------------------------------------
+    def _sft(self, cfg: LocalEngineConfig, specs: Sequence[EpisodeSpec], callbacks: Sequence[StepCallback]) -> list[dict]:
+        if cfg.sft.epochs <= 0:
+            return []
+        policy = self.models.get("policy", self.models.get("act"))
+        trajs = gold_trajectories(specs, policy, self.formatter, cfg.rollout, self.role_prompts)
+        history = []
+        for name, model in self.models.items():
+            roles = cfg.sft.roles if name == "policy" else [r for r in cfg.sft.roles if r.name.lower() == name]
+            rows = sft_rows(trajs, roles)
+            if not rows:
+                continue
+            opt = make_optimizer(model, cfg.optim, lr=cfg.sft.lr)
+            for epoch in tqdm(range(cfg.sft.epochs), desc=f"sft[{name}]", disable=not cfg.progress):
+                metrics = sft_epoch(model, opt, rows, cfg.sft, epoch=epoch, seed=derive_seed(cfg.seed, name),
+                                    pad_id=self.pad_id, device=cfg.device)
+                metrics = {**metrics, "sft/epoch": float(epoch), "sft/gold_trajectories": float(len(trajs))}
+                metrics = {k if name == "policy" else f"{k}/{name}": v for k, v in metrics.items()}
+                history.append(metrics)
+                for cb in callbacks:
+                    cb(epoch, metrics)
+        return history
+
+    # ---- one RL step ---------------------------------------------------------------------------
+    def _score(self, specs: Sequence[EpisodeSpec], trajs: Sequence[Trajectory]) -> list[Trajectory]:
+        scored = []
+        for traj, spec in zip(trajs, specs):
+            reward, status, info = RewardOutcome(*self.reward_fn(spec, traj))
+            scored.append(replace(traj, reward=float(reward), status=status, info={**traj.info, "reward_info": info}))
+        return scored
+
+    def _rl_step(self, cfg: LocalEngineConfig, specs: Sequence[EpisodeSpec], step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        idx = step_examples(step, len(specs), cfg.prompts_per_step, cfg.seed)
+        chosen = [specs[i] for i in idx]
+        runner = RolloutRunner(self.formatter, cfg.rollout, self.role_prompts, self.guide)
+        act_model = self.models.get("act", self.models.get("policy"))
+        batch = runner.run(chosen, act_model, self._response_source(), seed=cfg.seed, step=step, examples=idx)
+        k = cfg.rollout.samples_per_prompt
+        trajs = self._score([s for s in chosen for _ in range(k)], batch.trajectories)
+        groups = [j // k for j in range(len(trajs))]
+        adv = compute_output_advantages(trajs, groups, self.variant, cfg.optim)
+        metrics = rollout_metrics(batch, trajs, adv)
+        t1 = time.perf_counter()
+        temps = {r: cfg.rollout.temperature(r) for r in Role}
+        stream_tokens = 0
+        for name, slot in self.slots.items():
+            rows = build_rows(trajs, adv.values.tolist(), slot.roles, temps, adv.excluded)
+            stream_tokens += sum(int(r.input_ids.numel()) for r in rows)
+            updater = PolicyUpdater(slot, cfg.optim, derive_seed(cfg.seed, name), self.pad_id, cfg.device)
+            diff = updater.prepare(rows)
+            prefix = "" if name == "policy" else f"{name}/"
+            metrics.update({f"{prefix}{k2}": v for k2, v in updater.update(rows, step).items()})
+            metrics[f"{prefix}rollout/logprob_diff"] = diff
+        t2 = time.perf_counter()
+        metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0})
+        metrics["tokens_per_s"] = sum(batch.generated_tokens.values()) / max(batch.seconds, 1e-9)
+        metrics["update/stream_tokens"] = float(stream_tokens)
+        metrics["update/tokens_per_s"] = stream_tokens * cfg.optim.ppo_epochs / max(t2 - t1, 1e-9)
+        return metrics
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def _save(self, cfg: LocalEngineConfig, step: int) -> str | None:
+        if not cfg.output_dir:
+            return None
+        models = {**self.models, **self.frozen}
+        optims = {n: s.optimizer for n, s in self.slots.items()}
+        state = {"data_position": step * cfg.prompts_per_step, "variant": cfg.variant, "seed": cfg.seed}
+        return str(save_checkpoint(Path(cfg.output_dir) / "checkpoints", step, models, optims, state,
+                                   keep=cfg.keep_checkpoints))
+
+    def _resume(self, cfg: LocalEngineConfig) -> int:
+        if not (cfg.output_dir and cfg.resume):
+            return 0
+        ckpt = load_latest(Path(cfg.output_dir) / "checkpoints")
+        if ckpt is None:
+            return 0
+        if ckpt.state.get("variant") != cfg.variant:
+            raise ValueError(f"checkpoint {ckpt.path} is for variant {ckpt.state.get('variant')!r}, config asks "
+                             f"{cfg.variant!r}; use another output_dir or set resume=False")
+        for name, model in {**self.models, **self.frozen}.items():
+            model.load_state_dict(ckpt.model_state(name))
+        for name, slot in self.slots.items():
+            slot.optimizer.load_state_dict(ckpt.optimizer_state(name))
+        ckpt.restore_rng()
+        logger.info("resumed from %s (step %d)", ckpt.path, ckpt.step)
+        return ckpt.step
+
+    # ---- entry point ---------------------------------------------------------------------------
+    def train(self, config: LocalEngineConfig, data: Sequence[Any], callbacks: Sequence[StepCallback] = ()) -> TrainResult:
+        cfg = config
+        specs = [to_episode_spec(d) for d in data]
+        if not specs:
+            raise ValueError("LocalEngine.train: no training data; pass at least one EpisodeSpec or Task")
+        torch.manual_seed(cfg.seed)
+        self._load(cfg)
+        has_checkpoint = bool(cfg.output_dir and cfg.resume and load_latest(Path(cfg.output_dir) / "checkpoints"))
+        history: list[dict[str, float]] = [] if has_checkpoint else list(self._sft(cfg, specs, callbacks))
+        self._make_slots(cfg)
+        start = self._resume(cfg)
+        end = cfg.steps if cfg.stop_after_steps is None else min(cfg.steps, start + cfg.stop_after_steps)
+        last_ckpt = None
+        for step in tqdm(range(start, end), desc=f"train[{cfg.variant}]", disable=not cfg.progress,
+                         initial=start, total=cfg.steps):
+            metrics = {"step": float(step + 1), **self._rl_step(cfg, specs, step)}
+            history.append(metrics)
+            for cb in callbacks:
+                cb(step + 1, metrics)
+            if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+                last_ckpt = self._save(cfg, step + 1)
+        if end > start and (not cfg.checkpoint_every or end % cfg.checkpoint_every):
+            last_ckpt = self._save(cfg, end)
+        artifacts = self._export(cfg) if end == cfg.steps else {}
+        return TrainResult(steps_done=end, history=tuple(history), checkpoint_dir=last_ckpt,
+                           artifacts=artifacts, models=dict(self.models))
+
+    def _export(self, cfg: LocalEngineConfig) -> dict[str, str]:
+        """Final weights + tokenizer as HF directories (what evaluation loads with kind='path')."""
+        if not cfg.output_dir:
+            return {}
+        out = {}
+        for name, model in self.models.items():
+            path = Path(cfg.output_dir) / "final" / name
+            model.save_pretrained(path)
+            self.tokenizer.save_pretrained(path)
+            out[name] = str(path)
+        (Path(cfg.output_dir) / "final" / "config.txt").write_text(repr(asdict(cfg)))
+        return out

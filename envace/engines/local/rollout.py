@@ -1,0 +1,386 @@
+"""Batched multi-turn ACT/REHEARSE rollouts with append-only token streams and KV-cache reuse (SPEC §1, §3).
+
+For a batch of ``EpisodeSpec``s, K trajectories each are played in lock-step phases:
+ACT phase (every live trajectory generates one ACT output) → response phase (each pending tool call
+is answered: one REHEARSE generation per call, or a real executor) → advance (observations or the
+next replayed user turn are appended to the ACT stream). A trajectory ends on a final reply of its
+last user turn, a parse failure of either role, the per-turn step limit or a token budget.
+
+Streams (see ``envace.core.records``): the ACT stream is ``render(act_messages, tools)`` followed by
+ACT outputs and ``ChatFormatter.continuation`` pieces; the REHEARSE stream is the REHEARSE system
+prompt followed, per call, by the call message and one REHEARSE output. Each model keeps one
+``BatchedStreams`` cache per role for the whole rollout: only new tokens are ever fed, and each prompt
+is prefilled once and its cache expanded to its K samples.
+
+Deviations / choices:
+- A generation that hits its token budget without an end-of-turn token ends the trajectory
+  (``Termination.MAX_TOKENS``); its text is not parsed (a chat could not continue after it).
+- Any parse error in an ACT message ends the trajectory, even when other call blocks were fine.
+- REHEARSE few-shot examples: reference (call, response) pairs of earlier user turns are appended to the
+  REHEARSE stream (as answered call messages) when a later turn starts; turn 0 has none (no leak).
+- Responses from a frozen simulator or a real executor are recorded as non-trainable (``Turn.rehearsed``
+  is False; simulator segments carry no role).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from envace.core.prompts import (
+    DEFAULT_ROLE_PROMPTS,
+    ChatFormatter,
+    RolePrompts,
+    act_messages,
+    act_observation_messages,
+    rehearse_answer_message,
+    rehearse_call_message,
+    rehearse_messages,
+)
+from envace.core.records import (
+    Role,
+    Segment,
+    Stream,
+    Termination,
+    ToolCall,
+    Trajectory,
+    Turn,
+)
+from envace.core.wire import as_result_object, parse_rehearsal, parse_tool_calls
+from envace.engines.base import EpisodeSpec
+from envace.engines.local.config import RolloutConfig
+from envace.engines.local.decode import (
+    DecodeGuide,
+    DecodeRequest,
+    OutputKey,
+    decode,
+    derive_seed,
+)
+from envace.engines.local.kv import BatchedStreams
+from envace.envs.base import Executor
+
+logger = logging.getLogger(__name__)
+
+ExecutorFactory = Callable[[EpisodeSpec], Executor]
+
+
+@dataclass(frozen=True)
+class ResponseSource:
+    """Who answers tool calls: a model playing REHEARSE (trainable or a frozen simulator) or executors."""
+
+    model: Any = None
+    trainable: bool = True
+    executor_factory: ExecutorFactory | None = None
+
+    def __post_init__(self) -> None:
+        if (self.model is None) == (self.executor_factory is None):
+            raise ValueError("ResponseSource: give exactly one of a REHEARSE model or an executor factory")
+
+
+@dataclass
+class _Episode:
+    """Mutable state of one trajectory during a rollout (internal)."""
+
+    key: int
+    spec: EpisodeSpec
+    example: Any
+    sample: int
+    generator: torch.Generator
+    act: list[int] = field(default_factory=list)
+    act_segments: list[Segment] = field(default_factory=list)
+    reh: list[int] = field(default_factory=list)
+    reh_segments: list[Segment] = field(default_factory=list)
+    reh_generated: bool = False  # the REHEARSE stream ends with a generation (continuations apply)
+    reh_pending: list[dict[str, Any]] = field(default_factory=list)  # example messages not yet appended
+    user_turn: int = 0
+    steps_in_turn: int = 0
+    act_text: str = ""
+    calls: tuple[ToolCall, ...] = ()
+    responses: list[Any] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    termination: Termination | None = None
+    outputs: dict[Role, int] = field(default_factory=lambda: {r: 0 for r in Role})
+    parse_errors: list[tuple[str, str]] = field(default_factory=list)
+    executor: Executor | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.termination is not None
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """The trajectories of one rollout (rewards not yet assigned) and its cost counters."""
+
+    trajectories: tuple[Trajectory, ...]
+    seconds: float
+    generated_tokens: dict[Role, int]
+    fed_tokens: int
+    forwards: int
+
+
+class RolloutRunner:
+    """Plays ACT/REHEARSE episodes for one policy (``act_model``) and one response source."""
+
+    def __init__(
+        self,
+        formatter: ChatFormatter,
+        config: RolloutConfig,
+        prompts: RolePrompts = DEFAULT_ROLE_PROMPTS,
+        guide: DecodeGuide | None = None,
+    ):
+        self.fmt = formatter
+        self.cfg = config
+        self.prompts = prompts
+        self.guide = guide
+        self.stop_ids = frozenset(formatter.end_of_turn_token_ids)
+        pad = getattr(formatter.tokenizer, "pad_token_id", None)
+        self.pad_id = int(pad) if pad is not None else 0
+
+    # ---- public --------------------------------------------------------------------------------
+    def run(
+        self,
+        specs: Sequence[EpisodeSpec],
+        act_model: Any,
+        responses: ResponseSource,
+        *,
+        seed: int = 0,
+        step: int = 0,
+        examples: Sequence[Any] | None = None,
+    ) -> RolloutBatch:
+        """K trajectories for each spec (``examples`` name the specs in seeds; default: their index)."""
+        started = time.perf_counter()
+        names = list(examples) if examples is not None else list(range(len(specs)))
+        episodes = self._make_episodes(specs, names, responses, seed, step)
+        self._counts: dict[str, Any] = {"forwards": 0, "fed": 0, "gen": {r: 0 for r in Role}}
+        caches = self._prefill(specs, episodes, act_model, responses)
+        while live := [e for e in episodes if not e.done]:
+            self._act_phase(live, caches)
+            self._response_phase([e for e in live if e.calls and not e.done], caches, responses)
+            self._advance([e for e in live if not e.done], responses)
+            self._retain(caches, [e for e in episodes if not e.done])
+        fed = sum(c.fed_tokens for c in caches.values() if isinstance(c, BatchedStreams)) + self._counts["fed"]
+        return RolloutBatch(
+            trajectories=tuple(self._trajectory(e, responses) for e in episodes),
+            seconds=time.perf_counter() - started,
+            generated_tokens=dict(self._counts["gen"]),
+            fed_tokens=fed,
+            forwards=self._counts["forwards"],
+        )
+
+    # ---- setup ---------------------------------------------------------------------------------
+    def _make_episodes(self, specs, names, responses: ResponseSource, seed: int, step: int) -> list[_Episode]:
+        k = self.cfg.samples_per_prompt
+        episodes = []
+        for i, (spec, name) in enumerate(zip(specs, names)):
+            act_text = self.fmt.render(act_messages(self.prompts, spec.system_prompt, spec.user_turns[0]), spec.tools)
+            act_prompt = self.fmt.encode(act_text)
+            reh_text = self._rehearse_base(spec) if responses.model is not None else ""
+            reh_prompt = self.fmt.encode(reh_text) if reh_text else []
+            for s in range(k):
+                gen = torch.Generator().manual_seed(derive_seed(seed, step, name, s))
+                ep = _Episode(key=i * k + s, spec=spec, example=name, sample=s, generator=gen)
+                ep.act = list(act_prompt)
+                ep.act_segments.append(Segment(tuple(act_prompt), text=act_text))
+                if reh_prompt:
+                    ep.reh = list(reh_prompt)
+                    ep.reh_segments.append(Segment(tuple(reh_prompt), text=reh_text))
+                if responses.executor_factory is not None:
+                    ep.executor = responses.executor_factory(spec)
+                episodes.append(ep)
+        return episodes
+
+    def _rehearse_base(self, spec: EpisodeSpec) -> str:
+        return self.fmt.render(rehearse_messages(self.prompts, spec.tools, ()), None, add_generation_prompt=False)
+
+    def _prefill(self, specs, episodes, act_model, responses: ResponseSource) -> dict[Any, Any]:
+        """One cache per role; with ``reuse_kv`` each prompt is prefilled once and expanded K times."""
+        caches: dict[Role, Any] = {}
+        k = self.cfg.samples_per_prompt
+        models = {Role.ACT: act_model}
+        if responses.model is not None:
+            models[Role.REHEARSE] = responses.model
+        for role, model in models.items():
+            if not self.cfg.reuse_kv:
+                caches[role] = model  # naive baseline: a fresh cache before every generation
+                continue
+            cache = BatchedStreams(model, [("prompt", i) for i in range(len(specs))], self.pad_id)
+            # all but the last prompt token: each sample feeds that one itself to get its own logits
+            first = {("prompt", i): self._stream(episodes[i * k], role)[:-1] for i in range(len(specs))}
+            cache.append(first)
+            cache.repeat([[e.key for e in episodes[i * k : (i + 1) * k]] for i in range(len(specs))])
+            caches[role] = cache
+        return caches
+
+    def _stream(self, ep: _Episode, role: Role) -> list[int]:
+        return ep.act if role is Role.ACT else ep.reh
+
+    def _retain(self, caches: dict[Any, Any], live: list[_Episode]) -> None:
+        for role in Role:
+            if isinstance(caches.get(role), BatchedStreams):
+                caches[role].retain([e.key for e in live])
+
+    # ---- generation ----------------------------------------------------------------------------
+    def _generate(self, caches: dict[Any, Any], role: Role, episodes: list[_Episode]) -> list[DecodeRequest]:
+        """One output of ``role`` for each episode (their streams end with a generation prompt)."""
+        budget = self.cfg.max_new_tokens(role)
+        requests = []
+        for ep in episodes:
+            room = self.cfg.max_stream_tokens - len(self._stream(ep, role))
+            requests.append(DecodeRequest(
+                row=ep.key, stream=self._stream(ep, role), max_new_tokens=min(budget, room),
+                temperature=self.cfg.temperature(role), generator=ep.generator,
+                output_key=OutputKey(ep.example, ep.sample, role, ep.outputs[role]),
+            ))
+        runnable = [r for r in requests if r.max_new_tokens > 0]
+        if runnable:
+            cache = caches[role]
+            if not isinstance(cache, BatchedStreams):  # naive: re-encode the full streams
+                cache = BatchedStreams(cache, [r.row for r in runnable], self.pad_id)
+            before = cache.fed_tokens
+            self._counts["forwards"] += decode(cache, runnable, self.stop_ids, self.guide)
+            if not isinstance(caches[role], BatchedStreams):
+                self._counts["fed"] += cache.fed_tokens - before
+        for r in requests:
+            self._counts["gen"][role] += len(r.tokens)
+        return requests
+
+    def _record(self, ep: _Episode, role: Role, req: DecodeRequest, trainable: bool) -> str | None:
+        """Append one generated output to its stream; returns its text (None when it was cut off)."""
+        stream, segments = (ep.act, ep.act_segments) if role is Role.ACT else (ep.reh, ep.reh_segments)
+        if not req.tokens:  # no room left in the stream
+            ep.termination = Termination.MAX_TOKENS
+            return None
+        ep.outputs[role] += 1
+        text = self.fmt.decode(req.tokens[:-1] if req.finished else req.tokens)
+        stream.extend(req.tokens)
+        segments.append(Segment(
+            tuple(req.tokens), role=role if trainable else None,
+            logprobs=tuple(req.logprobs) if trainable else None, text=text,
+        ))
+        if not req.finished:
+            ep.termination = Termination.MAX_TOKENS
+            return None
+        return text
+
+    # ---- phases --------------------------------------------------------------------------------
+    def _act_phase(self, live: list[_Episode], caches: dict[Any, Any]) -> None:
+        for ep, req in zip(live, self._generate(caches, Role.ACT, live)):
+            text = self._record(ep, Role.ACT, req, trainable=True)
+            if text is None:
+                continue
+            parsed = parse_tool_calls(text, allowed_names=ep.spec.tool_names)
+            if not parsed.ok:
+                ep.parse_errors.extend((Role.ACT.name, e.code.value) for e in parsed.errors)
+                ep.termination = Termination.ACT_PARSE_ERROR
+                continue
+            ep.act_text = parsed.content
+            ep.calls = tuple(
+                ToolCall(c.name, c.arguments, id=f"call_{ep.user_turn}_{ep.steps_in_turn}_{j}")
+                for j, c in enumerate(parsed.calls)
+            )
+            ep.responses = []
+
+    def _response_phase(self, episodes: list[_Episode], caches: dict[Any, Any], source: ResponseSource) -> None:
+        if source.executor_factory is not None:
+            for ep in episodes:
+                ep.responses = [ep.executor.execute(c) for c in ep.calls]  # type: ignore[union-attr]
+            return
+        while waiting := [e for e in episodes if not e.done and len(e.responses) < len(e.calls)]:
+            for ep in waiting:
+                self._append_call_message(ep, ep.calls[len(ep.responses)])
+            for ep, req in zip(waiting, self._generate(caches, Role.REHEARSE, waiting)):
+                text = self._record(ep, Role.REHEARSE, req, trainable=source.trainable)
+                ep.reh_generated = True
+                if text is None:
+                    continue
+                parsed = parse_rehearsal(text)
+                if not parsed.ok:
+                    ep.parse_errors.extend((Role.REHEARSE.name, e.code.value) for e in parsed.errors)
+                    ep.termination = Termination.REHEARSE_PARSE_ERROR
+                    continue
+                ep.responses.append(parsed.result)
+
+    def _append_call_message(self, ep: _Episode, call: ToolCall) -> None:
+        """Append (pending earlier-turn examples +) the call message and the generation prompt."""
+        message = rehearse_call_message(
+            self.prompts, call, ep.spec.tool_schema(call.name), ep.spec.user_turns[ep.user_turn]
+        )
+        messages = [*ep.reh_pending, message]
+        if ep.reh_generated:
+            text = self.fmt.continuation(messages)
+        else:  # the stream still ends with the system prompt: cut the rendered difference
+            base = rehearse_messages(self.prompts, ep.spec.tools, ())
+            before = self.fmt.render(base, None, add_generation_prompt=False)
+            after = self.fmt.render([*base, *messages], None, add_generation_prompt=True)
+            if not after.startswith(before):
+                raise ValueError(f"chat template of {self.fmt.name} rewrites the REHEARSE system prompt")
+            text = after[len(before) :]
+        self._append(ep, Role.REHEARSE, text)
+        ep.reh_pending = []
+
+    def _append(self, ep: _Episode, role: Role, text: str) -> None:
+        tokens = self.fmt.encode(text)
+        (ep.act if role is Role.ACT else ep.reh).extend(tokens)
+        (ep.act_segments if role is Role.ACT else ep.reh_segments).append(Segment(tuple(tokens), text=text))
+
+    def _advance(self, episodes: list[_Episode], source: ResponseSource) -> None:
+        """Record the step, then append observations, the next user turn, or finish."""
+        rehearsed = source.executor_factory is None and source.trainable
+        for ep in episodes:
+            if ep.calls:
+                ep.turns.append(Turn(ep.act_text, ep.calls, tuple(ep.responses), rehearsed, ep.user_turn))
+                ep.steps_in_turn += 1
+                if ep.steps_in_turn >= self.cfg.max_steps_per_turn:
+                    ep.termination = Termination.MAX_STEPS
+                else:
+                    self._append(ep, Role.ACT, self.fmt.continuation(
+                        act_observation_messages(ep.calls, ep.responses), ep.spec.tools))
+                ep.calls, ep.responses = (), []
+                continue
+            ep.turns.append(Turn(ep.act_text, user_turn=ep.user_turn))
+            if ep.user_turn + 1 >= len(ep.spec.user_turns):
+                ep.termination = Termination.FINAL_REPLY
+                continue
+            ep.user_turn += 1
+            ep.steps_in_turn = 0
+            user = {"role": "user", "content": ep.spec.user_turns[ep.user_turn]}
+            self._append(ep, Role.ACT, self.fmt.continuation([user], ep.spec.tools))
+            if self.cfg.rehearse_examples and source.model is not None:
+                ep.reh_pending.extend(self._example_messages(ep.spec, ep.user_turn - 1))
+        for ep in episodes:
+            if not ep.done and len(ep.act) >= self.cfg.max_stream_tokens:
+                ep.termination = Termination.MAX_TOKENS
+
+    def _example_messages(self, spec: EpisodeSpec, turn: int) -> list[dict[str, Any]]:
+        """Answered call messages for the reference (call, response) pairs of one finished turn."""
+        messages = []
+        for call, response in spec.examples_of_turn(turn):
+            messages.append(rehearse_call_message(self.prompts, call, spec.tool_schema(call.name), spec.user_turns[turn]))
+            messages.append(rehearse_answer_message(as_result_object(response)))
+        return messages
+
+    # ---- output --------------------------------------------------------------------------------
+    def _trajectory(self, ep: _Episode, source: ResponseSource) -> Trajectory:
+        streams = [Stream(Role.ACT, tuple(ep.act_segments))]
+        if len(ep.reh_segments) > 1:
+            streams.append(Stream(Role.REHEARSE, tuple(ep.reh_segments)))
+        finals = {t.user_turn: t.act_text for t in ep.turns if not t.tool_calls}
+        info = {
+            "example": ep.example,
+            "outputs": {r.name: n for r, n in ep.outputs.items()},
+            "parse_errors": list(ep.parse_errors),
+            "final_answers": [finals.get(t, "") for t in range(len(ep.spec.user_turns))],
+            "rehearse_trainable": source.executor_factory is None and source.trainable,
+        }
+        if ep.executor is not None:
+            info["final_state"] = ep.executor.state()
+        return Trajectory(
+            prompt_id=ep.spec.task_id, sample_index=ep.sample, streams=tuple(streams), turns=tuple(ep.turns),
+            termination=ep.termination or Termination.ERROR, info=info,
+        )

@@ -1,0 +1,125 @@
+"""Optional SFT warm-up on gold trajectories of both roles.
+
+Gold trajectories are built by a *teacher-forced rollout*: the same ``RolloutRunner`` that samples RL
+trajectories is run with every output forced to its gold text, so the SFT streams have exactly the
+shape RL streams have (same prompts, continuations, earlier-turn examples, end-of-turn tokens).
+ACT targets are the rendered gold tool calls of each step and the gold final reply of each turn;
+REHEARSE targets are the real executor's responses (recorded in ``EpisodeSpec.gold``) rendered as
+``<execution_result>`` blocks. Loss: mean negative log-likelihood over target tokens only (end-of-turn
+token included), temperature 1. Specs without recorded gold responses are skipped (counted).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from envace.core.prompts import ChatFormatter, sft_act_target, sft_rehearse_target
+from envace.core.records import Role, Termination, Trajectory
+from envace.core.wire import as_result_object
+from envace.engines.base import EpisodeSpec
+from envace.engines.local.batching import TrainRow, build_rows, collate, token_logprobs
+from envace.engines.local.config import RolloutConfig, SFTConfig
+from envace.engines.local.decode import DecodeGuide, OutputKey, derive_seed
+from envace.engines.local.rollout import ResponseSource, RolloutRunner
+
+logger = logging.getLogger(__name__)
+
+
+def gold_targets(spec: EpisodeSpec, fmt: ChatFormatter) -> dict[Role, list[list[int]]] | None:
+    """Token targets of every output of the gold trajectory, per role in output order (None: no responses)."""
+    eot = [fmt.end_of_turn_token_ids[0]]
+    act: list[list[int]] = []
+    reh: list[list[int]] = []
+    for t in range(len(spec.user_turns)):
+        for step in spec.gold[t] if spec.gold else ():
+            if step.responses is None:
+                return None
+            act.append(fmt.encode(sft_act_target(step.calls)) + eot)
+            reh.extend(fmt.encode(sft_rehearse_target(as_result_object(r))) + eot for r in step.responses)
+        answer = spec.gold_answers[t] if t < len(spec.gold_answers) else ""
+        act.append(fmt.encode(sft_act_target((), answer)) + eot)
+    return {Role.ACT: act, Role.REHEARSE: reh}
+
+
+def gold_guide(specs: Mapping[Any, EpisodeSpec], fmt: ChatFormatter, strength: float | None = None) -> DecodeGuide:
+    """A guide steering each example's outputs toward its gold targets (keys: the rollout's example names).
+
+    ``strength=None`` replays gold exactly (teacher forcing); a finite strength only biases sampling.
+    Outputs past the gold ones (and examples without gold responses) are sampled freely.
+    """
+    targets = {name: gold_targets(spec, fmt) for name, spec in specs.items()}
+
+    def lookup(key: OutputKey) -> list[int] | None:
+        gold = targets.get(key.example)
+        if gold is None:
+            return None
+        outs = gold[key.role]
+        return outs[key.index] if key.index < len(outs) else None
+
+    return DecodeGuide(lookup, strength=strength)
+
+
+def gold_trajectories(
+    specs: Sequence[EpisodeSpec], model: Any, fmt: ChatFormatter, rollout: RolloutConfig, prompts: Any
+) -> list[Trajectory]:
+    """Teacher-forced gold trajectories (one per spec with gold responses) in the RL stream format."""
+    usable = [(s, gold_targets(s, fmt)) for s in specs]
+    usable = [(s, g) for s, g in usable if g is not None]
+    if len(usable) < len(specs):
+        logger.warning("SFT: %d of %d specs have no recorded gold responses and are skipped",
+                       len(specs) - len(usable), len(specs))
+    if not usable:
+        return []
+    longest = max((len(x) for _, g in usable for outs in g.values() for x in outs), default=1)
+    steps = max((len(s.gold[t]) for s, _ in usable for t in range(len(s.gold))), default=0) + 1
+    forced = replace(rollout, samples_per_prompt=1, max_act_tokens=longest, max_rehearse_tokens=longest,
+                     max_steps_per_turn=max(steps, rollout.max_steps_per_turn), max_stream_tokens=1 << 30)
+    guide = gold_guide({i: s for i, (s, _) in enumerate(usable)}, fmt)
+    runner = RolloutRunner(fmt, forced, prompts, guide=guide)
+    batch = runner.run([s for s, _ in usable], model, ResponseSource(model=model))
+    good = [t for t in batch.trajectories if t.termination is Termination.FINAL_REPLY]
+    if len(good) < len(batch.trajectories):
+        logger.warning("SFT: %d gold trajectories did not replay to a final reply (dropped)",
+                       len(batch.trajectories) - len(good))
+    return good
+
+
+def sft_rows(trajectories: Sequence[Trajectory], roles: Sequence[Role]) -> list[TrainRow]:
+    n_outputs = sum(len(t.outputs()) for t in trajectories)
+    return build_rows(trajectories, [1.0] * n_outputs, frozenset(roles), {r: 1.0 for r in Role})
+
+
+def sft_epoch(
+    model: Any, optimizer: torch.optim.Optimizer, rows: Sequence[TrainRow], cfg: SFTConfig, *,
+    epoch: int, seed: int, pad_id: int, device: Any = "cpu",
+) -> dict[str, float]:
+    """One pass of NLL on target tokens over shuffled batches; returns mean losses (all and per role)."""
+    order = list(range(len(rows)))
+    random.Random(derive_seed(seed, "sft", epoch)).shuffle(order)
+    model.train()
+    sums = {"loss": 0.0, **{f"loss/{r.name.lower()}": 0.0 for r in Role}}
+    counts = {k: 0 for k in sums}
+    for start in range(0, len(order), max(1, cfg.batch_streams)):
+        batch = collate([rows[i] for i in order[start : start + cfg.batch_streams]], pad_id, device)
+        logp = token_logprobs(model, batch)
+        n = batch.mask.sum().clamp(min=1)
+        loss = -(logp * batch.mask).sum() / n
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        sums["loss"] += float(loss.detach()) * int(n)
+        counts["loss"] += int(n)
+        for role in Role:
+            m = batch.mask & (batch.values["roles"] == int(role))
+            if bool(m.any()):
+                sums[f"loss/{role.name.lower()}"] += float(-(logp.detach() * m).sum())
+                counts[f"loss/{role.name.lower()}"] += int(m.sum())
+    model.eval()
+    return {f"sft/{k}": sums[k] / counts[k] for k in sums if counts[k]}

@@ -1,0 +1,134 @@
+"""BatchedStreams: batched appends with padding holes give the logits of encoding each stream alone."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from envace.core.records import Role
+from envace.engines.local.decode import (
+    DecodeGuide,
+    DecodeRequest,
+    OutputKey,
+    decode,
+    derive_seed,
+    pick_token,
+)
+from envace.engines.local.kv import BatchedStreams
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _alone(model, tokens):
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0, -1]
+
+
+def test_holes_and_positions_match_unbatched(model):
+    streams = {"a": list(range(1, 30)), "b": list(range(40, 47)), "c": list(range(50, 90))}
+    kv = BatchedStreams(model, list(streams))
+    last = kv.append({k: v[:5] for k, v in streams.items()})
+    for piece in ({"a": streams["a"][5:9], "b": streams["b"][5:6]}, {"c": streams["c"][5:40]},
+                  {"a": streams["a"][9:], "b": streams["b"][6:]}):
+        last.update(kv.append(piece))
+    for key, tokens in streams.items():
+        assert kv.fed_count(key) == len(tokens)
+        torch.testing.assert_close(last[key], _alone(model, tokens), atol=1e-5, rtol=1e-5)
+    assert kv.cache_len > max(len(t) for t in streams.values())  # holes were inserted
+
+
+def test_repeat_and_retain(model):
+    kv = BatchedStreams(model, ["p0", "p1"])
+    kv.append({"p0": [1, 2, 3], "p1": [4, 5]})
+    kv.repeat([["x0", "x1"], ["y0", "y1"]])
+    out = kv.append({"x1": [7], "y0": [8, 9]})
+    torch.testing.assert_close(out["x1"], _alone(model, [1, 2, 3, 7]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["y0"], _alone(model, [4, 5, 8, 9]), atol=1e-5, rtol=1e-5)
+    kv.retain(["y0", "x1"])
+    out = kv.append({"y0": [10], "x1": [11]})
+    torch.testing.assert_close(out["y0"], _alone(model, [4, 5, 8, 9, 10]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["x1"], _alone(model, [1, 2, 3, 7, 11]), atol=1e-5, rtol=1e-5)
+    assert kv.keys == ["y0", "x1"]
+
+
+def test_first_append_must_feed_every_row(model):
+    kv = BatchedStreams(model, ["a", "b"])
+    with pytest.raises(ValueError, match="first append"):
+        kv.append({"a": [1]})
+
+
+def _request(row, stream, temp=1.0, seed=0, n=6):
+    return DecodeRequest(row=row, stream=list(stream), max_new_tokens=n, temperature=temp,
+                         generator=torch.Generator().manual_seed(seed), output_key=OutputKey(row, 0, Role.ACT, 0))
+
+
+def test_decode_is_seeded_per_row_and_records_policy_logprobs(model):
+    def run(rows):
+        kv = BatchedStreams(model, [r for r, _ in rows])
+        reqs = [_request(r, s, seed=derive_seed(0, r)) for r, s in rows]
+        decode(kv, reqs, frozenset())
+        return {r.row: r for r in reqs}
+
+    alone = run([("a", [1, 2, 3])])["a"]
+    together = run([("a", [1, 2, 3]), ("b", [5, 6, 7, 8, 9])])["a"]
+    assert alone.tokens == together.tokens  # a row's samples do not depend on its batch mates
+    tokens = [1, 2, 3]
+    for tok, lp in zip(alone.tokens, alone.logprobs):
+        expected = torch.log_softmax(_alone(model, tokens), -1)[tok]
+        assert lp == pytest.approx(float(expected), abs=1e-5)
+        tokens.append(tok)
+
+
+def test_decode_stops_at_stop_id_and_forcing(model):
+    guide = DecodeGuide(lambda key: [11, 12, 13], strength=None)
+    req = _request("a", [1, 2], n=10)
+    decode(BatchedStreams(model, ["a"]), [req], frozenset({13}), guide)
+    assert req.tokens == [11, 12, 13] and req.finished
+    req = _request("b", [1, 2], n=2)
+    decode(BatchedStreams(model, ["b"]), [req], frozenset({13}), guide)
+    assert req.tokens == [11, 12] and not req.finished
+
+
+def test_pick_token_bias_and_greedy(model):
+    logits = torch.zeros(97)
+    logits[5] = 1.0
+    req = _request("a", [1], temp=0.0)
+    assert pick_token(logits, req, None)[0] == 5  # T == 0 is greedy
+    strong = DecodeGuide(lambda key: [42], strength=50.0)
+    tok, lp = pick_token(logits, _request("a", [1]), strong)
+    assert tok == 42
+    assert lp == pytest.approx(float(torch.log_softmax(logits, -1)[42]))  # policy log-prob, not the guided one
+
+
+def test_gqa_attention_matches_sdpa_and_growing_cache(model):
+    from envace.engines.local.attention import GQA_SDPA, use_gqa_attention
+    from envace.engines.local.kv import GrowingLayer
+
+    gqa = copy.deepcopy(model)
+    assert use_gqa_attention(gqa) and gqa.config._attn_implementation == GQA_SDPA
+    ids = torch.randint(1, 97, (2, 30), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 30, dtype=torch.long)
+    mask[1, 20:] = 0
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask).logits
+        got = gqa(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[1, :20], want[1, :20], atol=1e-5, rtol=1e-5)
+    kv = BatchedStreams(gqa, ["a"])
+    assert all(isinstance(layer, GrowingLayer) for layer in kv.cache.layers)
+    out = {}
+    for start in range(0, 200, 7):  # many appends: the buffer grows several times
+        out = kv.append({"a": list(range(1 + start % 90, 8 + start % 90))})
+    stream = [t for start in range(0, 200, 7) for t in range(1 + start % 90, 8 + start % 90)]
+    torch.testing.assert_close(out["a"], _alone(model, stream), atol=1e-4, rtol=1e-4)

@@ -1,0 +1,96 @@
+"""PolicyUpdater: old log-probs, frozen roles, per-role gradient bookkeeping, KL to a reference."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from envace.core.records import Role, Segment, Stream, Trajectory
+from envace.engines import get_variant
+from envace.engines.local import OptimConfig
+from envace.engines.local.batching import build_rows
+from envace.engines.local.trainer import (
+    PolicyUpdater,
+    Slot,
+    compute_output_advantages,
+    make_optimizer,
+)
+
+torch.set_num_threads(1)
+TEMPS = {Role.ACT: 1.0, Role.REHEARSE: 0.7}
+
+
+def _model():
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=2)).eval()
+
+
+def _trajs(n=4):
+    g = torch.Generator().manual_seed(1)
+    rand = lambda k: tuple(int(x) for x in torch.randint(1, 40, (k,), generator=g))
+    out = []
+    for i in range(n):
+        act = Stream(Role.ACT, (Segment(rand(6)), Segment(rand(4), Role.ACT, (-1.0,) * 4), Segment(rand(3)),
+                                Segment(rand(5), Role.ACT, (-1.0,) * 5)))
+        reh = Stream(Role.REHEARSE, (Segment(rand(5)), Segment(rand(4), Role.REHEARSE, (-1.0,) * 4)))
+        out.append(Trajectory("p", i, streams=(act, reh), reward=float(i % 3) / 2))
+    return out
+
+
+def _rows(variant="envace", roles=frozenset(Role)):
+    trajs = _trajs()
+    adv = compute_output_advantages(trajs, [0] * len(trajs), get_variant(variant), OptimConfig())
+    return build_rows(trajs, adv.values.tolist(), roles, TEMPS, adv.excluded)
+
+
+def _update(cfg, roles=frozenset(Role), ref=False):
+    model = _model()
+    slot = Slot("policy", model, roles, make_optimizer(model, cfg), copy.deepcopy(model) if ref else None)
+    updater = PolicyUpdater(slot, cfg, seed=0, pad_id=0)
+    rows = _rows(roles=roles)
+    diff = updater.prepare(rows)
+    return model, updater.update(rows, step=0), rows, diff
+
+
+def test_recompute_starts_at_ratio_one_and_changes_weights():
+    cfg = OptimConfig(lr=1e-2, ppo_epochs=1)
+    model, metrics, rows, diff = _update(cfg)
+    assert metrics["clipfrac"] == 0.0 and metrics["grad_norm"] > 0
+    assert diff > 0  # the synthetic sampling log-probs (-1.0) are not the model's
+    assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), _model().parameters()))
+    assert all(r.old_logprobs is not None and r.old_logprobs.shape == r.positions.shape for r in rows)
+
+
+def test_sampling_logprobs_mode_reuses_rollout_values():
+    cfg = OptimConfig(old_logprobs="sampling", lr=1e-2)
+    _, _, rows, _ = _update(cfg)
+    assert all(torch.equal(r.old_logprobs, r.sampling_logprobs) for r in rows)
+    with pytest.raises(ValueError, match="old_logprobs"):
+        _update(OptimConfig(old_logprobs="nope"))
+
+
+def test_role_grad_tracking_does_not_change_the_update():
+    plain, m1, _, _ = _update(OptimConfig(lr=1e-2, micro_batch_streams=3, mini_batch_streams=4, ppo_epochs=2))
+    tracked, m2, _, _ = _update(OptimConfig(lr=1e-2, micro_batch_streams=3, mini_batch_streams=4, ppo_epochs=2,
+                                            track_role_grad_norms=True))
+    for a, b in zip(plain.parameters(), tracked.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    assert m2["grad_norm/act"] > 0 and m2["grad_norm/rehearse"] > 0
+    assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-6)
+
+
+def test_frozen_role_has_no_rows_and_no_gradient():
+    _, metrics, rows, _ = _update(OptimConfig(lr=1e-2, track_role_grad_norms=True), roles=frozenset({Role.ACT}))
+    assert {int(x) for r in rows for x in r.roles} == {int(Role.ACT)}
+    assert "grad_norm/rehearse" not in metrics and metrics["grad_norm/act"] > 0
+
+
+def test_kl_to_reference_is_reported_and_grows():
+    cfg = OptimConfig(lr=5e-2, kl_coef=0.1, ppo_epochs=3)
+    _, metrics, rows, _ = _update(cfg, ref=True)
+    assert all(r.ref_logprobs is not None for r in rows)
+    assert metrics["kl"] > 0  # the policy moved away from its frozen reference during the epochs
