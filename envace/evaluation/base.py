@@ -21,7 +21,8 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import replace
 
-from envace.core.rehearsal import RehearsalContext, derive_seed
+from envace.core.rehearsal import RehearsalContext
+from envace.core.seeds import derive_seed
 from envace.envs.base import EpisodeResult, Environment, Executor, Task
 from envace.evaluation.episode import ActLoopConfig, Dialogue, ExecutorResponder, TurnHook, run_act_loop
 from envace.evaluation.programs import ACTOR, GenerationLedger, Program, drive

@@ -24,7 +24,7 @@ from typing import Any, Callable, Protocol
 
 from envace.core.prompts import DEFAULT_ROLE_PROMPTS, RolePrompts, act_messages, act_observation_messages
 from envace.core.records import Termination, ToolCall, Turn
-from envace.core.rehearsal import derive_seed
+from envace.core.seeds import derive_seed
 from envace.core.wire import parse_tool_calls
 from envace.envs.base import Executor
 from envace.evaluation.programs import ACTOR, GenerationCall, GenerationLedger, Program, generate_one

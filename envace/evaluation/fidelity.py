@@ -35,7 +35,7 @@ from envace.core.prompts import (
     tool_function,
 )
 from envace.core.records import ToolCall
-from envace.core.rehearsal import derive_seed
+from envace.core.seeds import derive_seed
 from envace.core.wire import as_result_object, parse_rehearsal, render_rehearsal
 from envace.envs.base import Task
 from envace.evaluation.programs import REHEARSER, GenerationCall, dispatch
