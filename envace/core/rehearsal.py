@@ -340,6 +340,7 @@ def turn_to_json(turn: Turn) -> dict[str, Any]:
         "responses": list(turn.responses),
         "rehearsed": turn.rehearsed,
         "user_turn": turn.user_turn,
+        **({"stand_ins": list(turn.stand_ins)} if turn.stand_ins else {}),
     }
 
 
@@ -350,6 +351,7 @@ def turn_from_json(d: Mapping[str, Any]) -> Turn:
         responses=tuple(d.get("responses", [])),
         rehearsed=bool(d.get("rehearsed", True)),
         user_turn=int(d.get("user_turn", 0)),
+        stand_ins=tuple(int(i) for i in d.get("stand_ins", ())),
     )
 
 

@@ -19,8 +19,9 @@ A call that matches no record (``UnrecordedMode``):
 
 A call to a tool that is not in the task's tool list always gets ``UNKNOWN_TOOL``. A fallback answer that
 does not parse becomes ``{"error": {"code": "SIMULATION_FAILED", …}}`` (the episode goes on). Every answer's
-origin is counted in ``stats`` and the fallback calls are listed in ``fallback_calls`` (fidelity studies
-must skip them: they are imagined, not recorded).
+origin is counted in ``stats`` and the fallback calls are listed in ``fallback_calls``. Every response that
+is not a recorded one (unknown tool, not recorded, fallback) is marked in ``ResponseBatch.stand_ins``, hence
+in ``Turn.stand_ins``, so that fidelity studies skip it: it was made up here, not served by the server.
 """
 
 from __future__ import annotations
@@ -220,8 +221,9 @@ class ReplayResponder:
         return error_response("SIMULATION_FAILED", "the tool simulator gave no usable response", call.name)
 
     def respond(self, calls: tuple[ToolCall, ...], user_turn: int, user_text: str) -> Program[ResponseBatch]:
-        responses = []
-        for call in calls:
+        responses, stand_ins = [], []
+        for index, call in enumerate(calls):
+            status = "unknown_tool"
             if call.name not in self._tools:
                 self.stats["unknown_tool"] += 1
                 response = error_response("UNKNOWN_TOOL", f"tool {call.name!r} is not offered in this task",
@@ -238,6 +240,8 @@ class ReplayResponder:
                 else:
                     self.stats["unrecorded"] += 1
                     response = yield from self._fallback(call, user_turn, user_text)
+            if status not in ("replayed", "repeated"):  # made up here, not a recorded server response
+                stand_ins.append(index)
             self._history.append((call, response))
             responses.append(response)
-        return ResponseBatch(tuple(responses))
+        return ResponseBatch(tuple(responses), stand_ins=tuple(stand_ins))
