@@ -56,7 +56,7 @@ def test_default_is_the_cpu_profile_with_smollm2_on_the_tool_world():
     assert to_plain(cfg.model.kind) == "smollm2"
     assert to_plain(cfg.data.source) == "toolworld"
     assert to_plain(cfg.engine.name) == "local"
-    assert cfg.train.sft_epochs > 0 and 10 <= cfg.train.steps <= 60
+    assert cfg.train.sft_epochs > 0 and 5 <= cfg.train.steps <= 60  # sized to finish in < 1 h on 2 cores
 
 
 def test_profiles_set_model_and_sizes():
