@@ -132,9 +132,13 @@ class ReplayExecutor:
         self._index = RecordIndex(recorded)
         self.calls = 0
 
-    def execute(self, call: ToolCall) -> Any:
+    def lookup(self, call: ToolCall, turn: int | None = None) -> tuple[str, Any]:
+        """("replayed" | "repeated" | "missing", response) of one call; records of ``turn`` preferred."""
         self.calls += 1
-        status, response = self._index.lookup(call)
+        return self._index.lookup(call, turn)
+
+    def execute(self, call: ToolCall) -> Any:
+        status, response = self.lookup(call)
         if status == "missing":
             return error_response("NOT_RECORDED", "no recorded response for this tool with these arguments",
                                   call.name)
@@ -157,11 +161,15 @@ class ReplayResponder:
         config: ReplayConfig,
         ledger: GenerationLedger,
         fallback_backend: ChatBackend | None = None,
+        executor: Any | None = None,
     ) -> None:
         if config.unrecorded is UnrecordedMode.SIMULATE and fallback_backend is None:
             raise ValueError("ReplayResponder: unrecorded='simulate' needs a simulator backend (simulator=...)")
         self._task_id = task_id
         self._index = RecordIndex(recorded)
+        # recorded responses are served by the (possibly wrapped) real executor: a recording wrapper sees
+        # every lookup of the committed episode
+        self._executor = executor if executor is not None else ReplayExecutor(recorded)
         self._tools = {tool_function(t).get("name"): t for t in tools}
         self._config = config
         self._ledger = ledger
@@ -220,6 +228,15 @@ class ReplayResponder:
             return result
         return error_response("SIMULATION_FAILED", "the tool simulator gave no usable response", call.name)
 
+    def _lookup(self, call: ToolCall, turn: int) -> tuple[str, Any]:
+        """The executor's lookup; a wrapper offering only ``execute`` gets "missing" for NOT_RECORDED."""
+        if hasattr(self._executor, "lookup"):
+            return self._executor.lookup(call, turn)
+        value = self._executor.execute(call)
+        missing = isinstance(value, dict) and isinstance(value.get("error"), dict) and \
+            value["error"].get("code") == "NOT_RECORDED"
+        return ("missing", None) if missing else ("replayed", value)
+
     def respond(self, calls: tuple[ToolCall, ...], user_turn: int, user_text: str) -> Program[ResponseBatch]:
         responses, stand_ins = [], []
         for index, call in enumerate(calls):
@@ -229,7 +246,7 @@ class ReplayResponder:
                 response = error_response("UNKNOWN_TOOL", f"tool {call.name!r} is not offered in this task",
                                           call.name)
             else:
-                status, response = self._index.lookup(call, user_turn)
+                status, response = self._lookup(call, user_turn)
                 if status != "missing":
                     self.stats[status] += 1
                 elif self._config.unrecorded is UnrecordedMode.ERROR:
