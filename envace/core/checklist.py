@@ -456,6 +456,16 @@ class ConversationStep:
     tool_error: bool = False
 
 
+def json_or_text(content: Any) -> Any:
+    """A message field as a JSON value: a string that parses as JSON, decoded; anything else as it is."""
+    if isinstance(content, str):
+        try:
+            return json.loads(content)
+        except (ValueError, RecursionError):
+            return content
+    return content
+
+
 def is_tool_call_error(content: Any) -> bool:
     """True when a tool message's content carries the harness's tool-call error marker."""
     if isinstance(content, str):

@@ -129,6 +129,9 @@ class Turn:
     responses: tuple[Any, ...] = ()  # one JSON value per tool call
     rehearsed: bool = True  # False when responses came from a real executor / frozen simulator
     user_turn: int = 0
+    # indices into ``responses`` that a non-rehearsed responder made up in place of the real executor's
+    # (e.g. FinMCP replay's NOT_RECORDED errors and simulated answers): not real, even when ``rehearsed`` is False
+    stand_ins: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -37,11 +37,11 @@ import enum
 import json
 import re
 import string
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from envace.core.records import Termination, ToolCall, Turn
+from envace.core.seeds import derive_seed as derive_seed  # re-exported; defined in core.seeds
 from envace.core.wire import strip_think
 
 PROMPTS_VERSION = "rehearsal-v1"
@@ -60,11 +60,6 @@ class RehearsalScope(str, enum.Enum):
 class Summarizer(str, enum.Enum):
     POLICY = "policy"  # the acting policy writes the memory (structured fallback when empty)
     STRUCTURED = "structured"  # deterministic memory from the critiques, no generation
-
-
-def derive_seed(*parts: object) -> int:
-    """Stable 31-bit seed from any parts (``zlib.crc32``; ``hash()`` is salted per process)."""
-    return zlib.crc32("|".join(str(p) for p in parts).encode("utf-8")) & 0x7FFFFFFF
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,6 +340,7 @@ def turn_to_json(turn: Turn) -> dict[str, Any]:
         "responses": list(turn.responses),
         "rehearsed": turn.rehearsed,
         "user_turn": turn.user_turn,
+        **({"stand_ins": list(turn.stand_ins)} if turn.stand_ins else {}),
     }
 
 
@@ -355,6 +351,7 @@ def turn_from_json(d: Mapping[str, Any]) -> Turn:
         responses=tuple(d.get("responses", [])),
         rehearsed=bool(d.get("rehearsed", True)),
         user_turn=int(d.get("user_turn", 0)),
+        stand_ins=tuple(int(i) for i in d.get("stand_ins", ())),
     )
 
 

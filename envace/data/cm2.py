@@ -42,6 +42,7 @@ from envace.core.checklist import (
     ChecklistFormatError,
     ChecklistWeightError,
     conversation_steps,
+    json_or_text,
     split_thinking,
 )
 from envace.core.records import ToolCall
@@ -726,15 +727,6 @@ def to_engine_spec(spec: EpisodeSpec) -> Any:
     )
 
 
-def _parse_response(content: Any) -> Any:
-    if isinstance(content, str):
-        try:
-            return json.loads(content)
-        except (ValueError, RecursionError):
-            return content
-    return content
-
-
 def _tool_call(call: Mapping[str, Any]) -> ToolCall:
     fn = call["function"]
     args = fn.get("arguments", "{}")
@@ -762,7 +754,7 @@ def cm2_row_to_episode_spec(
         calls = st.assistant.get("tool_calls") or []
         for call, answer in zip(calls, st.tool_messages):
             exchanges[st.turn].append(
-                RecordedExchange(st.turn, st.step, _tool_call(call), _parse_response(answer["content"]))
+                RecordedExchange(st.turn, st.step, _tool_call(call), json_or_text(answer["content"]))
             )
         replies[st.turn] = split_thinking(st.assistant.get("content"))[1]
     system = messages[0]["content"] if messages[0]["role"] == "system" else ""

@@ -319,8 +319,12 @@ class Engine(abc.ABC):
 
 
 _ENGINES: dict[str, Callable[..., Engine]] = {}
-# engines importable on demand: name -> "module:attribute" (the module registers nothing itself)
-_LAZY_ENGINES: dict[str, str] = {"local": "envace.engines.local.engine:LocalEngine"}
+# engines importable on demand, on the first ``get_engine(name)``: name -> "module:attribute". Importing
+# the module may also register the name itself; the attribute is what the name resolves to either way.
+_LAZY_ENGINES: dict[str, str] = {
+    "local": "envace.engines.local.engine:LocalEngine",
+    "verl": "envace.engines.verl.engine:VerlEngine",
+}
 
 
 def register_engine(name: str) -> Callable[[Callable[..., Engine]], Callable[..., Engine]]:

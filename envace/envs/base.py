@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from envace.core.records import ToolCall
+from envace.core.wire import render_tool_calls
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,16 @@ class Task:
     initial_state: dict[str, Any] = field(default_factory=dict)
     expected_state: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+
+
+def gold_reply(task: Task, turn: int, step: int) -> str:
+    """The gold assistant message at (user turn, assistant step since it): that step's calls, rendered;
+    once the turn's gold steps are used up, the turn's gold answer, or "Done." when it has none."""
+    steps = task.gold_calls[turn] if turn < len(task.gold_calls) else ()
+    if step < len(steps):
+        return render_tool_calls(steps[step])
+    answers = task.gold_answers
+    return (answers[turn] if turn < len(answers) else "") or "Done."
 
 
 @runtime_checkable

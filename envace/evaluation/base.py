@@ -21,11 +21,12 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import replace
 
-from envace.core.rehearsal import RehearsalContext, derive_seed
+from envace.core.rehearsal import RehearsalContext
+from envace.core.seeds import derive_seed
 from envace.envs.base import EpisodeResult, Environment, Executor, Task
 from envace.evaluation.episode import ActLoopConfig, Dialogue, ExecutorResponder, TurnHook, run_act_loop
 from envace.evaluation.programs import ACTOR, GenerationLedger, Program, drive
-from envace.evaluation.records import EpisodeRecord, held_out_kind, is_held_out
+from envace.evaluation.records import EpisodeRecord
 from envace.inference.base import ChatBackend
 
 
@@ -103,15 +104,9 @@ class EnvironmentAdapter(BenchmarkAdapter):
         responder = ExecutorResponder(self.env.make_executor(task))
         dialogue = Dialogue(task.task_id, task.system_prompt, tuple(task.tools), tuple(task.user_turns))
         loop = yield from run_act_loop(dialogue, responder, self.config, ledger, turn_hook=turn_hook)
-        record = EpisodeRecord(
-            benchmark=self.name,
-            task_id=task.task_id,
-            domain=task.domain,
-            split=task.split,
-            held_out=is_held_out(task),
-            held_out_kind=held_out_kind(task),
-            score=0.0,
-            success=False,
+        record = EpisodeRecord.unscored(
+            self.name,
+            task,
             final_answers=loop.final_answers,
             turns=loop.turns,
             termination=loop.termination,

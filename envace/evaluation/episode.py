@@ -24,7 +24,7 @@ from typing import Any, Callable, Protocol
 
 from envace.core.prompts import DEFAULT_ROLE_PROMPTS, RolePrompts, act_messages, act_observation_messages
 from envace.core.records import Termination, ToolCall, Turn
-from envace.core.rehearsal import derive_seed
+from envace.core.seeds import derive_seed
 from envace.core.wire import parse_tool_calls
 from envace.envs.base import Executor
 from envace.evaluation.programs import ACTOR, GenerationCall, GenerationLedger, Program, generate_one
@@ -71,6 +71,7 @@ class ResponseBatch:
     responses: tuple[Any, ...]
     ok: bool = True
     error_codes: tuple[str, ...] = ()
+    stand_ins: tuple[int, ...] = ()  # indices of responses made up in place of the real executor's (Turn.stand_ins)
 
 
 class ToolResponder(Protocol):
@@ -206,7 +207,8 @@ def _play_turn(
             return Termination.ACT_PARSE_ERROR
         calls = _with_ids(parse.calls, turn, step)
         batch = yield from responder.respond(calls, turn, user_text)
-        state.turns.append(Turn(output.text, calls, batch.responses, rehearsed=responder.rehearsed, user_turn=turn))
+        state.turns.append(Turn(output.text, calls, batch.responses, rehearsed=responder.rehearsed, user_turn=turn,
+                                stand_ins=batch.stand_ins))
         if not batch.ok:
             state.responder_failures += 1
             state.codes.extend(batch.error_codes)

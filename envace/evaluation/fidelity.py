@@ -15,6 +15,9 @@ Comparisons (real scalars are wrapped as ``{"result": v}`` first, as the rehears
   are leaves), F1 of the two pair sets;
 * error agreement — both or neither are errors (an object with a non-empty ``"error"`` key).
 
+Responses a responder made up in place of the real executor's (``Turn.stand_ins``, e.g. FinMCP replay's
+NOT_RECORDED errors and simulated answers) are neither probed nor shown as examples or history.
+
 A prediction that does not parse (or whose generation failed) scores 0 on all three and is counted in
 ``parse_failure_rate``. Reported overall (micro-averaged over calls) and per tool.
 """
@@ -35,7 +38,7 @@ from envace.core.prompts import (
     tool_function,
 )
 from envace.core.records import ToolCall
-from envace.core.rehearsal import derive_seed
+from envace.core.seeds import derive_seed
 from envace.core.wire import as_result_object, parse_rehearsal, render_rehearsal
 from envace.envs.base import Task
 from envace.evaluation.programs import REHEARSER, GenerationCall, dispatch
@@ -173,7 +176,8 @@ def _record_probes(
     record: EpisodeRecord, task: Task, prompts: RolePrompts, max_new_tokens: int, temperature: float, seed: int
 ) -> list[_Probe]:
     probes: list[_Probe] = []
-    pairs = [(t.user_turn, c, r) for t in record.turns for c, r in zip(t.tool_calls, t.responses)]
+    pairs = [(t.user_turn, c, r) for t in record.turns
+             for i, (c, r) in enumerate(zip(t.tool_calls, t.responses)) if i not in t.stand_ins]
     for index, (turn, call, real) in enumerate(pairs):
         examples = [(c, as_result_object(r)) for u, c, r in pairs if u < turn]
         context = task.user_turns[turn] if turn < len(task.user_turns) else ""

@@ -17,9 +17,8 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from envace.core.prompts import compact_json
-from envace.core.wire import render_tool_calls
-from envace.envs.base import Executor, Task
-from envace.inference.base import ChatBackend, ChatOutput, ChatRequest
+from envace.envs.base import Executor, Task, gold_reply
+from envace.inference.base import ChatBackend, ChatOutput, ChatRequest, scripted_outputs
 
 PolicyFactory = Callable[..., ChatBackend]
 
@@ -84,18 +83,10 @@ class OracleBackend:
         last = turn_at[-1]
         turn = task.user_turns.index(messages[last]["content"])
         step = sum(1 for m in messages[last + 1 :] if m.get("role") == "assistant")
-        steps = task.gold_calls[turn] if turn < len(task.gold_calls) else ()
-        if step < len(steps):
-            return render_tool_calls(steps[step])
-        answers = task.gold_answers
-        return (answers[turn] if turn < len(answers) else "") or "Done."
+        return gold_reply(task, turn, step)
 
     def generate(self, requests: Sequence[ChatRequest]) -> list[ChatOutput]:
-        outputs = []
-        for request in requests:
-            text = self.answer(request)
-            outputs.append(ChatOutput(text, prompt_tokens=0, completion_tokens=len(text.split())))
-        return outputs
+        return scripted_outputs(self.answer, requests)
 
 
 def _hf_policy(**kwargs: Any) -> ChatBackend:

@@ -69,9 +69,9 @@ class EpisodeRecord:
         )
 
     @classmethod
-    def failed(
-        cls, benchmark: str, task: Task, error: str, *, policy: str = "", info: Mapping[str, Any] | None = None
-    ) -> "EpisodeRecord":
+    def unscored(cls, benchmark: str, task: Task, **fields: Any) -> "EpisodeRecord":
+        """A record of ``task`` (its id, domain, split, held-out kind) with score 0, not a success, and
+        ``fields`` set; adapters score it afterwards."""
         return cls(
             benchmark=benchmark,
             task_id=task.task_id,
@@ -81,6 +81,16 @@ class EpisodeRecord:
             held_out_kind=held_out_kind(task),
             score=0.0,
             success=False,
+            **fields,
+        )
+
+    @classmethod
+    def failed(
+        cls, benchmark: str, task: Task, error: str, *, policy: str = "", info: Mapping[str, Any] | None = None
+    ) -> "EpisodeRecord":
+        return cls.unscored(
+            benchmark,
+            task,
             termination=Termination.ERROR,
             error=error,
             policy=policy,

@@ -7,7 +7,7 @@ text out. (Training rollouts in the local engine work at token level and use the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 
 @dataclass(frozen=True)
@@ -34,3 +34,9 @@ class ChatBackend(Protocol):
     name: str
 
     def generate(self, requests: Sequence[ChatRequest]) -> list[ChatOutput]: ...
+
+
+def scripted_outputs(answer: Callable[[ChatRequest], str], requests: Sequence[ChatRequest]) -> list[ChatOutput]:
+    """Outputs of a scripted (model-free) backend such as an oracle: ``answer(request)`` for each request,
+    no prompt tokens, completion tokens counted as whitespace-separated words."""
+    return [ChatOutput(text, prompt_tokens=0, completion_tokens=len(text.split())) for text in map(answer, requests)]

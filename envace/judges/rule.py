@@ -21,7 +21,6 @@ that follow; calls written only inside the content are not calls, as in the CM2 
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -34,6 +33,7 @@ from envace.core.checklist import (
     ItemVerdict,
     RuleKind,
     Verdict,
+    json_or_text,
     split_thinking,
 )
 from envace.judges.base import (
@@ -117,15 +117,6 @@ def _arguments_match(args: Mapping[str, Any], rule: ItemRule, matched: Matched) 
     return True
 
 
-def _parse_json(content: Any) -> Any:
-    if isinstance(content, str):
-        try:
-            return json.loads(content)
-        except (ValueError, RecursionError):
-            return content
-    return content
-
-
 def step_calls(step: ConversationStep) -> list[tuple[str, Mapping[str, Any] | None, Any]]:
     """(name, arguments object or None when invalid, parsed response or _MISSING) per call of a step."""
     calls = []
@@ -136,9 +127,9 @@ def step_calls(step: ConversationStep) -> list[tuple[str, Mapping[str, Any] | No
             continue
         args = fn.get("arguments", {})
         if isinstance(args, str):
-            args = _parse_json(args) if args.strip() else {}
+            args = json_or_text(args) if args.strip() else {}
         response = (
-            _parse_json(step.tool_messages[k].get("content")) if k < len(step.tool_messages) else _MISSING
+            json_or_text(step.tool_messages[k].get("content")) if k < len(step.tool_messages) else _MISSING
         )
         calls.append((fn["name"], args if isinstance(args, Mapping) else None, response))
     return calls

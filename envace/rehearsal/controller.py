@@ -33,13 +33,13 @@ from envace.core.rehearsal import (
     bound_memory,
     count_approx_tokens,
     critique_messages,
-    derive_seed,
     extract_memory_text,
     history_message,
     parse_critique,
     structured_memory,
     summary_messages,
 )
+from envace.core.seeds import derive_seed
 from envace.evaluation.episode import ActLoopConfig, Dialogue, TurnView, run_act_loop
 from envace.evaluation.programs import ACTOR, GenerationCall, GenerationLedger, Program, gather, generate_one
 from envace.inference.base import ChatRequest

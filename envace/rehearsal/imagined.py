@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from envace.core.prompts import RolePrompts, rehearse_call_message, rehearse_messages, tool_function
 from envace.core.records import ToolCall
-from envace.core.rehearsal import derive_seed
+from envace.core.seeds import derive_seed
 from envace.core.wire import as_result_object, parse_rehearsal
 from envace.evaluation.episode import ResponseBatch
 from envace.evaluation.programs import REHEARSER, GenerationCall, GenerationLedger, Program, generate_one

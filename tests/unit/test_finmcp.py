@@ -294,3 +294,22 @@ def test_private_rehearsal_runs_on_replayed_tasks(adapter: FinMCPAdapter) -> Non
     assert record.score == 1.0 and len(record.info["rehearsal"]["outcomes"]) == 3
     assert record.real_calls == 2  # only the committed episode reaches the record
     assert adapter.status()["status"].startswith("runnable")
+
+
+def test_fidelity_skips_responses_that_the_replay_made_up(adapter: FinMCPAdapter) -> None:
+    from envace.envs.finmcp import sample_of
+    from envace.evaluation.fidelity import measure_fidelity
+
+    task = next(t for t in adapter.tasks() if t.task_id == "1")
+    recorded = sample_of(task).recorded[0]
+    call = render_tool_calls([ToolCall("GetExchangeRate", {"base": "EUR", "quote": "USD"}), recorded.call,
+                              ToolCall("NoSuchTool", {})])
+    record = adapter.run_episode(ScriptedPolicy([call, "Done."]), task)
+    turn = record.turns[0]
+    assert turn.responses[1] == recorded.response
+    assert turn.stand_ins == (0, 2)  # NOT_RECORDED and UNKNOWN_TOOL were made up by the replay
+    rehearser = ScriptedPolicy(["x"], rehearse=render_rehearsal({"rate": 1.09}))
+    report = measure_fidelity(rehearser, [record], [task], progress=False)
+    assert [(p.tool, p.real) for p in report.pairs] == [(recorded.call.name, recorded.response)]
+    probe = rehearser.requests[0]
+    assert "NOT_RECORDED" not in json.dumps(probe.messages)  # nor shown as an example or as history

@@ -238,3 +238,15 @@ def test_derive_seed_is_stable():
     assert derive_seed(0, "t1", "attempt", 0) == derive_seed(0, "t1", "attempt", 0)
     assert derive_seed(0, "t1", "attempt", 0) != derive_seed(0, "t1", "attempt", 1)
     assert derive_seed("a") == 3904355907 & 0x7FFFFFFF
+
+
+def test_turn_json_keeps_stand_ins_and_omits_them_when_none():
+    from envace.core.rehearsal import turn_from_json, turn_to_json
+
+    calls = (ToolCall("a", {}), ToolCall("b", {"x": 1}))
+    turn = Turn("t", calls, ({"ok": 1}, {"error": "made up"}), False, 2, stand_ins=(1,))
+    assert turn_to_json(turn)["stand_ins"] == [1]
+    assert turn_from_json(json.loads(json.dumps(turn_to_json(turn)))) == turn
+    plain = Turn("t", calls[:1], ({"ok": 1},), False, 0)
+    assert "stand_ins" not in turn_to_json(plain)
+    assert turn_from_json(turn_to_json(plain)) == plain

@@ -6,7 +6,8 @@ from envace.engines.local.config import (
     RolloutConfig,
     SFTConfig,
 )
-from envace.engines.local.decode import DecodeGuide, OutputKey, derive_seed
+from envace.core.seeds import derive_seed
+from envace.engines.local.decode import DecodeGuide, OutputKey
 from envace.engines.local.engine import LocalEngine, step_examples
 from envace.engines.local.rollout import ResponseSource, RolloutBatch, RolloutRunner
 

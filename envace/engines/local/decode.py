@@ -1,7 +1,7 @@
 """Token sampling and the batched decode loop over ``BatchedStreams``.
 
 - Seeds: every trajectory owns a ``torch.Generator`` seeded with ``derive_seed(seed, step, example,
-  sample)`` (zlib.crc32), so what a trajectory samples does not depend on the other rows of the batch
+  sample)`` (``envace.core.seeds``), so what a trajectory samples does not depend on the other rows of the batch
   or on the global RNG.
 - Temperature: tokens are drawn from softmax(logits / T); ``T == 0`` means greedy. The recorded
   sampling log-prob is log softmax(logits / T) at the drawn token (T == 0 records it at T = 1); the
@@ -15,19 +15,14 @@
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from envace.core.records import Role
+from envace.core.seeds import derive_seed as derive_seed  # re-exported; defined in core.seeds
 from envace.engines.local.kv import BatchedStreams
-
-
-def derive_seed(*parts: object) -> int:
-    """Stable 31-bit seed from (seed, step, example, sample, ...) via zlib.crc32 (never ``hash()``)."""
-    return zlib.crc32("|".join(str(p) for p in parts).encode("utf-8")) & 0x7FFFFFFF
 
 
 def effective_temperature(temperature: float) -> float:

@@ -50,7 +50,8 @@ from envace.engines.local.attention import use_gqa_attention
 from envace.engines.local.batching import build_rows
 from envace.engines.local.checkpoint import load_latest, save_checkpoint
 from envace.engines.local.config import LocalEngineConfig
-from envace.engines.local.decode import DecodeGuide, derive_seed
+from envace.core.seeds import derive_seed
+from envace.engines.local.decode import DecodeGuide
 from envace.engines.local.metrics import rollout_metrics
 from envace.engines.local.rollout import ExecutorFactory, ResponseSource, RolloutRunner
 from envace.engines.local.sft import gold_trajectories, sft_epoch, sft_rows

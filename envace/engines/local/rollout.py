@@ -52,6 +52,7 @@ from envace.core.records import (
     Turn,
 )
 from envace.core.wire import as_result_object, parse_rehearsal, parse_tool_calls
+from envace.core.seeds import derive_seed
 from envace.engines.base import EpisodeSpec
 from envace.engines.local.config import RolloutConfig
 from envace.engines.local.decode import (
@@ -59,7 +60,6 @@ from envace.engines.local.decode import (
     DecodeRequest,
     OutputKey,
     decode,
-    derive_seed,
 )
 from envace.engines.local.kv import BatchedStreams
 from envace.envs.base import Executor

@@ -25,7 +25,8 @@ from envace.core.wire import as_result_object
 from envace.engines.base import EpisodeSpec
 from envace.engines.local.batching import TrainRow, build_rows, collate, token_logprobs
 from envace.engines.local.config import RolloutConfig, SFTConfig
-from envace.engines.local.decode import DecodeGuide, OutputKey, derive_seed
+from envace.core.seeds import derive_seed
+from envace.engines.local.decode import DecodeGuide, OutputKey
 from envace.engines.local.rollout import ResponseSource, RolloutRunner
 
 logger = logging.getLogger(__name__)

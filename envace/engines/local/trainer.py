@@ -42,7 +42,7 @@ from envace.engines.local.batching import (
     token_logprobs,
 )
 from envace.engines.local.config import OptimConfig
-from envace.engines.local.decode import derive_seed
+from envace.core.seeds import derive_seed
 
 logger = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ from typing import Any
 from envace.core.prompts import tool_function
 from envace.core.records import ToolCall
 from envace.core.wire import parse_tool_calls, render_tool_calls
-from envace.envs.base import Task
+from envace.envs.base import Task, gold_reply
 from envace.envs.bfcl.episode import generation_seed
-from envace.inference.base import ChatOutput, ChatRequest
+from envace.inference.base import ChatOutput, ChatRequest, scripted_outputs
 
 Message = dict[str, Any]
 
@@ -95,18 +95,10 @@ class BfclOracle:
         if hit is None:
             return ""
         task, (turn, step) = hit
-        steps = task.gold_calls[turn] if turn < len(task.gold_calls) else ()
-        if step < len(steps):
-            return render_tool_calls(steps[step])
-        answers = task.gold_answers
-        return (answers[turn] if turn < len(answers) else "") or "Done."
+        return gold_reply(task, turn, step)
 
     def generate(self, requests: Sequence[ChatRequest]) -> list[ChatOutput]:
-        outputs = []
-        for request in requests:
-            text = self.answer(request)
-            outputs.append(ChatOutput(text, prompt_tokens=0, completion_tokens=len(text.split())))
-        return outputs
+        return scripted_outputs(self.answer, requests)
 
 
 def _altered(value: Any) -> Any:

@@ -16,6 +16,8 @@
   schema file's tools (``tools_path``) or, without one, every tool seen in the loaded data with inferred
   schemas; ``"sample"`` — only the tools the sample uses (easier: it hints at the answer).
 * ``real_executor`` — a ``ReplayExecutor`` over the record (fidelity studies); ``status()`` — what is loaded.
+  Every episode serves its recorded responses through one such executor; ``executor_wrapper`` wraps it
+  (recording, isolation tests; a wrapper should delegate ``lookup``, else only ``execute`` is used).
 * unrecorded calls — ``unrecorded="error" | "rehearse" | "simulate"`` (see ``replay.py``); ``rehearse``
   uses the policy itself unless ``fallback_backend`` is given; ``simulate`` needs ``simulator`` (a
   ``ChatBackend`` or ``OpenAIChatBackend`` kwargs such as ``{"base_url": …, "model": …}``).
@@ -26,7 +28,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from envace.core.records import Termination
 from envace.envs.base import Task
@@ -82,6 +84,7 @@ class FinMCPAdapter(BenchmarkAdapter):
         fallback_backend: ChatBackend | None = None,
         simulator: ChatBackend | Mapping[str, Any] | None = None,
         replay_max_new_tokens: int = 512,
+        executor_wrapper: Callable[[Any], Any] | None = None,
     ) -> None:
         if path is None:
             raise ValueError(
@@ -90,6 +93,7 @@ class FinMCPAdapter(BenchmarkAdapter):
                 "benchmark_final.json"
             )
         self.path = Path(path)
+        self.executor_wrapper = executor_wrapper
         self.config = config or ActLoopConfig()
         self.history = _choice("history", history, HISTORY_MODES)
         self.tool_scope = _choice("tool_scope", tool_scope, TOOL_SCOPES)
@@ -140,8 +144,9 @@ class FinMCPAdapter(BenchmarkAdapter):
             chosen = [t for t in self._tasks if t.split in wanted]
         return sample_tasks(chosen, limit, seed)
 
-    def real_executor(self, task: Task) -> ReplayExecutor:
-        return ReplayExecutor(sample_of(task).recorded)
+    def real_executor(self, task: Task) -> Any:
+        raw = ReplayExecutor(sample_of(task).recorded)
+        return self.executor_wrapper(raw) if self.executor_wrapper else raw
 
     def status(self) -> dict[str, Any]:
         return {"status": "runnable (offline replay)", "n_samples": len(self.samples), "path": str(self.path),
@@ -167,7 +172,7 @@ class FinMCPAdapter(BenchmarkAdapter):
         ledger = ledger if ledger is not None else GenerationLedger()
         sample = sample_of(task)
         responder = ReplayResponder(task.task_id, sample.recorded, task.tools, self.replay, ledger,
-                                    self.fallback_backend)
+                                    self.fallback_backend, executor=self.real_executor(task))
         if self.history == "gold":
             loops = yield from self._gold_mode(task, sample, responder, ledger, turn_hook)
         else:

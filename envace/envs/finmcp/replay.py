@@ -19,8 +19,9 @@ A call that matches no record (``UnrecordedMode``):
 
 A call to a tool that is not in the task's tool list always gets ``UNKNOWN_TOOL``. A fallback answer that
 does not parse becomes ``{"error": {"code": "SIMULATION_FAILED", …}}`` (the episode goes on). Every answer's
-origin is counted in ``stats`` and the fallback calls are listed in ``fallback_calls`` (fidelity studies
-must skip them: they are imagined, not recorded).
+origin is counted in ``stats`` and the fallback calls are listed in ``fallback_calls``. Every response that
+is not a recorded one (unknown tool, not recorded, fallback) is marked in ``ResponseBatch.stand_ins``, hence
+in ``Turn.stand_ins``, so that fidelity studies skip it: it was made up here, not served by the server.
 """
 
 from __future__ import annotations
@@ -131,9 +132,13 @@ class ReplayExecutor:
         self._index = RecordIndex(recorded)
         self.calls = 0
 
-    def execute(self, call: ToolCall) -> Any:
+    def lookup(self, call: ToolCall, turn: int | None = None) -> tuple[str, Any]:
+        """("replayed" | "repeated" | "missing", response) of one call; records of ``turn`` preferred."""
         self.calls += 1
-        status, response = self._index.lookup(call)
+        return self._index.lookup(call, turn)
+
+    def execute(self, call: ToolCall) -> Any:
+        status, response = self.lookup(call)
         if status == "missing":
             return error_response("NOT_RECORDED", "no recorded response for this tool with these arguments",
                                   call.name)
@@ -156,11 +161,15 @@ class ReplayResponder:
         config: ReplayConfig,
         ledger: GenerationLedger,
         fallback_backend: ChatBackend | None = None,
+        executor: Any | None = None,
     ) -> None:
         if config.unrecorded is UnrecordedMode.SIMULATE and fallback_backend is None:
             raise ValueError("ReplayResponder: unrecorded='simulate' needs a simulator backend (simulator=...)")
         self._task_id = task_id
         self._index = RecordIndex(recorded)
+        # recorded responses are served by the (possibly wrapped) real executor: a recording wrapper sees
+        # every lookup of the committed episode
+        self._executor = executor if executor is not None else ReplayExecutor(recorded)
         self._tools = {tool_function(t).get("name"): t for t in tools}
         self._config = config
         self._ledger = ledger
@@ -219,15 +228,25 @@ class ReplayResponder:
             return result
         return error_response("SIMULATION_FAILED", "the tool simulator gave no usable response", call.name)
 
+    def _lookup(self, call: ToolCall, turn: int) -> tuple[str, Any]:
+        """The executor's lookup; a wrapper offering only ``execute`` gets "missing" for NOT_RECORDED."""
+        if hasattr(self._executor, "lookup"):
+            return self._executor.lookup(call, turn)
+        value = self._executor.execute(call)
+        missing = isinstance(value, dict) and isinstance(value.get("error"), dict) and \
+            value["error"].get("code") == "NOT_RECORDED"
+        return ("missing", None) if missing else ("replayed", value)
+
     def respond(self, calls: tuple[ToolCall, ...], user_turn: int, user_text: str) -> Program[ResponseBatch]:
-        responses = []
-        for call in calls:
+        responses, stand_ins = [], []
+        for index, call in enumerate(calls):
+            status = "unknown_tool"
             if call.name not in self._tools:
                 self.stats["unknown_tool"] += 1
                 response = error_response("UNKNOWN_TOOL", f"tool {call.name!r} is not offered in this task",
                                           call.name)
             else:
-                status, response = self._index.lookup(call, user_turn)
+                status, response = self._lookup(call, user_turn)
                 if status != "missing":
                     self.stats[status] += 1
                 elif self._config.unrecorded is UnrecordedMode.ERROR:
@@ -238,6 +257,8 @@ class ReplayResponder:
                 else:
                     self.stats["unrecorded"] += 1
                     response = yield from self._fallback(call, user_turn, user_text)
+            if status not in ("replayed", "repeated"):  # made up here, not a recorded server response
+                stand_ins.append(index)
             self._history.append((call, response))
             responses.append(response)
-        return ResponseBatch(tuple(responses))
+        return ResponseBatch(tuple(responses), stand_ins=tuple(stand_ins))

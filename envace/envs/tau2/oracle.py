@@ -17,7 +17,7 @@ from typing import Any
 from envace.core.wire import render_tool_calls
 from envace.envs.base import Task
 from envace.envs.tau2.episode import generation_seed
-from envace.inference.base import ChatOutput, ChatRequest
+from envace.inference.base import ChatOutput, ChatRequest, scripted_outputs
 
 Message = dict[str, Any]
 
@@ -65,4 +65,4 @@ class Tau2Oracle:
         return (task.gold_answers[0] if task.gold_answers else "") or "Done."
 
     def generate(self, requests: Sequence[ChatRequest]) -> list[ChatOutput]:
-        return [ChatOutput(text, completion_tokens=len(text.split())) for text in map(self.answer, requests)]
+        return scripted_outputs(self.answer, requests)
