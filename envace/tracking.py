@@ -41,7 +41,7 @@ ENV_FLOW_RUN_ID = "ENVACE_FLOW_RUN_ID"
 ENV_OVERRIDES = "ENVACE_OVERRIDES"
 PIPELINE_RUN_FILE = Path(".envace") / "pipeline_run.json"
 STAGE_TAG = "envace.stage"
-KIND_TAG = "envace.kind"  # "pipeline" | "stage"
+KIND_TAG = "envace.kind"  # "pipeline" | "stage" | "cell" (a sweep cell under a stage)
 _MAX_PARAM_CHARS = 6000
 _BATCH = 100
 
@@ -68,6 +68,12 @@ class Tracker(abc.ABC):
 
     @abc.abstractmethod
     def set_tags(self, tags: Mapping[str, Any]) -> None: ...
+
+    @contextlib.contextmanager
+    def nested(self, name: str, tags: Mapping[str, Any] | None = None) -> Iterator["Tracker"]:
+        """A child run of this one (e.g. one cell of a sweep), ended FINISHED, or FAILED when the body
+        raises. The null tracker's child is itself."""
+        yield self
 
 
 class NullTracker(Tracker):
@@ -142,6 +148,22 @@ class MlflowTracker(Tracker):
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         for key, value in tags.items():
             self.client.set_tag(self.run_id, key, str(value)[:_MAX_PARAM_CHARS])
+
+    @contextlib.contextmanager
+    def nested(self, name: str, tags: Mapping[str, Any] | None = None) -> Iterator[Tracker]:
+        parent = self.client.get_run(self.run_id)
+        inherited = {k: v for k, v in parent.data.tags.items() if k.startswith("envace.") and k != KIND_TAG}
+        all_tags = {**inherited, KIND_TAG: "cell", "mlflow.runName": name, "mlflow.parentRunId": self.run_id,
+                    **{k: str(v)[:_MAX_PARAM_CHARS] for k, v in (tags or {}).items()}}
+        run = self.client.create_run(parent.info.experiment_id, tags=all_tags, run_name=name)
+        child = MlflowTracker(self.client, run.info.run_id)
+        try:
+            yield child
+        except BaseException as exc:
+            _record_failure(child, exc)
+            self.client.set_terminated(child.run_id, status="KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+            raise
+        self.client.set_terminated(child.run_id, status="FINISHED")
 
 
 def _param_value(value: Any) -> str:

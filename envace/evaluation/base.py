@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import replace
+from typing import Any, Sequence
 
 from envace.core.rehearsal import RehearsalContext
 from envace.core.seeds import derive_seed
@@ -62,6 +63,11 @@ class BenchmarkAdapter(ABC):
     def real_executor(self, task: Task) -> Executor | None:
         """A fresh real executor for ``task`` (fidelity studies); None when the benchmark has none."""
         return None
+
+    def summarize(self, subset: str, records: Sequence[EpisodeRecord]) -> dict[str, Any]:
+        """The benchmark's own tables over ``records`` of ``subset`` (BFCL: per category and its
+        aggregates; τ²: per domain with pass^k); ``{}`` when the generic metrics say it all."""
+        return {}
 
     def rehearsal_context(self, task: Task) -> RehearsalContext:
         """The only view of ``task`` that private rehearsal gets."""

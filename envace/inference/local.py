@@ -105,6 +105,10 @@ class LocalHFBackend:
         self.formatter = formatter or ChatFormatter(tokenizer)
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id = pad if pad is not None else self.formatter.end_of_turn_token_ids[0]
+        # the model's context window: longer prompts are refused (finish_reason "context_overflow"),
+        # never fed past the positions it was trained on; completions are clipped to fit
+        self.context_window = int(getattr(getattr(model, "config", None), "max_position_embeddings", 0) or 0)
+        self.context_overflows = 0  # refused requests so far (callers report it)
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, **kwargs: object) -> LocalHFBackend:
@@ -119,8 +123,16 @@ class LocalHFBackend:
             _Prepared(i, r, self.formatter.encode(self.formatter.render(r.messages, r.tools, True)))
             for i, r in enumerate(requests)
         ]
-        prepared.sort(key=lambda p: (-len(p.prompt_ids), p.index))
         outputs: list[ChatOutput | None] = [None] * len(prepared)
+        if self.context_window:
+            for p in [p for p in prepared if len(p.prompt_ids) >= self.context_window]:
+                self.context_overflows += 1
+                logger.warning("%s: prompt of %d tokens does not fit the model's %d-token window; answered "
+                               "with an empty reply (finish_reason=context_overflow)", self.name,
+                               len(p.prompt_ids), self.context_window)
+                outputs[p.index] = ChatOutput("", len(p.prompt_ids), 0, "context_overflow")
+            prepared = [p for p in prepared if outputs[p.index] is None]
+        prepared.sort(key=lambda p: (-len(p.prompt_ids), p.index))
         n_batches = (len(prepared) + self.batch_size - 1) // self.batch_size
         for b in range(n_batches):
             batch = prepared[b * self.batch_size:(b + 1) * self.batch_size]
@@ -143,7 +155,9 @@ class LocalHFBackend:
             input_ids[row, width - len(item.prompt_ids):] = torch.tensor(item.prompt_ids, dtype=torch.long)
             attention[row, width - len(item.prompt_ids):] = 1
         generators = [torch.Generator(device=device).manual_seed(int(p.request.seed)) for p in batch]
-        max_new = [int(p.request.max_new_tokens) for p in batch]
+        room = self.context_window - width if self.context_window else None
+        max_new = [int(p.request.max_new_tokens) if room is None else min(int(p.request.max_new_tokens), room)
+                   for p in batch]
         config = GenerationConfig(
             do_sample=False, max_new_tokens=max(max_new), eos_token_id=list(self.formatter.end_of_turn_token_ids),
             pad_token_id=self.pad_token_id,

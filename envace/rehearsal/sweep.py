@@ -9,7 +9,7 @@ returned in a fixed order: the baseline first, then by N, mode, rehearser name (
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from envace.core.rehearsal import RehearsalMode
 from envace.envs.base import Task
@@ -101,9 +101,11 @@ def run_rehearsal_sweep(
     max_batch: int | None = None,
     progress: bool = True,
     keep_records: bool = True,
+    on_cell: Callable[[CellResult], None] | None = None,
 ) -> list[CellResult]:
     """Evaluate every (N, mode, rehearser) cell; N=0 once (shared baseline). ``settings``: the base
-    rehearsal settings (default ``RehearsalSettings()``); each cell overrides N and the mode."""
+    rehearsal settings (default ``RehearsalSettings()``); each cell overrides N and the mode.
+    ``on_cell`` is called with each finished cell (e.g. to log it as its own run)."""
     settings = settings or RehearsalSettings()
     if any(n > 0 for n in n_values) and (not rehearsers or not modes):
         raise ValueError("run_rehearsal_sweep: N > 0 needs at least one rehearser and one mode")
@@ -124,4 +126,6 @@ def run_rehearsal_sweep(
         results.append(
             CellResult(n, mode, name, run.metrics, cell_costs(run.records), run.records if keep_records else ())
         )
+        if on_cell is not None:
+            on_cell(results[-1])
     return results

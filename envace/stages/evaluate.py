@@ -13,14 +13,14 @@ Outputs in ``paths.evaluation/<benchmark>``: ``<label>.predictions.jsonl`` (one 
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
 from envace.config import to_plain
-from envace.stages.common import Budgets, base_backend, make_adapter, trained_backend
+from envace.stages.common import base_backend, eval_suite, make_adapter, trained_backend
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.utils.io import atomic_dir, write_json, write_jsonl
 
@@ -36,14 +36,17 @@ def contenders(cfg: DictConfig) -> dict[str, tuple[Any, Any]]:
     return out
 
 
-def evaluate_one(cfg: DictConfig, adapter: Any, tasks: list[Any], actor: Any, rehearser: Any, out: Path,
-                 label: str) -> dict[str, Any]:
+def evaluate_one(cfg: DictConfig, adapter: Any, subset: str, tasks: list[Any], actor: Any, rehearser: Any,
+                 out: Path, label: str) -> dict[str, Any]:
     from envace.evaluation import evaluate, measure_fidelity  # LIBRARY: envace.evaluation
 
     ev = cfg.eval
+    overflows = getattr(actor, "context_overflows", 0)
     result = evaluate(adapter, actor, tasks, concurrency=int(ev.concurrency))
     write_jsonl(out / f"{label}.predictions.jsonl", result.predictions())
-    summary: dict[str, Any] = {**result.metrics.to_json()}
+    summary: dict[str, Any] = {**result.metrics.to_json(), **adapter.summarize(subset, result.records)}
+    # ACT requests refused because the prompt exceeds the model's context window (local backends)
+    summary["context_overflows"] = getattr(actor, "context_overflows", 0) - overflows
     if ev.fidelity:
         report = measure_fidelity(rehearser, result.records, tasks, max_new_tokens=int(ev.rehearse_max_new_tokens),
                                   seed=int(cfg.seed))
@@ -57,22 +60,33 @@ def evaluate_one(cfg: DictConfig, adapter: Any, tasks: list[Any], actor: Any, re
     return summary
 
 
+def with_trials(tasks: list[Any], trials: int) -> list[Any]:
+    """Every task once per trial (trial-major; ``task.meta['trial']`` seeds the trial's sampling)."""
+    return [replace(t, meta={**t.meta, "trial": k}) for k in range(trials) for t in tasks] if trials > 1 else tasks
+
+
 def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     configure_torch(cfg)
-    benchmark, ev = to_plain(cfg.eval.benchmark), cfg.eval
-    adapter = make_adapter(cfg, benchmark, Budgets(int(ev.max_steps_per_turn), int(ev.act_max_new_tokens),
-                                                   float(ev.temperature), int(cfg.seed)))
-    tasks = adapter.tasks(ev.split, limit=int(ev.n_tasks) or None, seed=int(cfg.seed))
+    benchmark = to_plain(cfg.eval.benchmark)
+    suite = eval_suite(cfg, benchmark)
+    probe = make_adapter(cfg, suite)
+    tasks = with_trials(probe.tasks(suite.split, limit=suite.limit, seed=int(cfg.seed)), suite.trials)
+    skipped = dict(getattr(probe, "skipped", {}))  # parts of the split that cannot run here, with the reason
     if not tasks:
-        raise ValueError(f"evaluate: benchmark {benchmark} has no tasks in split {ev.split!r}")
+        raise ValueError(f"evaluate: benchmark {benchmark} has no runnable tasks in split {suite.split!r}"
+                         + (f" (skipped: {skipped})" if skipped else "") + "; set eval.suites."
+                         f"{benchmark}.split to a subset that exists")
     out = Path(cfg.paths.evaluation) / benchmark
     results: dict[str, Any] = {}
     with atomic_dir(out) as tmp:
         for label, (actor, rehearser) in contenders(cfg).items():
             logger.info("evaluate %s: %s on %d tasks", benchmark, label, len(tasks))
-            results[label] = evaluate_one(cfg, adapter, tasks, actor, rehearser, tmp, label)
+            # a fresh adapter per contender: no state (e.g. BFCL memory snapshots) leaks between models
+            adapter = probe if label == "policy" else make_adapter(cfg, suite)
+            results[label] = evaluate_one(cfg, adapter, suite.split, tasks, actor, rehearser, tmp, label)
     tracker.log_artifact(out, f"evaluation/{benchmark}")
-    metrics: dict[str, Any] = {"benchmark": benchmark, "split": ev.split, "n_tasks": len(tasks), **results}
+    metrics: dict[str, Any] = {"benchmark": benchmark, "split": suite.split, "n_tasks": len(tasks),
+                               "trials": suite.trials, "not_runnable": skipped, **results}
     if "base" in results:
         metrics["success_gain_vs_base"] = results["policy"]["success_rate"] - results["base"]["success_rate"]
     return metrics

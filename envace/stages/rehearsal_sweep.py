@@ -6,9 +6,12 @@ trained model's REHEARSE role (``trained``) or the untrained base model (``base`
 control). N=0 (no rehearsal) is the shared baseline, run once. Rehearsal never reaches the real
 environment; only the committed execution does (envace.rehearsal enforces and tests it).
 
-Outputs in ``paths.rehearsal``: ``cells.json`` (metrics and costs per cell) and one
-``<cell>.records.jsonl`` per cell; metrics (the grid, with the gain over N=0) in
-``paths.metrics/rehearsal_sweep.json``.
+Each cell is a nested MLflow run under the stage's run (params: benchmark, N, mode, rehearser; metrics:
+success and costs — rehearsal tokens, wall time, real-environment calls, committed executions).
+
+Outputs in ``paths.rehearsal/<benchmark>``: ``cells.json`` (metrics and costs per cell) and one
+``<cell>.records.jsonl`` per cell; metrics (the grid over ``rehearsal.benchmarks``, with the gain over
+each benchmark's N=0) in ``paths.metrics/rehearsal_sweep.json``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from envace.config import to_plain
-from envace.stages.common import Budgets, base_backend, make_adapter, trained_backend
+from envace.stages.common import base_backend, eval_suite, make_adapter, trained_backend
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.utils.io import atomic_dir, write_json, write_jsonl
 
@@ -44,18 +47,26 @@ def rehearsal_settings(cfg: DictConfig) -> Any:
     ))
 
 
-def grid_rows(cells: list[Any]) -> list[dict[str, Any]]:
-    """One flat row per cell, with the success gain over the N=0 baseline."""
+def grid_rows(cells: list[Any], benchmark: str) -> list[dict[str, Any]]:
+    """One flat row per cell, with the success gain over the benchmark's N=0 baseline."""
     baseline = next((c.metrics.success_rate for c in cells if c.n_attempts == 0), None)
     rows = []
     for cell in cells:
-        row = {"cell": cell.key, "n_attempts": cell.n_attempts, "mode": cell.mode, "rehearser": cell.rehearser,
-               "success_rate": cell.metrics.success_rate, "mean_score": cell.metrics.mean_score,
-               **{f"cost/{k}": v for k, v in cell.costs.to_json().items()}}
+        row = {"benchmark": benchmark, "cell": cell.key, "n_attempts": cell.n_attempts, "mode": cell.mode,
+               "rehearser": cell.rehearser, "success_rate": cell.metrics.success_rate,
+               "mean_score": cell.metrics.mean_score, **{f"cost/{k}": v for k, v in cell.costs.to_json().items()}}
         if baseline is not None:
             row["gain_vs_none"] = cell.metrics.success_rate - baseline
         rows.append(row)
     return rows
+
+
+def log_cell(tracker: Tracker, benchmark: str, cell: Any) -> None:
+    """One nested MLflow run per cell: its setting as params, its score and costs as metrics."""
+    with tracker.nested(f"{benchmark}/{cell.key}", {"envace.cell": cell.key, "envace.benchmark": benchmark}) as run:
+        run.log_params({"benchmark": benchmark, "n_attempts": cell.n_attempts, "mode": cell.mode,
+                        "rehearser": cell.rehearser})
+        run.log_metrics({**cell.metrics.flat(), **{f"cost/{k}": v for k, v in cell.costs.to_json().items()}})
 
 
 def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
@@ -63,26 +74,33 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
 
     configure_torch(cfg)
     r = cfg.rehearsal
-    benchmark = to_plain(r.benchmark)
-    adapter = make_adapter(cfg, benchmark, Budgets(int(r.max_steps_per_turn), int(r.act_max_new_tokens),
-                                                   float(r.act_temperature), int(cfg.seed)))
-    tasks = adapter.tasks(r.split, limit=int(r.n_tasks) or None, seed=int(cfg.seed))
     rehearsers = {name: REHEARSERS[name](cfg) for name in to_plain(r.rehearsers)}
-    cells = run_rehearsal_sweep(
-        adapter, trained_backend(cfg, "act"), rehearsers, [int(n) for n in r.n_attempts], to_plain(r.modes), tasks,
-        rehearsal_settings(cfg), concurrency=int(r.concurrency),
-    )
-    rows = grid_rows(cells)
+    actor = trained_backend(cfg, "act")
     out = Path(cfg.paths.rehearsal)
+    rows: list[dict[str, Any]] = []
+    n_tasks: dict[str, int] = {}
     with atomic_dir(out) as tmp:
-        write_json(tmp / "cells.json", [c.to_json() for c in cells])
-        for cell in cells:
-            write_jsonl(tmp / f"{cell.key}.records.jsonl", (rec.to_json() for rec in cell.records))
-    for index, row in enumerate(rows):  # one MLflow step per cell, in grid order
-        tracker.log_metrics({k: v for k, v in row.items() if k not in ("cell", "mode", "rehearser")}, step=index)
-    tracker.log_artifact(out / "cells.json", "rehearsal")
-    logger.info("rehearsal_sweep: %d cells on %d %s tasks", len(cells), len(tasks), benchmark)
-    return {"benchmark": benchmark, "n_tasks": len(tasks), "cells": rows}
+        for benchmark in to_plain(r.benchmarks):
+            (tmp / benchmark).mkdir(parents=True, exist_ok=True)
+            suite = eval_suite(cfg, benchmark, "rehearsal")
+            adapter = make_adapter(cfg, suite)
+            tasks = adapter.tasks(suite.split, limit=suite.limit, seed=int(cfg.seed))
+            if not tasks:
+                raise ValueError(f"rehearsal_sweep: {benchmark} has no runnable tasks in split {suite.split!r}; "
+                                 f"set eval.suites.{benchmark}.split or rehearsal.split")
+            cells = run_rehearsal_sweep(
+                adapter, actor, rehearsers, [int(n) for n in r.n_attempts], to_plain(r.modes), tasks,
+                rehearsal_settings(cfg), concurrency=int(r.concurrency),
+                on_cell=lambda cell, b=benchmark: log_cell(tracker, b, cell),
+            )
+            rows += grid_rows(cells, benchmark)
+            n_tasks[benchmark] = len(tasks)
+            write_json(tmp / benchmark / "cells.json", [c.to_json() for c in cells])
+            for cell in cells:
+                write_jsonl(tmp / benchmark / f"{cell.key}.records.jsonl", (rec.to_json() for rec in cell.records))
+            logger.info("rehearsal_sweep: %d cells on %d %s tasks", len(cells), len(tasks), benchmark)
+    tracker.log_artifact(out, "rehearsal")
+    return {"benchmarks": list(n_tasks), "n_tasks": n_tasks, "cells": rows}
 
 
 main = stage_main("rehearsal_sweep", run)

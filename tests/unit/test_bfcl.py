@@ -266,3 +266,45 @@ def test_memory_questions_see_what_the_prerequisite_conversations_stored(tmp_pat
     assert not record.success and record.info["bfcl_verdict"]["error_type"] == "agentic:answer_not_found"
     assert '"fact_1": "Hey there! Thanks for getting back to me' in policy.question_systems[-1]
     assert any((Path(record.info["memory_snapshot"]) / "agentic").rglob("customer_final.json"))
+
+
+class ReplayRehearser:
+    """REHEARSE backend that answers each call with the real response recorded for it (a perfect world
+    model) or, for calls it was not given, with a made-up object."""
+
+    name = "replay-rehearser"
+
+    def __init__(self, records: Sequence[Any]) -> None:
+        from envace.core.prompts import compact_json
+
+        self.known: dict[tuple[str, str], Any] = {}
+        for record in records:
+            for turn in record.turns:
+                for call, response in zip(turn.tool_calls, turn.responses, strict=True):
+                    self.known.setdefault((call.name, compact_json(call.arguments)), response)
+
+    def generate(self, requests: Sequence[ChatRequest]) -> list[ChatOutput]:
+        from envace.core.wire import as_result_object, render_rehearsal
+
+        outs = []
+        for request in requests:
+            lines = dict(line.split(": ", 1) for line in request.messages[-1]["content"].splitlines() if ": " in line)
+            real = self.known.get((lines["Call"], lines["Arguments"]), {"made_up": True})
+            outs.append(ChatOutput(render_rehearsal(as_result_object(real)), completion_tokens=1))
+        return outs
+
+
+def test_world_model_fidelity_runs_on_bfcl_multi_turn_backends(oracle_report: Any) -> None:
+    """Fidelity on BFCL's executable multi-turn classes: a rehearser that knows every real response
+    scores 1.0, a made-up one does not; per tool = BFCL's functions."""
+    from envace.evaluation import measure_fidelity
+
+    records = [r for r in oracle_report.run.records if r.domain == "multi_turn_base"]
+    tasks = BfclAdapter().tasks("multi_turn_base", limit=2, seed=0)
+    n_calls = sum(len(t.tool_calls) for r in records for t in r.turns)
+    assert n_calls > 0
+    perfect = measure_fidelity(ReplayRehearser(records), records, tasks, progress=False)
+    assert perfect.overall.n == n_calls and perfect.overall.exact_match == 1.0 and perfect.overall.field_f1 == 1.0
+    assert set(perfect.per_tool) == {c.name for r in records for t in r.turns for c in t.tool_calls}
+    blind = measure_fidelity(ReplayRehearser([]), records, tasks, progress=False)
+    assert blind.overall.n == n_calls and blind.overall.exact_match < 1.0

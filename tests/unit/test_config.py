@@ -92,6 +92,8 @@ def test_experiment_rows_select_the_paper_recipe_and_their_row():
         ("eval.benchmarks=[toolworld,nope]", ["eval.benchmarks", "nope", "toolworld"]),
         ("algo=nope", ["algo/nope", "envace", "grpo"]),
         ("model.kind=path", ["model.path"]),
+        ("eval.suites.bfcl.splitt=x", ["eval.suites.bfcl.splitt"]),
+        ("eval.suites.nope.split=x", ["eval.suites.nope"]),
     ],
 )
 def test_bad_values_fail_naming_the_key(override, expected):
@@ -130,6 +132,10 @@ def test_enumerated_names_match_the_registries():
 
     assert {a.value for a in AlgoName} == set(VARIANTS)
     assert {b.value for b in Benchmark} <= set(benchmark_names())
+    from envace.config import SuitesConfig
+    from envace.stages.common import BENCHMARK_KWARGS
+
+    assert set(SuitesConfig.__dataclass_fields__) == {b.value for b in Benchmark} == set(BENCHMARK_KWARGS)
     assert {j.value for j in JudgeName} - {"verifiable"} <= set(judge_names())
 
 

@@ -45,7 +45,9 @@ def test_declared_params_exist_and_paths_come_from_params(name):
 def test_evaluate_runs_once_per_benchmark():
     assert DVC["evaluate"]["foreach"] == "${eval.benchmarks}"
     assert "eval.benchmark=${item}" in DVC["evaluate"]["do"]["cmd"]
-    assert PARAMS["eval"]["benchmarks"] == ["toolworld"]
+    # the committed params.yaml is the cpu profile: the tool world, a BFCL-v4 subset and τ² telecom solo
+    assert PARAMS["eval"]["benchmarks"] == ["toolworld", "bfcl", "tau2"]
+    assert PARAMS["eval"]["suites"]["tau2"]["split"] == "telecom"
 
 
 def test_every_dvc_stage_has_a_prefect_task():

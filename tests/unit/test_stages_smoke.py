@@ -89,7 +89,8 @@ def test_rehearsal_sweep_covers_the_grid(chain):
     assert len(cells) == 1 + n_positive * len(cfg.rehearsal.modes) * len(cfg.rehearsal.rehearsers)
     assert {(c["mode"], c["rehearser"]) for c in cells if c["n_attempts"]} == {
         (m, r) for m in ("parallel", "sequential") for r in ("trained", "base")}
-    assert len(json.loads((root / "rehearsal" / "cells.json").read_text())) == len(cells)
+    assert {c["benchmark"] for c in cells} == {"toolworld"}
+    assert len(json.loads((root / "rehearsal" / "toolworld" / "cells.json").read_text())) == len(cells)
 
 
 def test_report_writes_tables_and_plots_from_the_metrics(chain):
@@ -101,3 +102,30 @@ def test_report_writes_tables_and_plots_from_the_metrics(chain):
     assert list(main.columns) == ["method", "toolworld", "Overall"] and len(main) == 2
     assert "testtime.png" in metrics["report"]["plots"]
     assert "## Test-time private rehearsal" in (reports / "report.md").read_text()
+
+
+def test_evaluate_runs_bfcl_and_tau2_suites_with_their_own_tables(chain, paths_under):
+    """The evaluate stage on BFCL-v4 (bfcl-eval's data and checkers) and τ² telecom solo (tau2's
+    evaluator) with the smoke checkpoint: per-benchmark suites, benchmark tables, pass^k over trials."""
+    import importlib
+
+    cfg, _, root = chain
+    evaluate = importlib.import_module("envace.stages.evaluate")
+    suites = ["eval.benchmarks=[toolworld,bfcl,tau2]", "eval.suites.bfcl.split='irrelevance,multi_turn_base,web_search_base'",
+              "eval.suites.bfcl.n_tasks=1", "eval.suites.tau2.split=telecom", "eval.suites.tau2.n_tasks=1",
+              "eval.suites.tau2.trials=2", "eval.suites.tau2.max_steps=4"]
+    for bench in ("bfcl", "tau2"):
+        run_cfg = compose(["profile=smoke", "tracking=none", *paths_under(root), *suites, f"eval.benchmark={bench}"])
+        m = runner.execute(f"evaluate@{bench}", evaluate.run, run_cfg, root / "metrics" / f"evaluate_{bench}.json")
+        assert m["benchmark"] == bench and set(m) >= {"policy", "base", "not_runnable"}
+        assert (root / "evaluation" / bench / "policy.predictions.jsonl").exists()
+    bfcl = read_json(root / "metrics" / "evaluate_bfcl.json")
+    assert bfcl["n_tasks"] == 2
+    assert {k for k, v in bfcl["policy"]["categories"].items() if v["status"] == "ran"} == {"irrelevance", "multi_turn_base"}
+    assert bfcl["policy"]["categories"]["web_search_base"]["status"] == "not_runnable_offline"
+    assert "SerpAPI" in bfcl["not_runnable"]["web_search_base"]  # reported with its reason, never dropped
+    assert "overall" in bfcl["policy"]["aggregates"]
+    tau2 = read_json(root / "metrics" / "evaluate_tau2.json")
+    assert tau2["n_tasks"] == 2 and tau2["trials"] == 2  # one ticket, two trials
+    domain = tau2["policy"]["domains"]["telecom:base"]
+    assert domain["status"] == "ran" and domain["mode"] == "solo" and {"pass^1", "pass^2"} <= set(domain)

@@ -83,6 +83,27 @@ def test_a_failing_stage_ends_failed_with_the_error_recorded(store_uri, experime
     assert client(store_uri).get_run(parent).info.status == "FAILED"
 
 
+def test_nested_runs_are_children_of_the_stage_run_and_record_failures(store_uri, experiment, in_tmp):
+    with stage_run("rehearsal_sweep", {}, profile="smoke", experiment=experiment, tracking_uri=store_uri) as run:
+        with run.nested("toolworld/n1-parallel-trained", {"envace.cell": "n1-parallel-trained"}) as cell:
+            cell.log_params({"n_attempts": 1, "mode": "parallel"})
+            cell.log_metrics({"success_rate": 0.5, "cost/real_env_calls": 2.0})
+        with pytest.raises(RuntimeError, match="boom"):
+            with run.nested("toolworld/n2-parallel-trained") as broken:
+                raise RuntimeError("boom")
+    c = client(store_uri)
+    ok, bad = c.get_run(cell.run_id), c.get_run(broken.run_id)
+    assert ok.info.status == "FINISHED" and bad.info.status == "FAILED"
+    assert ok.data.tags["mlflow.parentRunId"] == run.run_id == bad.data.tags["mlflow.parentRunId"]
+    assert ok.data.tags["envace.kind"] == "cell" and ok.data.tags["envace.profile"] == "smoke"
+    assert ok.data.params == {"n_attempts": "1", "mode": "parallel"}
+    assert ok.data.metrics == {"success_rate": 0.5, "cost/real_env_calls": 2.0}
+    assert bad.data.tags["error"] == "RuntimeError: boom"
+    assert c.get_run(run.run_id).info.status == "FINISHED"
+    with NullTracker().nested("anything") as null_child:
+        assert isinstance(null_child, NullTracker)
+
+
 def test_stages_of_one_dvc_process_share_one_parent(store_uri, experiment, in_tmp, monkeypatch):
     monkeypatch.setattr(tracking, "_dvc_ancestor_key", lambda: "4242-1000-")
     ids = []

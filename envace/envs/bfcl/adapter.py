@@ -243,6 +243,13 @@ class BfclAdapter(BenchmarkAdapter):
             return 0.0
         return 1.0 if check_entry(entry_of(task), outputs).valid else 0.0
 
+    def summarize(self, subset: str, records: Sequence[EpisodeRecord]) -> dict[str, Any]:
+        from envace.envs.bfcl.runner import category_counts, category_table
+        from envace.envs.bfcl.scoring import bfcl_summary
+
+        records = list(records)
+        return {"categories": category_table(subset, records), "aggregates": bfcl_summary(category_counts(records))}
+
 
 class _Stub:
     """Task-like wrapper of an entry for ``sample_tasks`` (which reads only ``task_id``)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -148,6 +148,15 @@ class Tau2Adapter(BenchmarkAdapter):
         simulation = tau2().simulation.SimulationRun.model_validate(data)
         solo = Tau2Mode(record.info.get("mode", "solo")) is Tau2Mode.SOLO
         return float(ep.evaluate(simulation, tau2_task_of(task), task.domain, solo).reward)
+
+    def summarize(self, subset: str, records: Sequence[EpisodeRecord]) -> dict[str, Any]:
+        from envace.envs.tau2.runner import domain_table
+
+        per_task: dict[str, int] = {}
+        for r in records:
+            per_task[r.task_id] = per_task.get(r.task_id, 0) + 1
+        trials = max(per_task.values(), default=1)
+        return {"trials": trials, "domains": domain_table(subset, self, records, trials)}
 
 
 class _Stub:
