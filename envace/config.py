@@ -218,6 +218,11 @@ class TrainConfig:
     checkpoint_every: int = 0  # 0 = only the final checkpoint
     keep_checkpoints: int = 2
     resume: bool = True  # continue an interrupted run of the same config
+    # world-model fidelity probe during training (engine=local, tool-world data): REHEARSE predicts the
+    # real responses of the oracle's calls on `fidelity_tasks` val tasks, greedily; once before the first
+    # GRPO update (reported as step 0), every `fidelity_every` steps and at the last step. 0 = off.
+    fidelity_every: int = 0
+    fidelity_tasks: int = 2
 
 
 @dataclass
@@ -369,6 +374,10 @@ def validate_config(cfg: DictConfig) -> DictConfig:
         raise ConfigError("model.kind=path needs model.path (a local HF checkpoint dir); set model.path=/dir")
     if cfg.train.steps < 0 or cfg.train.sft_epochs < 0:
         raise ConfigError(f"train.steps={cfg.train.steps}, train.sft_epochs={cfg.train.sft_epochs}: must be >= 0")
+    if cfg.train.fidelity_every < 0 or (cfg.train.fidelity_every > 0 and cfg.train.fidelity_tasks < 1):
+        raise ConfigError(f"train.fidelity_every={cfg.train.fidelity_every}, train.fidelity_tasks="
+                          f"{cfg.train.fidelity_tasks}: fidelity_every must be >= 0 (0 = off) and, when on, "
+                          "fidelity_tasks >= 1")
     bad = [n for n in cfg.rehearsal.n_attempts if n < 0]
     if bad:
         raise ConfigError(f"rehearsal.n_attempts has negative entries {bad}; use 0 for 'no rehearsal'")

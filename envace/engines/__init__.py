@@ -22,8 +22,10 @@ from envace.engines.base import (
     to_episode_spec,
     toolworld_verifiable_reward,
 )
+from envace.engines.curves import CURVE_KEYS, training_curves
 
 __all__ = [
+    "CURVE_KEYS",
     "VARIANTS",
     "Engine",
     "EpisodeSpec",
@@ -41,4 +43,5 @@ __all__ = [
     "register_engine",
     "to_episode_spec",
     "toolworld_verifiable_reward",
+    "training_curves",
 ]

@@ -5,6 +5,7 @@ from envace.evaluation.episode import ActLoopConfig, Dialogue, ExecutorResponder
 from envace.evaluation.fidelity import FidelityReport, compare_responses, field_f1, flatten_json, measure_fidelity
 from envace.evaluation.metrics import BenchmarkMetrics, compute_metrics
 from envace.evaluation.policies import OracleBackend, build_policy
+from envace.evaluation.probes import ProbeSet, oracle_probe_set
 from envace.evaluation.programs import ACTOR, REHEARSER, GenerationLedger, drive, gather
 from envace.evaluation.records import EpisodeRecord
 from envace.evaluation.registry import benchmark_names, get_benchmark, register_benchmark
@@ -24,6 +25,7 @@ __all__ = [
     "FidelityReport",
     "GenerationLedger",
     "OracleBackend",
+    "ProbeSet",
     "TurnView",
     "benchmark_names",
     "build_policy",
@@ -36,6 +38,7 @@ __all__ = [
     "gather",
     "get_benchmark",
     "measure_fidelity",
+    "oracle_probe_set",
     "register_benchmark",
     "run_act_loop",
     "run_programs",

@@ -5,6 +5,10 @@ episode spec (tool-world rows are rebuilt into tasks whose gold calls run on a r
 REHEARSE examples and SFT targets carry real responses). Every optimiser step's metrics go to MLflow
 (``step=``) and to ``paths.plots/train_steps.csv``.
 
+With ``train.fidelity_every`` = k > 0 (engine local, tool-world data) REHEARSE predicts the real responses
+of the oracle's calls on ``train.fidelity_tasks`` val tasks at step 0 (before any GRPO update), every k
+steps and at the last (``fidelity/*``); train.json adds ``curves`` (``envace.engines.curves``) to ``final/*``.
+
 Resumable: the engine checkpoints into ``.envace/train/<config hash>`` (outside DVC's outputs, which
 DVC deletes before a run); a re-run of the same config continues from the latest checkpoint. On
 success the final weights move into ``paths.checkpoints/final`` with ``manifest.json`` (which
@@ -23,7 +27,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig
 
 from envace.config import flatten, to_plain
-from envace.stages.common import MANIFEST, model_spec
+from envace.stages.common import MANIFEST, PROBE_SETS, model_spec
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.tracking import default_tracking_uri
 from envace.utils.io import atomic_dir, atomic_path, read_json, read_jsonl, write_json
@@ -76,6 +80,12 @@ REWARDS: dict[str, Callable[[DictConfig], Any]] = {
 }
 
 
+def probe_every(cfg: DictConfig) -> int:
+    """``train.fidelity_every`` where the probe can run (engine local, data with a real executor), else 0."""
+    every = int(cfg.train.fidelity_every)
+    return every if to_plain(cfg.engine.name) == "local" and PROBE_SETS[to_plain(cfg.data.source)] else 0
+
+
 def local_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> Any:
     from envace.engines.local.config import (  # LIBRARY: envace.engines.local
         LocalEngineConfig, OptimConfig, RolloutConfig, SFTConfig)
@@ -85,7 +95,7 @@ def local_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> 
         model=model_spec(cfg), variant=to_plain(a.name), steps=int(t.steps), prompts_per_step=int(r.prompts_per_step),
         seed=int(cfg.seed), device=cfg.engine.device, output_dir=str(output_dir),
         checkpoint_every=int(t.checkpoint_every), keep_checkpoints=int(t.keep_checkpoints), resume=bool(t.resume),
-        grpo_responses=to_plain(a.grpo_responses),
+        grpo_responses=to_plain(a.grpo_responses), fidelity_every=probe_every(cfg),
         rollout=RolloutConfig(samples_per_prompt=r.samples_per_prompt, act_temperature=r.act_temperature,
                               rehearse_temperature=r.rehearse_temperature, max_steps_per_turn=r.max_steps_per_turn,
                               max_act_tokens=r.max_act_tokens, max_rehearse_tokens=r.max_rehearse_tokens,
@@ -110,9 +120,14 @@ ENGINE_CONFIGS: dict[str, Callable[[DictConfig, Path, Tracker], Any]] = {
 }
 
 
+def split_rows(cfg: DictConfig, split: str) -> list[dict[str, Any]]:
+    """Prepared rows of ``split`` whose prompts fit (``kept_uuids.json``)."""
+    kept = set(read_json(Path(cfg.paths.prompts) / "kept_uuids.json").get(split, []))
+    return [row for row in read_jsonl(Path(cfg.paths.prepared) / f"{split}.jsonl") if row["uuid"] in kept]
+
+
 def training_rows(cfg: DictConfig) -> list[dict[str, Any]]:
-    kept = set(read_json(Path(cfg.paths.prompts) / "kept_uuids.json")["train"])
-    rows = [row for row in read_jsonl(Path(cfg.paths.prepared) / "train.jsonl") if row["uuid"] in kept]
+    rows = split_rows(cfg, "train")
     if not rows:
         raise ValueError(f"train: no training rows left after template_prompts ({cfg.paths.prompts}/kept_uuids.json)")
     return rows
@@ -145,30 +160,38 @@ def export_checkpoint(result: Any, work: Path, cfg: DictConfig, digest: str) -> 
 
 
 def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
-    from envace.engines import get_engine  # LIBRARY: envace.engines
+    from envace.engines import get_engine, training_curves  # LIBRARY: envace.engines
 
     configure_torch(cfg)
-    name = to_plain(cfg.engine.name)
-    specs, executor_factory = SPEC_BUILDERS[to_plain(cfg.data.source)](training_rows(cfg))
+    name, source = to_plain(cfg.engine.name), to_plain(cfg.data.source)
+    specs, executor_factory = SPEC_BUILDERS[source](training_rows(cfg))
     digest = config_hash(cfg)
     work = WORK_ROOT / digest
     engine_config = ENGINE_CONFIGS[name](cfg, work, tracker)
-    history: list[dict[str, Any]] = []
+    if cfg.train.fidelity_every and not probe_every(cfg):
+        logger.warning("train.fidelity_every ignored: the fidelity probe needs engine=local and a real executor")
+    probe_set = PROBE_SETS[source](cfg, split_rows(cfg, "val")) if probe_every(cfg) else None  # once, up front
+    logged: set[int] = set()
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
         tracker.log_metrics(metrics, step=step)
-        if "step" in metrics:  # RL steps (SFT epochs report sft/* keys)
-            history.append(dict(metrics))
+        if "step" in metrics:  # RL steps and the step-0 probe (SFT epochs report sft/* keys)
+            logged.add(int(metrics["step"]))
 
-    engine = get_engine(name, reward_fn=REWARDS[to_plain(cfg.judge.name)](cfg), executor_factory=executor_factory)
+    engine = get_engine(name, reward_fn=REWARDS[to_plain(cfg.judge.name)](cfg), executor_factory=executor_factory,
+                        fidelity_probe_set=probe_set)
     result = engine.train(engine_config, specs, callbacks=[on_step])
+    history = [dict(h) for h in result.history if "step" in h]  # with the rows a resumed run restored:
+    for row in (h for h in history if int(h["step"]) not in logged):  # MLflow gets the whole curve too
+        tracker.log_metrics(row, step=int(row["step"]))
     write_step_csv(Path(cfg.paths.plots) / "train_steps.csv", history)
     manifest = export_checkpoint(result, work, cfg, digest)
     shutil.rmtree(work, ignore_errors=True)
     tracker.log_artifact(Path(cfg.paths.checkpoints) / MANIFEST, "checkpoint")
     tracker.log_artifact(Path(cfg.paths.plots) / "train_steps.csv", "train")
     final = {f"final/{k}": v for k, v in result.final_metrics.items() if isinstance(v, (int, float)) and k != "step"}
-    return {"steps_done": result.steps_done, "n_train_rows": len(specs), "variant": manifest["variant"], **final}
+    return {"steps_done": result.steps_done, "n_train_rows": len(specs), "variant": manifest["variant"], **final,
+            "curves": training_curves(history, result.steps_done)}
 
 
 main = stage_main("train", run)

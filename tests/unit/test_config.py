@@ -67,6 +67,13 @@ def test_profiles_set_model_and_sizes():
     assert paper.train.steps == 470 and paper.algo.lr == pytest.approx(1e-6)
 
 
+def test_profiles_set_the_training_time_fidelity_probe():
+    smoke, cpu, paper = (compose([f"profile={p}"]) for p in ("smoke", "cpu", "paper"))
+    assert (smoke.train.fidelity_every, smoke.train.fidelity_tasks) == (1, 1)
+    assert (cpu.train.fidelity_every, cpu.train.fidelity_tasks) == (4, 2)
+    assert paper.train.fidelity_every == 0  # verl on CM2: no in-training probe (evaluate measures fidelity)
+
+
 def test_experiment_rows_select_the_paper_recipe_and_their_row():
     row = compose(["experiment=main_envace-1.7b"])
     assert to_plain(row.profile) == "paper" and "Qwen3-1.7B" in row.model.path
@@ -94,6 +101,8 @@ def test_experiment_rows_select_the_paper_recipe_and_their_row():
         ("model.kind=path", ["model.path"]),
         ("eval.suites.bfcl.splitt=x", ["eval.suites.bfcl.splitt"]),
         ("eval.suites.nope.split=x", ["eval.suites.nope"]),
+        ("train.fidelity_every=-1", ["train.fidelity_every"]),
+        ("train.fidelity_tasks=0", ["train.fidelity_tasks"]),
     ],
 )
 def test_bad_values_fail_naming_the_key(override, expected):

@@ -81,3 +81,12 @@ def test_step_examples_is_a_seeded_permutation_per_epoch():
     assert sorted(first_epoch) == list(range(6))
     assert step_examples(4, 6, 2, seed=0) == step_examples(4, 6, 2, seed=0)
     assert first_epoch != [i for step in range(3) for i in step_examples(step, 6, 2, seed=1)]
+
+
+def test_metrics_history_round_trips_and_old_checkpoints_have_none(tmp_path):
+    model, opt = _model_and_opt()
+    history = [{"sft/loss": 1.5}, {"step": 0.0, "fidelity/exact_match": 0.25}, {"step": 1.0, "reward/mean": 0.5}]
+    path = save_checkpoint(tmp_path, 1, {"policy": model}, {"policy": opt}, {}, history=history)
+    assert load_latest(tmp_path).history() == history
+    (path / "history.json").unlink()  # a checkpoint written before histories were saved
+    assert load_latest(tmp_path).history() == []

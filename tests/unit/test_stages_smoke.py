@@ -66,9 +66,26 @@ def test_train_exports_a_checkpoint_with_a_manifest_and_step_metrics(chain):
     assert manifest["variant"] == to_plain(cfg.algo.name) and manifest["steps_done"] == cfg.train.steps
     assert (root / "checkpoints" / manifest["roles"]["act"]).is_dir()
     steps = pd.read_csv(root / "plots" / "train_steps.csv")
-    assert list(steps["step"]) == list(range(1, cfg.train.steps + 1))
+    assert list(steps["step"]) == list(range(0, cfg.train.steps + 1))  # step 0: the probe before any update
     assert metrics["train"]["steps_done"] == cfg.train.steps
     assert not (root / ".envace" / "train").exists() or not any((root / ".envace" / "train").iterdir())
+
+
+def test_train_tracks_world_model_fidelity_over_training(chain):
+    cfg, metrics, root = chain
+    assert cfg.train.fidelity_every == 1 and cfg.train.fidelity_tasks == 1
+    n = cfg.train.steps
+    steps = pd.read_csv(root / "plots" / "train_steps.csv")
+    assert steps["fidelity/n_calls"].notna().all() and (steps["fidelity/n_calls"] > 0).all()
+    assert steps["reward/mean"].isna().tolist() == [True] + [False] * n  # no rollout before step 1
+    curves = json.loads((root / "metrics" / "train.json").read_text())["curves"]
+    assert set(curves) == {"step", "reward/mean", "adv/act/mean", "adv/act/std", "adv/rehearse/mean",
+                           "adv/rehearse/std", "fidelity/exact_match", "fidelity/field_f1", "fidelity/error_agreement"}
+    assert curves["step"] == list(range(0, n + 1)) and all(len(v) == n + 1 for v in curves.values())
+    for key in ("fidelity/exact_match", "fidelity/field_f1", "fidelity/error_agreement"):
+        assert all(v is not None and 0.0 <= v <= 1.0 for v in curves[key]), key
+    assert curves["reward/mean"][0] is None and all(v is not None for v in curves["reward/mean"][1:])
+    assert metrics["train"]["final/fidelity/n_calls"] == steps["fidelity/n_calls"].iloc[-1]
 
 
 def test_evaluate_scores_policy_and_base_with_domains_and_fidelity(chain):

@@ -1,7 +1,8 @@
 """Atomic training checkpoints with everything exact resumption needs.
 
 Layout: ``<root>/step_00000004/`` holding ``models/<name>.pt`` (state dicts of trained and frozen
-models), ``optim/<name>.pt``, ``rng.pt`` (torch CPU [+ CUDA], python ``random``, numpy) and
+models), ``optim/<name>.pt``, ``rng.pt`` (torch CPU [+ CUDA], python ``random``, numpy),
+``history.json`` (the metrics of every step so far, so a resumed run reports the whole curve) and
 ``state.json`` (step, data position, free-form extras). A checkpoint is written into a temporary
 sibling directory, flushed, and renamed into place in one ``os.rename`` — a crash mid-write leaves
 only a ``.tmp-*`` directory that loading ignores (and the next save removes). ``<root>/latest`` names
@@ -18,7 +19,7 @@ import logging
 import os
 import random
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
+HISTORY_FILE = "history.json"
 LATEST_FILE = "latest"
 
 
@@ -46,6 +48,11 @@ class Checkpoint:
 
     def model_names(self) -> list[str]:
         return sorted(p.stem for p in (self.path / "models").glob("*.pt"))
+
+    def history(self) -> list[dict[str, Any]]:
+        """The metrics history saved with the checkpoint ([] for checkpoints written without one)."""
+        path = self.path / HISTORY_FILE
+        return json.loads(path.read_text()) if path.is_file() else []
 
     def restore_rng(self) -> None:
         set_rng_state(torch.load(self.path / "rng.pt", map_location="cpu", weights_only=False))
@@ -90,8 +97,11 @@ def save_checkpoint(
     optimizers: Mapping[str, torch.optim.Optimizer],
     state: Mapping[str, Any],
     keep: int = 2,
+    history: Sequence[Mapping[str, Any]] = (),
 ) -> Path:
-    """Write checkpoint ``step`` atomically; keep the newest ``keep`` (0 = all). Returns its path."""
+    """Write checkpoint ``step`` atomically; keep the newest ``keep`` (0 = all). Returns its path.
+
+    ``history``: metrics dicts of the run so far (JSON-able), read back by ``Checkpoint.history``."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):
@@ -104,6 +114,7 @@ def save_checkpoint(
     for name, opt in optimizers.items():
         torch.save(opt.state_dict(), tmp / "optim" / f"{name}.pt")
     torch.save(rng_state(), tmp / "rng.pt")
+    (tmp / HISTORY_FILE).write_text(json.dumps([dict(h) for h in history], default=float))
     (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=1, sort_keys=True, default=str))
     _fsync_tree(tmp)
     final = _step_dir(root, step)

@@ -93,5 +93,8 @@ class LocalEngineConfig:
     keep_checkpoints: int = 2
     resume: bool = True  # continue from the latest complete checkpoint in output_dir
     stop_after_steps: int | None = None  # stop (as if killed) after this many steps of this call
+    # world-model fidelity probe (envace.engines.local.fidelity): at step 0, every k steps and the last
+    # step; needs LocalEngine(fidelity_probe_set=...). 0 = off.
+    fidelity_every: int = 0
     device: str = "cpu"
     progress: bool = True  # tqdm bar over steps

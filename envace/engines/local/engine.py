@@ -3,8 +3,12 @@
 ``LocalEngine.train(config, data, callbacks)`` runs: optional SFT warm-up (skipped when resuming) →
 ``config.steps`` role-wise GRPO steps, each = rollout (``RolloutRunner``) → rewards (``RewardFn``) →
 per-output advantages → clipped updates of every trained model (``PolicyUpdater``) → metrics to the
-callbacks → checkpoint every ``checkpoint_every`` steps. Variants (``envace.engines.base.VARIANTS``)
-decide which models exist and which roles train them:
+callbacks → checkpoint every ``checkpoint_every`` steps (with the metrics history, so a resumed run
+returns the whole history). With ``fidelity_every`` = k > 0 and a probe set, the REHEARSE model (the
+``rehearse`` copy under ``per_role``, else the policy) is scored against real tool responses after the
+SFT warm-up (a history row with ``step`` 0), after every k-th step and after the last one
+(``envace.engines.local.fidelity``; it leaves weights and RNG untouched). Variants
+(``envace.engines.base.VARIANTS``) decide which models exist and which roles train them:
 
 - ``envace``, ``frozen_act``, ``frozen_rehearse``: one shared policy plays both roles; its rows hold
   the outputs of the trainable roles only.
@@ -52,6 +56,7 @@ from envace.engines.local.checkpoint import load_latest, save_checkpoint
 from envace.engines.local.config import LocalEngineConfig
 from envace.core.seeds import derive_seed
 from envace.engines.local.decode import DecodeGuide
+from envace.engines.local.fidelity import FidelityProbe, probe_due
 from envace.engines.local.metrics import rollout_metrics
 from envace.engines.local.rollout import ExecutorFactory, ResponseSource, RolloutRunner
 from envace.engines.local.sft import gold_trajectories, sft_epoch, sft_rows
@@ -61,6 +66,7 @@ from envace.engines.local.trainer import (
     compute_output_advantages,
     make_optimizer,
 )
+from envace.evaluation.probes import ProbeSet
 from envace.models import load_model_and_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -86,7 +92,8 @@ def _frozen(model: torch.nn.Module) -> torch.nn.Module:
 
 @register_engine("local")
 class LocalEngine(Engine):
-    """Local role-wise GRPO trainer. ``reward_fn`` defaults to ``toolworld_verifiable_reward``."""
+    """Local role-wise GRPO trainer. ``reward_fn`` defaults to ``toolworld_verifiable_reward``;
+    ``fidelity_probe_set`` (``envace.evaluation.oracle_probe_set``) is what ``fidelity_every`` probes."""
 
     name = "local"
 
@@ -96,11 +103,13 @@ class LocalEngine(Engine):
         executor_factory: ExecutorFactory | None = None,
         role_prompts: RolePrompts = DEFAULT_ROLE_PROMPTS,
         guide: DecodeGuide | None = None,
+        fidelity_probe_set: ProbeSet | None = None,
     ):
         self.reward_fn = reward_fn or toolworld_verifiable_reward
         self.executor_factory = executor_factory
         self.role_prompts = role_prompts
         self.guide = guide
+        self.fidelity_probe_set = fidelity_probe_set
         self.slots: dict[str, Slot] = {}
         self.frozen: dict[str, torch.nn.Module] = {}
 
@@ -214,21 +223,22 @@ class LocalEngine(Engine):
         return metrics
 
     # ---- checkpoints ---------------------------------------------------------------------------
-    def _save(self, cfg: LocalEngineConfig, step: int) -> str | None:
+    def _save(self, cfg: LocalEngineConfig, step: int, history: Sequence[dict[str, float]]) -> str | None:
         if not cfg.output_dir:
             return None
         models = {**self.models, **self.frozen}
         optims = {n: s.optimizer for n, s in self.slots.items()}
         state = {"data_position": step * cfg.prompts_per_step, "variant": cfg.variant, "seed": cfg.seed}
         return str(save_checkpoint(Path(cfg.output_dir) / "checkpoints", step, models, optims, state,
-                                   keep=cfg.keep_checkpoints))
+                                   keep=cfg.keep_checkpoints, history=history))
 
-    def _resume(self, cfg: LocalEngineConfig) -> int:
+    def _resume(self, cfg: LocalEngineConfig) -> tuple[int, list[dict[str, float]]]:
+        """(step, metrics history) of the latest checkpoint, restored into models/optimisers/RNG; (0, [])."""
         if not (cfg.output_dir and cfg.resume):
-            return 0
+            return 0, []
         ckpt = load_latest(Path(cfg.output_dir) / "checkpoints")
         if ckpt is None:
-            return 0
+            return 0, []
         if ckpt.state.get("variant") != cfg.variant:
             raise ValueError(f"checkpoint {ckpt.path} is for variant {ckpt.state.get('variant')!r}, config asks "
                              f"{cfg.variant!r}; use another output_dir or set resume=False")
@@ -238,7 +248,23 @@ class LocalEngine(Engine):
             slot.optimizer.load_state_dict(ckpt.optimizer_state(name))
         ckpt.restore_rng()
         logger.info("resumed from %s (step %d)", ckpt.path, ckpt.step)
-        return ckpt.step
+        return ckpt.step, ckpt.history()
+
+    # ---- world-model fidelity ------------------------------------------------------------------
+    def _fidelity_probe(self, cfg: LocalEngineConfig) -> FidelityProbe | None:
+        if cfg.fidelity_every <= 0:
+            return None
+        if self.fidelity_probe_set is None:
+            raise ValueError(f"fidelity_every={cfg.fidelity_every} needs LocalEngine(fidelity_probe_set=...) (e.g. "
+                             "envace.evaluation.oracle_probe_set on validation tasks); or set fidelity_every=0")
+        return FidelityProbe(self.fidelity_probe_set, max_new_tokens=cfg.rollout.max_rehearse_tokens,
+                             seed=cfg.seed, progress=cfg.progress)
+
+    def _probe(self, probe: FidelityProbe | None, cfg: LocalEngineConfig, step: int) -> dict[str, float]:
+        """``fidelity/*`` metrics of the REHEARSE model after ``step`` updates when a probe is due, else {}."""
+        if probe is None or not probe_due(step, cfg.fidelity_every, cfg.steps):
+            return {}
+        return probe.measure(self.models.get("rehearse", self.models.get("policy")), self.tokenizer, self.formatter)
 
     # ---- entry point ---------------------------------------------------------------------------
     def train(self, config: LocalEngineConfig, data: Sequence[Any], callbacks: Sequence[StepCallback] = ()) -> TrainResult:
@@ -251,19 +277,25 @@ class LocalEngine(Engine):
         has_checkpoint = bool(cfg.output_dir and cfg.resume and load_latest(Path(cfg.output_dir) / "checkpoints"))
         history: list[dict[str, float]] = [] if has_checkpoint else list(self._sft(cfg, specs, callbacks))
         self._make_slots(cfg)
-        start = self._resume(cfg)
+        probe = self._fidelity_probe(cfg)
+        start, restored = self._resume(cfg)
+        history = restored if has_checkpoint else history
+        if start == 0 and (before := self._probe(probe, cfg, 0)):
+            history.append({"step": 0.0, **before})
+            for cb in callbacks:
+                cb(0, history[-1])
         end = cfg.steps if cfg.stop_after_steps is None else min(cfg.steps, start + cfg.stop_after_steps)
         last_ckpt = None
         for step in tqdm(range(start, end), desc=f"train[{cfg.variant}]", disable=not cfg.progress,
                          initial=start, total=cfg.steps):
-            metrics = {"step": float(step + 1), **self._rl_step(cfg, specs, step)}
+            metrics = {"step": float(step + 1), **self._rl_step(cfg, specs, step), **self._probe(probe, cfg, step + 1)}
             history.append(metrics)
             for cb in callbacks:
                 cb(step + 1, metrics)
             if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
-                last_ckpt = self._save(cfg, step + 1)
+                last_ckpt = self._save(cfg, step + 1, history)
         if end > start and (not cfg.checkpoint_every or end % cfg.checkpoint_every):
-            last_ckpt = self._save(cfg, end)
+            last_ckpt = self._save(cfg, end, history)
         artifacts = self._export(cfg) if end == cfg.steps else {}
         return TrainResult(steps_done=end, history=tuple(history), checkpoint_dir=last_ckpt,
                            artifacts=artifacts, models=dict(self.models))

@@ -8,7 +8,9 @@ trajectories); ``rollout/seconds``, ``rollout/forwards``, ``rollout/fed_tokens``
 The engine adds per trained model (prefixed ``act/`` / ``rehearse/`` under ``per_role``): ``loss``,
 ``pg_loss``, ``kl``, ``clipfrac``, ``grad_norm`` (pre-clip), ``loss/<role>``, ``tokens_in_loss/<role>``,
 ``grad_norm/<role>`` (with ``track_role_grad_norms``), ``rollout/logprob_diff``; and per step
-``tokens_per_s`` (generated tokens / rollout seconds), ``update/tokens_per_s``, ``time/{rollout,update,step}``.
+``tokens_per_s`` (generated tokens / rollout seconds), ``update/tokens_per_s``, ``time/{rollout,update,step}``;
+on fidelity-probe steps (``envace.engines.local.fidelity``) ``fidelity/{exact_match,field_f1,
+error_agreement,parse_failure_rate,n_calls}`` and ``time/fidelity`` (not part of ``time/step``).
 """
 
 from __future__ import annotations

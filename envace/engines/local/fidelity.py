@@ -1,0 +1,83 @@
+"""World-model fidelity measured during training (SPEC §6): the in-training REHEARSE model, probed.
+
+A ``FidelityProbe`` holds a fixed probe set (``envace.evaluation.ProbeSet``: the oracle's episodes on a
+few validation tasks, with the real responses of its calls) and scores a torch model on it with
+``envace.evaluation.measure_fidelity`` through a ``LocalHFBackend`` over the live module: greedy,
+seeded with the run's seed (the same requests and seeds at every probe, so probes differ only by the
+weights). Metrics: ``fidelity/{exact_match,field_f1,error_agreement,parse_failure_rate,n_calls}`` and
+``time/fidelity`` (seconds).
+
+Schedule (``probe_due``) with ``every`` = k > 0: step 0 (after the SFT warm-up, before the first GRPO
+update), every step s with s % k == 0, and the last step. A probe at step s measures the weights after
+s updates — the probe of RL step s runs after that step's update, so it sits in step s's metrics.
+
+The probe leaves training untouched: the model is switched to eval mode and back, nothing needs
+gradients, and the global RNG states (torch, CUDA, python, numpy) are saved and restored around it,
+so a run with probes has bit-identical weights to one without (a test checks).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from envace.core.prompts import ChatFormatter
+from envace.engines.local.checkpoint import rng_state, set_rng_state
+from envace.evaluation.fidelity import measure_fidelity
+from envace.evaluation.probes import ProbeSet
+from envace.inference.local import LocalHFBackend
+
+logger = logging.getLogger(__name__)
+
+FIDELITY_PREFIX = "fidelity/"
+
+
+def probe_due(step: int, every: int, total_steps: int) -> bool:
+    """Whether the probe runs after ``step`` updates (step 0 = before any GRPO update)."""
+    return every > 0 and (step == 0 or step % every == 0 or step == total_steps)
+
+
+class FidelityProbe:
+    """Scores a REHEARSE model on a fixed ``ProbeSet`` (see the module docstring)."""
+
+    def __init__(self, probe_set: ProbeSet, *, max_new_tokens: int, seed: int, batch_size: int = 8,
+                 progress: bool = False) -> None:
+        if probe_set.n_calls == 0:
+            raise ValueError("FidelityProbe: the probe set has no real calls; build it with "
+                             "envace.evaluation.oracle_probe_set on tasks with gold calls")
+        self.probe_set = probe_set
+        self.max_new_tokens = max_new_tokens
+        self.seed = seed
+        self.batch_size = batch_size
+        self.progress = progress
+
+    def measure(self, model: torch.nn.Module, tokenizer: Any, formatter: ChatFormatter) -> dict[str, float]:
+        """``fidelity/*`` metrics of ``model`` in the REHEARSE role; training state is left as found."""
+        started = time.perf_counter()
+        saved_rng, was_training = rng_state(), model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                backend = LocalHFBackend(model, tokenizer, name="rehearse@train", batch_size=self.batch_size,
+                                         formatter=formatter)
+                report = measure_fidelity(backend, self.probe_set.records, self.probe_set.tasks,
+                                          max_new_tokens=self.max_new_tokens, temperature=0.0, seed=self.seed,
+                                          progress=self.progress)
+        finally:
+            model.train(was_training)
+            set_rng_state(saved_rng)
+        stats = report.overall
+        metrics = {
+            f"{FIDELITY_PREFIX}exact_match": stats.exact_match,
+            f"{FIDELITY_PREFIX}field_f1": stats.field_f1,
+            f"{FIDELITY_PREFIX}error_agreement": stats.error_agreement,
+            f"{FIDELITY_PREFIX}parse_failure_rate": stats.parse_failure_rate,
+            f"{FIDELITY_PREFIX}n_calls": float(stats.n),
+            "time/fidelity": time.perf_counter() - started,
+        }
+        logger.info("fidelity probe: %d calls, exact %.3f, field F1 %.3f, error agreement %.3f in %.1f s",
+                    stats.n, stats.exact_match, stats.field_f1, stats.error_agreement, metrics["time/fidelity"])
+        return metrics
