@@ -6,6 +6,9 @@ PY := $(VENV)/bin/python
 PROFILE ?= cpu
 OVERRIDES ?=
 ARGS ?=
+VARIANTS ?= grpo envace per_role
+HOME_VARIANT ?= envace
+MODELS ?=
 PREFECT_PORT ?= 4200
 MLFLOW_PORT ?= 5000
 
@@ -22,7 +25,7 @@ export PREFECT_API_URL := http://127.0.0.1:$(PREFECT_PORT)/api
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-e2e pipeline params serve stop ui
+.PHONY: help install test test-e2e pipeline params ablation scale serve stop ui
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -49,6 +52,32 @@ pipeline: install ## install, then `dvc repro` on the $(PROFILE) profile; prints
 	@echo "Metrics per stage:       $(CURDIR)/metrics/*.json   (dvc metrics show)"
 	@echo "MLflow runs:             sqlite:///$(CURDIR)/mlflow.db  -> make ui, then http://127.0.0.1:$(MLFLOW_PORT)"
 	@test -f .envace/pipeline_run.json && echo "MLflow parent run:       $$(cat .envace/pipeline_run.json | $(PY) -c 'import json,sys; print(json.load(sys.stdin)["run_id"])')" || true
+
+# exp_sweep(group, values, home): one `dvc exp run -S profile=$(PROFILE) -S group=value` per value, in
+# the workspace, named $(PROFILE)-value (an older experiment of that name is removed first; unchanged
+# stages are skipped or restored from DVC's run cache). A sequential `dvc exp run` leaves the
+# workspace (params.yaml, dvc.lock, metrics/, plots/, outputs) at the experiment it ran last, so the
+# home value runs first (a no-op when the workspace already holds it) and is applied back at the end
+# with `dvc exp apply` (files from git, outputs from the DVC cache): the workspace ends at the user's
+# own run, every other value lives in an experiment ref (`dvc exp show`).
+define exp_sweep
+	@set -e; for v in $(filter $(3),$(2)) $(filter-out $(3),$(2)); do \
+	  dvc exp remove -q "$(PROFILE)-$$v" >/dev/null 2>&1 || true; \
+	  echo "== dvc exp run -S profile=$(PROFILE) -S $(1)=$$v $(addprefix -S ,$(OVERRIDES)) -n $(PROFILE)-$$v"; \
+	  dvc exp run -S profile=$(PROFILE) -S $(1)=$$v $(addprefix -S ,$(OVERRIDES)) -n "$(PROFILE)-$$v"; \
+	done; \
+	if [ -n "$(filter $(3),$(2))" ]; then dvc exp apply "$(PROFILE)-$(3)"; fi
+	$(PY) -m envace.experiments collect
+	dvc repro report
+	@echo "Ablation and scale tables: $(CURDIR)/reports/ablation.csv, $(CURDIR)/reports/scale.csv (report.md)"
+endef
+
+ablation: install ## training variants VARIANTS='$(VARIANTS)' as DVC experiments on $(PROFILE), then the report
+	$(call exp_sweep,algo,$(VARIANTS),$(HOME_VARIANT))
+
+scale: install ## models MODELS='smollm2 tiny' (conf/model names; the first stays in the workspace), then the report
+	@test -n "$(MODELS)" || { echo "make scale: set MODELS, e.g. MODELS='smollm2 tiny' (names in conf/model/)"; exit 2; }
+	$(call exp_sweep,model,$(MODELS),$(firstword $(MODELS)))
 
 serve: ## start the Prefect server (127.0.0.1:$(PREFECT_PORT)) and serve envace/full-pipeline, in the background
 	$(PY) -m flows.server start --port $(PREFECT_PORT)

@@ -1,10 +1,14 @@
 """Stage ``report``: paper-shaped tables (markdown + CSV) and PNG plots from the metrics files.
 
 Reads only ``paths.metrics/*.json`` and ``paths.plots/train_steps.csv`` (seconds, no models). Tables:
-main (method × benchmark + Overall, success %), per-domain and held-out transfer, world-model
-fidelity, test-time rehearsal (N × mode × rehearser, gain over N=0), training and data summaries.
-Numbers are what *this* pipeline measured on its profile; the paper's numbers appear only in a
-section labelled as reference.
+main (method × benchmark + Overall, success %), ablation (training variant × benchmark) and scale
+(model × benchmark) across DVC experiments (``paths.metrics/experiments.json``, written by
+``python -m envace.experiments collect``; envace.reporting.comparison), per-domain and held-out
+transfer, world-model fidelity, test-time rehearsal (N × mode × rehearser, gain over N=0), training
+and data summaries. Plots (envace.reporting.plots): reward per step, reward per variant, per-role
+advantage statistics, world-model fidelity over training, success vs rehearsal attempts; one whose
+data is absent is listed as not drawn, with the reason. Numbers are what *this* pipeline measured;
+the paper's numbers appear only in the section labelled as reference (``PAPER_REFERENCE``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from envace.config import to_plain
+from envace.experiments import OUTPUT_NAME
+from envace.reporting.comparison import CURRENT_RUN, RunResult, ablation_table, collected_runs, scale_table
+from envace.reporting.plots import curves_frame, merge_curves, save_plots
 from envace.stages.runner import NULL_TRACKER, Tracker, stage_main
 from envace.utils.io import atomic_dir, read_json, write_text
 
@@ -85,50 +92,70 @@ def testtime_table(m: dict[str, Any]) -> pd.DataFrame:
     return frame[[c for c in cols if c in frame.columns]] if not frame.empty else frame
 
 
-def save_plots(cfg: DictConfig, tables: dict[str, pd.DataFrame], out: Path) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    made = []
-    steps_csv = Path(cfg.paths.plots) / "train_steps.csv"
-    steps = pd.read_csv(steps_csv) if steps_csv.exists() and steps_csv.stat().st_size else pd.DataFrame()
-    reward_cols = [c for c in steps.columns if "reward" in c][:4]
-    if not steps.empty and reward_cols:
-        ax = steps.plot(x="step", y=reward_cols, figsize=(6, 3.5), title="training reward per step")
-        ax.figure.tight_layout()
-        ax.figure.savefig(out / "training_curve.png", dpi=100)
-        made.append("training_curve.png")
-    tt = tables["testtime"]
-    if not tt.empty:
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        base = tt[tt.n_attempts == 0].success_rate
-        for (mode, who), grp in tt[tt.n_attempts > 0].groupby(["mode", "rehearser"]):
-            xs, ys = [0, *grp.n_attempts], [*(base.iloc[:1] if len(base) else grp.success_rate.iloc[:1]), *grp.success_rate]
-            ax.plot(xs, ys, marker="o", label=f"{mode}, {who} rehearser")
-        ax.set(xlabel="private rehearsal attempts N", ylabel="success rate", title="test-time rehearsal")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "testtime.png", dpi=100)
-        made.append("testtime.png")
-    plt.close("all")
-    return made
+def load_experiments(cfg: DictConfig) -> dict[str, Any] | None:
+    """``metrics/experiments.json`` (``python -m envace.experiments collect``), None if not collected."""
+    path = Path(cfg.paths.metrics) / OUTPUT_NAME
+    return read_json(path) if path.exists() else None
 
 
-def markdown(cfg: DictConfig, tables: dict[str, pd.DataFrame], plots: list[str]) -> str:
+def load_steps(cfg: DictConfig) -> pd.DataFrame:
+    path = Path(cfg.paths.plots) / "train_steps.csv"
+    return pd.read_csv(path) if path.exists() and path.stat().st_size else pd.DataFrame()
+
+
+def current_run(cfg: DictConfig, m: dict[str, Any]) -> RunResult:
+    """This workspace's run as a comparison row (its params, policy success, final reward)."""
+    params = {"profile": to_plain(cfg.profile), "experiment_name": cfg.experiment_name,
+              "algo.name": to_plain(cfg.algo.name), "model.name": cfg.model.name,
+              "engine.name": to_plain(cfg.engine.name), "seed": cfg.seed}
+    success = {b: (m.get(f"evaluate_{b}", {}).get("policy") or {}).get("success_rate")
+               for b in to_plain(cfg.eval.benchmarks)}
+    return RunResult(run=CURRENT_RUN, params=params, success=success,
+                     final_reward=m.get("train", {}).get("final/reward/mean"))
+
+
+def comparisons(cfg: DictConfig, m: dict[str, Any], curves: pd.DataFrame):
+    """(ablation table, scale table, {variant label: its curves}) over the collected runs + this one."""
+    current = current_run(cfg, m)
+    runs = collected_runs(load_experiments(cfg))
+    benchmarks = to_plain(cfg.eval.benchmarks)
+    ablation, variants = ablation_table(runs, current, benchmarks)
+    scale, _ = scale_table(runs, current, benchmarks)
+    reward = {f"{r.params['algo.name']} ({r.run})": curves if r is current else curves_frame(r.curves)
+              for r in variants}
+    return ablation, scale, reward
+
+
+TITLES = {"main": "Main table (success %, Overall = mean over benchmarks)",
+          "ablation": "Ablation: training variant (success %, same profile and model)",
+          "scale": "Scale: model (success %, same profile and training variant)",
+          "domains": "Per domain and held-out transfer", "fidelity": "World-model fidelity (REHEARSE vs real execution)",
+          "testtime": "Test-time private rehearsal", "training": "Training", "data": "Data"}
+
+
+def cross_run_note(cfg: DictConfig, what: str, collected: bool) -> str:
+    source = f"`{cfg.paths.metrics}/{OUTPUT_NAME}`"
+    if not collected:
+        return (f"Only this run (`{CURRENT_RUN}`): no {source} yet. Run `make ablation`, or `dvc exp run -S "
+                "algo=grpo` (`-S model=...` for scale), then `python -m envace.experiments collect && dvc repro report`.")
+    return f"Rows: this run (`{CURRENT_RUN}`) and the latest experiment per {what} in {source} (`run` names it)."
+
+
+def markdown(cfg: DictConfig, tables: dict[str, pd.DataFrame], plots: list[str], skipped: dict[str, str],
+             collected: bool) -> str:
     head = [f"# envace report — profile `{to_plain(cfg.profile)}`, experiment `{cfg.experiment_name}`",
-            f"Model `{cfg.model.name}`, training variant `{to_plain(cfg.algo.name)}`, engine "
-            f"`{to_plain(cfg.engine.name)}`. All numbers were measured by this pipeline run.", ""]
-    titles = {"main": "Main table (success %, Overall = mean over benchmarks)", "domains": "Per domain and held-out transfer",
-              "fidelity": "World-model fidelity (REHEARSE vs real execution)", "testtime": "Test-time private rehearsal",
-              "training": "Training", "data": "Data"}
+            (f"Model `{cfg.model.name}`, training variant `{to_plain(cfg.algo.name)}`, engine "
+             f"`{to_plain(cfg.engine.name)}`. Every number in the tables and plots was measured by this "
+             "pipeline (this run and, in the ablation and scale tables, the collected DVC experiments)."), ""]
+    notes = {"ablation": cross_run_note(cfg, "variant", collected), "scale": cross_run_note(cfg, "model", collected)}
     body = []
-    for key, title in titles.items():
+    for key, title in TITLES.items():
         frame = tables[key]
-        body += [f"## {title}", "", frame.to_markdown(index=False, floatfmt=".3g") if not frame.empty else "_no data_", ""]
-    body += [f"![{p}]({p})" for p in plots]
-    return "\n".join(head + body + ["", "## Reference", "", PAPER_REFERENCE, ""])
+        body += [f"## {title}", "", *([notes[key], ""] if key in notes else []),
+                 frame.to_markdown(index=False, floatfmt=".3g") if not frame.empty else "_no data_", ""]
+    body += ["## Plots", "", *[f"![{p}]({p})" for p in plots], ""]
+    body += [f"- `{name}` not drawn: {why}." for name, why in skipped.items()]
+    return "\n".join(head + body + ["", "## Reference (paper numbers, not measured here)", "", PAPER_REFERENCE, ""])
 
 
 SUMMARY_KEYS = ("variant", "steps_done", "n_train_rows", "source", "n_raw", "n_train", "n_val", "n_rejected")
@@ -144,19 +171,25 @@ def summary_table(metrics: dict[str, Any]) -> pd.DataFrame:
 
 def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     m = load_metrics(cfg)
-    tables = {"main": main_table(cfg, m), "domains": domain_table(m), "fidelity": fidelity_table(m),
-              "testtime": testtime_table(m), "training": summary_table(m.get("train", {})),
-              "data": summary_table(m.get("prepare_data", {}))}
+    steps = load_steps(cfg)
+    curves = merge_curves(curves_frame(m.get("train", {}).get("curves")), steps)
+    ablation, scale, reward = comparisons(cfg, m, curves)
+    tables = {"main": main_table(cfg, m), "ablation": ablation, "scale": scale, "domains": domain_table(m),
+              "fidelity": fidelity_table(m), "testtime": testtime_table(m),
+              "training": summary_table(m.get("train", {})), "data": summary_table(m.get("prepare_data", {}))}
+    collected = (Path(cfg.paths.metrics) / OUTPUT_NAME).exists()
     out = Path(cfg.paths.reports)
     with atomic_dir(out) as tmp:
         for key, frame in tables.items():
             frame.to_csv(tmp / f"{key}.csv", index=False)
-        plots = save_plots(cfg, tables, tmp)
-        write_text(tmp / "report.md", markdown(cfg, tables, plots))
+        plots, skipped = save_plots(tmp, steps=steps, curves=curves, variants=reward, testtime=tables["testtime"])
+        write_text(tmp / "report.md", markdown(cfg, tables, plots, skipped, collected))
     tracker.log_artifact(out, "report")
     overall = tables["main"].set_index("method")["Overall"].to_dict()
-    logger.info("report: %s (tables %s, plots %s)", out / "report.md", sorted(tables), plots)
-    return {"tables": sorted(tables), "plots": plots, "overall": overall}
+    logger.info("report: %s (tables %s, plots %s, not drawn %s)", out / "report.md", sorted(tables), plots,
+                sorted(skipped))
+    return {"tables": sorted(tables), "plots": plots, "skipped_plots": skipped, "overall": overall,
+            "ablation_runs": ablation["run"].tolist(), "scale_runs": scale["run"].tolist()}
 
 
 main = stage_main("report", run, lambda cfg: Path(cfg.paths.reports) / "summary.json")
