@@ -114,14 +114,18 @@ def plot_fidelity(curves: pd.DataFrame, path: Path) -> str | None:
 
 
 def plot_testtime(cells: pd.DataFrame, path: Path) -> str | None:
-    """Success vs private rehearsal attempts N, one line per (mode, rehearser), from N=0."""
+    """Success vs private rehearsal attempts N, one line per (benchmark, mode, rehearser), from N=0."""
     if cells.empty:
         return "no rehearsal_sweep cells"
     fig, ax = _figure("test-time rehearsal", "private rehearsal attempts N", "success rate")
-    base = cells[cells.n_attempts == 0].success_rate
-    for (mode, who), group in cells[cells.n_attempts > 0].groupby(["mode", "rehearser"]):
-        start = base.iloc[:1] if len(base) else group.success_rate.iloc[:1]
-        ax.plot([0, *group.n_attempts], [*start, *group.success_rate], marker="o", label=f"{mode}, {who} rehearser")
+    cells = cells if "benchmark" in cells.columns else cells.assign(benchmark="")
+    several = cells.benchmark.nunique() > 1
+    for bench, rows in cells.groupby("benchmark", sort=True):
+        base = rows[rows.n_attempts == 0].success_rate
+        for (mode, who), group in rows[rows.n_attempts > 0].groupby(["mode", "rehearser"]):
+            start = base.iloc[:1] if len(base) else group.success_rate.iloc[:1]
+            label = f"{bench}: {mode}, {who} rehearser" if several else f"{mode}, {who} rehearser"
+            ax.plot([0, *group.n_attempts], [*start, *group.success_rate], marker="o", label=label)
     _save(fig, ax, path)
     return None
 

@@ -87,7 +87,8 @@ def fidelity_table(m: dict[str, Any]) -> pd.DataFrame:
 
 def testtime_table(m: dict[str, Any]) -> pd.DataFrame:
     cells = m.get("rehearsal_sweep", {}).get("cells", [])
-    cols = ["n_attempts", "mode", "rehearser", "success_rate", "gain_vs_none", "cost/rehearsal_completion_tokens"]
+    cols = ["benchmark", "n_attempts", "mode", "rehearser", "success_rate", "gain_vs_none",
+            "cost/rehearsal_completion_tokens", "cost/rehearsal_wall_s", "cost/real_env_calls"]
     frame = pd.DataFrame(cells)
     return frame[[c for c in cols if c in frame.columns]] if not frame.empty else frame
 
