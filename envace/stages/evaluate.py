@@ -20,7 +20,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from envace.config import to_plain
-from envace.stages.common import base_backend, eval_suite, make_adapter, trained_backend
+from envace.stages.common import base_backend, trained_backend
+from envace.stages.suites import eval_suite, make_adapter
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.utils.io import atomic_dir, write_json, write_jsonl
 
@@ -69,7 +70,11 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     configure_torch(cfg)
     benchmark = to_plain(cfg.eval.benchmark)
     suite = eval_suite(cfg, benchmark)
-    probe = make_adapter(cfg, suite)
+    models = contenders(cfg)
+    # a fresh adapter per contender: no state (e.g. BFCL memory snapshots) leaks between models, and
+    # adapters that fall back on a REHEARSE role (FinMCP unrecorded=rehearse) use the contender's own
+    adapters = {label: make_adapter(cfg, suite, rehearser) for label, (_, rehearser) in models.items()}
+    probe = adapters["policy"]
     tasks = with_trials(probe.tasks(suite.split, limit=suite.limit, seed=int(cfg.seed)), suite.trials)
     skipped = dict(getattr(probe, "skipped", {}))  # parts of the split that cannot run here, with the reason
     if not tasks:
@@ -79,11 +84,9 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     out = Path(cfg.paths.evaluation) / benchmark
     results: dict[str, Any] = {}
     with atomic_dir(out) as tmp:
-        for label, (actor, rehearser) in contenders(cfg).items():
+        for label, (actor, rehearser) in models.items():
             logger.info("evaluate %s: %s on %d tasks", benchmark, label, len(tasks))
-            # a fresh adapter per contender: no state (e.g. BFCL memory snapshots) leaks between models
-            adapter = probe if label == "policy" else make_adapter(cfg, suite)
-            results[label] = evaluate_one(cfg, adapter, suite.split, tasks, actor, rehearser, tmp, label)
+            results[label] = evaluate_one(cfg, adapters[label], suite.split, tasks, actor, rehearser, tmp, label)
     tracker.log_artifact(out, f"evaluation/{benchmark}")
     metrics: dict[str, Any] = {"benchmark": benchmark, "split": suite.split, "n_tasks": len(tasks),
                                "trials": suite.trials, "not_runnable": skipped, **results}

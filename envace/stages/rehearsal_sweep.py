@@ -23,7 +23,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from envace.config import to_plain
-from envace.stages.common import base_backend, eval_suite, make_adapter, trained_backend
+from envace.stages.common import base_backend, trained_backend
+from envace.stages.suites import eval_suite, make_adapter
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.utils.io import atomic_dir, write_json, write_jsonl
 

@@ -142,7 +142,7 @@ def test_enumerated_names_match_the_registries():
     assert {a.value for a in AlgoName} == set(VARIANTS)
     assert {b.value for b in Benchmark} <= set(benchmark_names())
     from envace.config import SuitesConfig
-    from envace.stages.common import BENCHMARK_KWARGS
+    from envace.stages.suites import BENCHMARK_KWARGS
 
     assert set(SuitesConfig.__dataclass_fields__) == {b.value for b in Benchmark} == set(BENCHMARK_KWARGS)
     assert {j.value for j in JudgeName} - {"verifiable"} <= set(judge_names())

@@ -146,3 +146,41 @@ def test_evaluate_runs_bfcl_and_tau2_suites_with_their_own_tables(chain, paths_u
     assert tau2["n_tasks"] == 2 and tau2["trials"] == 2  # one ticket, two trials
     domain = tau2["policy"]["domains"]["telecom:base"]
     assert domain["status"] == "ran" and domain["mode"] == "solo" and {"pass^1", "pass^2"} <= set(domain)
+
+
+def test_evaluate_runs_user_supplied_finmcp_and_vitabench_data(chain, paths_under, repo_root):
+    """FinMCP-Bench (replayed responses, unrecorded calls answered by the model's own REHEARSE role) and
+    VitaBench (no endpoints configured: every task is a recorded failure naming what is missing, never a
+    crash) through the evaluate stage, from data paths given in eval.suites."""
+    import importlib
+
+    cfg, _, root = chain
+    evaluate = importlib.import_module("envace.stages.evaluate")
+    fixtures = repo_root / "tests" / "fixtures"
+    suites = ["eval.benchmarks=[toolworld,finmcp,vitabench]", "eval.fidelity=false",
+              f"eval.suites.finmcp.data_path={fixtures / 'finmcp' / 'samples.json'}",
+              f"eval.suites.finmcp.tools_path={fixtures / 'finmcp' / 'mcp_tools.json'}",
+              "eval.suites.finmcp.unrecorded=rehearse", "eval.suites.finmcp.n_tasks=2",
+              f"eval.suites.vitabench.data_path={fixtures / 'vitabench'}", "eval.suites.vitabench.n_tasks=1"]
+    for bench in ("finmcp", "vitabench"):
+        run_cfg = compose(["profile=smoke", "tracking=none", *paths_under(root), *suites, f"eval.benchmark={bench}"])
+        runner.execute(f"evaluate@{bench}", evaluate.run, run_cfg, root / "metrics" / f"evaluate_{bench}.json")
+    finmcp = read_json(root / "metrics" / "evaluate_finmcp.json")
+    assert finmcp["n_tasks"] == 2 and "macro" in json.dumps(finmcp["policy"]["finmcp"])
+    assert finmcp["policy"]["status_info"]["unrecorded"] == "rehearse"
+    vita = read_json(root / "metrics" / "evaluate_vitabench.json")
+    assert vita["policy"]["error_rate"] == 1.0 and vita["policy"]["success_rate"] == 0.0
+    assert "needs endpoints" in vita["policy"]["status_info"]["status"]
+    errors = [r["error"] for r in read_jsonl(root / "evaluation" / "vitabench" / "policy.predictions.jsonl")]
+    assert errors and all("user simulator" in e for e in errors)
+
+
+def test_a_suite_option_the_benchmark_does_not_use_is_refused(chain, paths_under):
+    from envace.stages.suites import eval_suite, make_adapter
+
+    cfg = compose(["profile=smoke", "tracking=none", "eval.suites.bfcl.max_steps=3"])
+    with pytest.raises(ValueError, match=r"eval.suites.bfcl sets \['max_steps'\].*tau2: max_steps"):
+        make_adapter(cfg, eval_suite(cfg, "bfcl"))
+    cfg = compose(["profile=smoke", "tracking=none"])
+    with pytest.raises(ValueError, match="eval.suites.finmcp.data_path"):
+        make_adapter(cfg, eval_suite(cfg, "finmcp"))

@@ -148,6 +148,9 @@ class FinMCPAdapter(BenchmarkAdapter):
         raw = ReplayExecutor(sample_of(task).recorded)
         return self.executor_wrapper(raw) if self.executor_wrapper else raw
 
+    def summarize(self, subset: str, records: Sequence[EpisodeRecord]) -> dict[str, Any]:
+        return {"finmcp": finmcp_report(records, self.tasks(subset)), "status_info": self.status()}
+
     def status(self) -> dict[str, Any]:
         return {"status": "runnable (offline replay)", "n_samples": len(self.samples), "path": str(self.path),
                 "tool_schemas": self.tool_schema_source, "unrecorded": self.replay.unrecorded.value}

@@ -186,6 +186,9 @@ class VitaBenchAdapter(BenchmarkAdapter):
     def score(self, task: Task, record: EpisodeRecord) -> float:
         return float(record.info.get("vitabench", {}).get("reward", 0.0))
 
+    def summarize(self, subset: str, records: Sequence[EpisodeRecord]) -> dict[str, Any]:
+        return {"vitabench": vitabench_report(records), "status_info": self.status()}
+
 
 def vitabench_report(records: Sequence[EpisodeRecord]) -> dict[str, Any]:
     """Success rate (mean reward) and mean rubric score over *judged-or-premature* tasks, per domain.

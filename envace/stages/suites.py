@@ -1,0 +1,163 @@
+"""What the ``evaluate`` and ``rehearsal_sweep`` stages run on each benchmark, and how its adapter is built.
+
+``eval.*`` holds the defaults; ``eval.suites.<benchmark>`` overrides them per benchmark (its split, task
+count, budgets) and carries the options only some adapters understand:
+
+===============  ==========================================================================================
+option           used by
+===============  ==========================================================================================
+``max_steps``    τ² (orchestrator steps of a whole episode), VitaBench (conversation steps)
+``mode``         τ² (``solo`` | ``user_llm`` | ``scripted_user``)
+``data_path``    FinMCP-Bench (its JSON/JSONL file or folder), VitaBench (a checkout of its repository)
+``tools_path``   FinMCP-Bench (the MCP tool list; default: schemas inferred from the recorded calls)
+``unrecorded``   FinMCP-Bench: a call the record lacks → ``error`` | ``rehearse`` (the evaluated model's own
+                 REHEARSE role) | ``simulate`` (the ``user_*`` endpoint)
+``user_*``       the LLM on the other side: τ²'s customer (``user_llm``), VitaBench's user simulator,
+                 FinMCP's simulator (``base_url``, ``model``, ``api_key_env`` — the env var holding the key)
+``judge_*``      VitaBench's rubric judge endpoint
+===============  ==========================================================================================
+
+Setting an option a benchmark does not use fails with the list of who uses what.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from omegaconf import DictConfig
+
+from envace.config import to_plain
+from envace.stages.common import Budgets, toolworld_config
+
+
+@dataclass(frozen=True)
+class Suite:
+    """What an evaluation runs on one benchmark: ``eval.*`` with ``eval.suites.<benchmark>`` on top."""
+
+    benchmark: str
+    split: str
+    n_tasks: int  # 0 = all (per BFCL category / τ² domain)
+    budgets: Budgets
+    options: dict[str, Any]  # benchmark-specific extras (see the module docstring)
+    trials: int = 1  # runs per task (eval only)
+
+    @property
+    def limit(self) -> int | None:
+        return self.n_tasks or None
+
+
+_USER = ("user_base_url", "user_model", "user_api_key_env")
+_JUDGE = ("judge_base_url", "judge_model", "judge_api_key_env")
+# which benchmark-specific suite options each adapter understands
+SUITE_OPTION_USERS: dict[str, tuple[str, ...]] = {
+    "toolworld": (),
+    "bfcl": (),
+    "tau2": ("max_steps", "mode", *_USER),
+    "finmcp": ("data_path", "tools_path", "unrecorded", *_USER),
+    "vitabench": ("data_path", "max_steps", *_USER, *_JUDGE),
+}
+SUITE_OPTIONS = tuple(dict.fromkeys(o for opts in SUITE_OPTION_USERS.values() for o in opts))
+
+
+def eval_suite(cfg: DictConfig, benchmark: str, section: str = "eval") -> Suite:
+    """The resolved settings of ``benchmark``. ``section="eval"``: ``eval.*`` overridden by
+    ``eval.suites.<benchmark>``. ``section="rehearsal"``: the sweep's own task count and budgets
+    (``rehearsal.*``); the benchmark's split and options still come from ``eval.suites.<benchmark>``."""
+    over = cfg.eval.suites.get(benchmark) or {}
+    options = {k: to_plain(over[k]) for k in SUITE_OPTIONS if over.get(k) is not None}
+    if section == "rehearsal":
+        r = cfg.rehearsal
+        budgets = Budgets(int(r.max_steps_per_turn), int(r.act_max_new_tokens), float(r.act_temperature), int(cfg.seed))
+        return Suite(benchmark, str(over.get("split") or r.split), int(r.n_tasks), budgets, options)
+    ev = cfg.eval
+
+    def pick(key: str) -> Any:
+        return ev[key] if over.get(key) is None else over[key]
+
+    budgets = Budgets(int(pick("max_steps_per_turn")), int(pick("act_max_new_tokens")), float(ev.temperature),
+                      int(cfg.seed))
+    trials = int(over.get("trials") or 1)
+    if trials < 1:
+        raise ValueError(f"eval.suites.{benchmark}.trials={trials}: must be >= 1")
+    return Suite(benchmark, str(over.get("split") or ev.split), int(pick("n_tasks")), budgets, options, trials)
+
+
+def _endpoint(options: dict[str, Any], prefix: str) -> dict[str, Any] | None:
+    """``{"base_url", "model", "api_key_env"}`` from ``<prefix>_*`` options; None when no endpoint is set."""
+    spec = {k: options[f"{prefix}_{k}"] for k in ("base_url", "model", "api_key_env") if f"{prefix}_{k}" in options}
+    return spec or None
+
+
+def _needs_path(benchmark: str, options: dict[str, Any]) -> str:
+    if "data_path" not in options:
+        raise ValueError(f"{benchmark} reads user-supplied data: set eval.suites.{benchmark}.data_path=/path "
+                         "(see README, 'Benchmarks')")
+    return str(options["data_path"])
+
+
+def _act_loop(budgets: Budgets) -> Any:
+    from envace.evaluation import ActLoopConfig  # LIBRARY: envace.evaluation
+
+    return ActLoopConfig(**vars(budgets))
+
+
+def _toolworld_kwargs(cfg: DictConfig, suite: Suite, rehearser: Any) -> dict[str, Any]:
+    from envace.envs.toolworld import ToolWorldEnv  # LIBRARY: envace.envs.toolworld
+
+    return {"config": _act_loop(suite.budgets), "env": ToolWorldEnv(toolworld_config(cfg))}
+
+
+def _bfcl_kwargs(cfg: DictConfig, suite: Suite, rehearser: Any) -> dict[str, Any]:
+    from envace.envs.bfcl.episode import BfclConfig  # LIBRARY: envace.envs.bfcl
+
+    return {"config": BfclConfig(**vars(suite.budgets))}
+
+
+def _tau2_kwargs(cfg: DictConfig, suite: Suite, rehearser: Any) -> dict[str, Any]:
+    from envace.envs.tau2.config import Tau2Config  # LIBRARY: envace.envs.tau2
+
+    # τ² budgets a whole episode in orchestrator steps (max_steps), not steps per user turn
+    b = suite.budgets
+    return {"config": Tau2Config(max_new_tokens=b.max_new_tokens, temperature=b.temperature, seed=b.seed,
+                                 **suite.options)}
+
+
+def _finmcp_kwargs(cfg: DictConfig, suite: Suite, rehearser: Any) -> dict[str, Any]:
+    o = suite.options
+    unrecorded = o.get("unrecorded", "error")
+    if unrecorded == "rehearse" and rehearser is None:
+        raise ValueError("eval.suites.finmcp.unrecorded=rehearse needs the evaluated model's REHEARSE backend")
+    return {"path": _needs_path("finmcp", o), "tools_path": o.get("tools_path"), "config": _act_loop(suite.budgets),
+            "unrecorded": unrecorded, "fallback_backend": rehearser if unrecorded == "rehearse" else None,
+            "simulator": _endpoint(o, "user")}
+
+
+def _vitabench_kwargs(cfg: DictConfig, suite: Suite, rehearser: Any) -> dict[str, Any]:
+    o = suite.options
+    extra = {"max_steps": int(o["max_steps"])} if "max_steps" in o else {}
+    return {"path": _needs_path("vitabench", o), "config": _act_loop(suite.budgets),
+            "user_simulator": _endpoint(o, "user"), "judge": _endpoint(o, "judge"), **extra}
+
+
+# benchmark name -> constructor kwargs of its adapter (one line per benchmark; names = config.Benchmark)
+BENCHMARK_KWARGS: dict[str, Callable[[DictConfig, Suite, Any], dict[str, Any]]] = {
+    "toolworld": _toolworld_kwargs,
+    "bfcl": _bfcl_kwargs,
+    "tau2": _tau2_kwargs,
+    "finmcp": _finmcp_kwargs,
+    "vitabench": _vitabench_kwargs,
+}
+
+
+def make_adapter(cfg: DictConfig, suite: Suite, rehearser: Any = None) -> Any:
+    """The adapter registered as ``suite.benchmark``, configured by the suite. ``rehearser``: the evaluated
+    model's REHEARSE backend, for adapters that can fall back on it (FinMCP ``unrecorded=rehearse``)."""
+    from envace.evaluation import get_benchmark  # LIBRARY: envace.evaluation
+
+    unknown = sorted(set(suite.options) - set(SUITE_OPTION_USERS[suite.benchmark]))
+    if unknown:
+        users = "; ".join(f"{b}: {', '.join(o) or '-'}" for b, o in SUITE_OPTION_USERS.items())
+        raise ValueError(f"eval.suites.{suite.benchmark} sets {unknown}, which {suite.benchmark} does not use; "
+                         f"remove them (options per benchmark — {users})")
+    return get_benchmark(suite.benchmark, **BENCHMARK_KWARGS[suite.benchmark](cfg, suite, rehearser))
