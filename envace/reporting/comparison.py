@@ -1,6 +1,6 @@
 """Cross-run tables of the report: the **ablation** (training variant × benchmark) and the **scale**
-(model × benchmark) tables — success % of the trained policy per benchmark, Overall = mean over the
-benchmarks the run evaluated, and the run's final training reward (``final/reward/mean``).
+(model × benchmark) tables — success % of the trained policy per benchmark, the two Overall columns
+(paper benchmarks that ran / all that ran; ``envace.reporting.tables``), and the run's final training reward (``final/reward/mean``).
 
 Rows: among the runs collected in ``experiments.json`` (``python -m envace.experiments collect``)
 that share the current run's profile and model (ablation) or profile and variant (scale), the latest
@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from envace.experiments import SCHEMA_VERSION
+from envace.reporting.tables import overall_columns
 
 ALGO_ORDER = ("grpo", "per_role", "frozen_act", "frozen_rehearse", "envace")  # the paper's ablation rows
 CURRENT_RUN = "workspace"
@@ -67,15 +68,14 @@ def latest_per(runs: Sequence[RunResult], current: RunResult, *, vary: str, same
 
 
 def comparison_table(runs: Sequence[RunResult], *, vary: str, label: str, benchmarks: Sequence[str]) -> pd.DataFrame:
-    """Columns: ``label`` (the varied param), run, success % per benchmark, Overall, final_reward."""
+    """Columns: ``label`` (the varied param), run, success % per benchmark, the two Overall columns
+    (``envace.reporting.tables.overall_columns``), final_reward."""
     rows = []
     for run in runs:
         scores = {b: None if run.success.get(b) is None else 100 * run.success[b] for b in benchmarks}
-        present = [v for v in scores.values() if v is not None]
-        rows.append({label: run.params.get(vary), "run": run.run, **scores,
-                     "Overall": sum(present) / len(present) if present else None,
+        rows.append({label: run.params.get(vary), "run": run.run, **scores, **overall_columns(scores),
                      "final_reward": run.final_reward})
-    return pd.DataFrame(rows, columns=[label, "run", *benchmarks, "Overall", "final_reward"])
+    return pd.DataFrame(rows, columns=[label, "run", *benchmarks, "Overall", "Overall (all)", "final_reward"])
 
 
 def _algo_rank(run: RunResult) -> tuple[int, str]:

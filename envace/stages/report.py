@@ -24,6 +24,15 @@ from envace.config import to_plain
 from envace.experiments import OUTPUT_NAME
 from envace.reporting.comparison import CURRENT_RUN, RunResult, ablation_table, collected_runs, scale_table
 from envace.reporting.plots import curves_frame, merge_curves, save_plots
+from envace.reporting.tables import (
+    benchmark_table,
+    domain_table,
+    fidelity_table,
+    main_table,
+    overall_note,
+    summary_table,
+    testtime_table,
+)
 from envace.stages.runner import NULL_TRACKER, Tracker, stage_main
 from envace.utils.io import atomic_dir, read_json, write_text
 
@@ -42,55 +51,6 @@ def load_metrics(cfg: DictConfig) -> dict[str, Any]:
     names = ["prepare_data", "template_prompts", "train", "rehearsal_sweep"]
     names += [f"evaluate_{b}" for b in to_plain(cfg.eval.benchmarks)]
     return {n: read_json(root / f"{n}.json") for n in names if (root / f"{n}.json").exists()}
-
-
-def main_table(cfg: DictConfig, m: dict[str, Any]) -> pd.DataFrame:
-    labels = {"base": f"{cfg.model.name} (base)", "policy": f"{to_plain(cfg.algo.name)} ({cfg.model.name})"}
-    rows = []
-    for key, label in labels.items():
-        row: dict[str, Any] = {"method": label}
-        for bench in to_plain(cfg.eval.benchmarks):
-            result = m.get(f"evaluate_{bench}", {}).get(key)
-            row[bench] = None if result is None else 100 * result["success_rate"]
-        scores = [v for k, v in row.items() if k != "method" and v is not None]
-        row["Overall"] = sum(scores) / len(scores) if scores else None
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def domain_table(m: dict[str, Any]) -> pd.DataFrame:
-    rows = []
-    for name, result in m.items():
-        if not name.startswith("evaluate_"):
-            continue
-        for label in ("policy", "base"):
-            r = result.get(label)
-            if not r:
-                continue
-            groups = {**{f"domain:{d}": g for d, g in r.get("per_domain", {}).items()},
-                      "held-out (transfer)": r.get("transfer"), "in-domain": r.get("in_domain")}
-            rows += [{"benchmark": result["benchmark"], "model": label, "group": g, "n": v["n"],
-                      "success_%": 100 * v["success_rate"], "mean_score": v["mean_score"]}
-                     for g, v in groups.items() if v]
-    return pd.DataFrame(rows)
-
-
-def fidelity_table(m: dict[str, Any]) -> pd.DataFrame:
-    rows = []
-    for name, result in m.items():
-        for label in ("policy", "base"):
-            fid = result.get(label, {}).get("fidelity") if name.startswith("evaluate_") else None
-            if fid:
-                rows.append({"benchmark": result["benchmark"], "model": label, **fid})
-    return pd.DataFrame(rows)
-
-
-def testtime_table(m: dict[str, Any]) -> pd.DataFrame:
-    cells = m.get("rehearsal_sweep", {}).get("cells", [])
-    cols = ["benchmark", "n_attempts", "mode", "rehearser", "success_rate", "gain_vs_none",
-            "cost/rehearsal_completion_tokens", "cost/rehearsal_wall_s", "cost/real_env_calls"]
-    frame = pd.DataFrame(cells)
-    return frame[[c for c in cols if c in frame.columns]] if not frame.empty else frame
 
 
 def load_experiments(cfg: DictConfig) -> dict[str, Any] | None:
@@ -127,7 +87,7 @@ def comparisons(cfg: DictConfig, m: dict[str, Any], curves: pd.DataFrame):
     return ablation, scale, reward
 
 
-TITLES = {"main": "Main table (success %, Overall = mean over benchmarks)",
+TITLES = {"main": "Main table (success % of tasks)", "benchmarks": "Each benchmark's own aggregates",
           "ablation": "Ablation: training variant (success %, same profile and model)",
           "scale": "Scale: model (success %, same profile and training variant)",
           "domains": "Per domain and held-out transfer", "fidelity": "World-model fidelity (REHEARSE vs real execution)",
@@ -148,7 +108,8 @@ def markdown(cfg: DictConfig, tables: dict[str, pd.DataFrame], plots: list[str],
             (f"Model `{cfg.model.name}`, training variant `{to_plain(cfg.algo.name)}`, engine "
              f"`{to_plain(cfg.engine.name)}`. Every number in the tables and plots was measured by this "
              "pipeline (this run and, in the ablation and scale tables, the collected DVC experiments)."), ""]
-    notes = {"ablation": cross_run_note(cfg, "variant", collected), "scale": cross_run_note(cfg, "model", collected)}
+    notes = {"ablation": cross_run_note(cfg, "variant", collected), "scale": cross_run_note(cfg, "model", collected),
+             "main": overall_note(tables["main"], to_plain(cfg.eval.benchmarks))}
     body = []
     for key, title in TITLES.items():
         frame = tables[key]
@@ -159,23 +120,14 @@ def markdown(cfg: DictConfig, tables: dict[str, pd.DataFrame], plots: list[str],
     return "\n".join(head + body + ["", "## Reference (paper numbers, not measured here)", "", PAPER_REFERENCE, ""])
 
 
-SUMMARY_KEYS = ("variant", "steps_done", "n_train_rows", "source", "n_raw", "n_train", "n_val", "n_rejected")
-SUMMARY_HINTS = ("reward", "loss", "parse_fail", "time/step", "kl", "mean")
-
-
-def summary_table(metrics: dict[str, Any]) -> pd.DataFrame:
-    """Two columns (metric, value): the named keys plus rewards, losses, parse failures, means."""
-    rows = [{"metric": k, "value": v} for k, v in metrics.items()
-            if (k in SUMMARY_KEYS or any(h in k for h in SUMMARY_HINTS)) and isinstance(v, (int, float, str))]
-    return pd.DataFrame(rows)
-
-
 def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     m = load_metrics(cfg)
     steps = load_steps(cfg)
     curves = merge_curves(curves_frame(m.get("train", {}).get("curves")), steps)
     ablation, scale, reward = comparisons(cfg, m, curves)
-    tables = {"main": main_table(cfg, m), "ablation": ablation, "scale": scale, "domains": domain_table(m),
+    labels = {"base": f"{cfg.model.name} (base)", "policy": f"{to_plain(cfg.algo.name)} ({cfg.model.name})"}
+    tables = {"main": main_table(to_plain(cfg.eval.benchmarks), labels, m), "benchmarks": benchmark_table(m),
+              "ablation": ablation, "scale": scale, "domains": domain_table(m),
               "fidelity": fidelity_table(m), "testtime": testtime_table(m),
               "training": summary_table(m.get("train", {})), "data": summary_table(m.get("prepare_data", {}))}
     collected = (Path(cfg.paths.metrics) / OUTPUT_NAME).exists()

@@ -80,11 +80,12 @@ def make_report(tmp_path, paths_under):
 def test_ablation_rows_latest_per_variant_same_profile_and_model_current_run_wins(make_report):
     out, summary = make_report()
     table = pd.read_csv(out / "ablation.csv")
-    assert list(table.columns) == ["variant", "run", "toolworld", "Overall", "final_reward"]
+    assert list(table.columns) == ["variant", "run", "toolworld", "Overall", "Overall (all)", "final_reward"]
     assert table["variant"].tolist() == ["grpo", "per_role", "envace"]
     assert table["run"].tolist() == ["grpo-new", "per-role", "workspace"] == summary["ablation_runs"]
     assert table["toolworld"].tolist() == [25.0, 50.0, 37.5]
-    assert table["Overall"].tolist() == [25.0, 50.0, 37.5]
+    assert table["Overall"].isna().all()  # the paper's Overall: BFCL/τ²/VitaBench, none of them ran
+    assert table["Overall (all)"].tolist() == [25.0, 50.0, 37.5]
     assert table["final_reward"].tolist() == [0.2, 0.1, 0.5]
 
 
@@ -99,9 +100,11 @@ def test_scale_rows_one_per_model_same_profile_and_variant_smallest_first(make_r
 def test_overall_is_the_mean_over_benchmarks_present_and_missing_ones_stay_empty(make_report):
     out, _ = make_report(benchmarks="[toolworld,bfcl]")
     table = pd.read_csv(out / "ablation.csv").set_index("variant")
-    assert table.loc["grpo", "bfcl"] == 75.0 and table.loc["grpo", "Overall"] == 50.0
-    assert pd.isna(table.loc["envace", "bfcl"]) and table.loc["envace", "Overall"] == 37.5  # bfcl not run here
-    assert pd.isna(table.loc["per_role", "bfcl"]) and table.loc["per_role", "Overall"] == 50.0
+    assert table.loc["grpo", "bfcl"] == 75.0 and table.loc["grpo", "Overall (all)"] == 50.0
+    assert table.loc["grpo", "Overall"] == 75.0  # the paper's Overall: only BFCL of its three ran
+    assert pd.isna(table.loc["envace", "bfcl"]) and table.loc["envace", "Overall (all)"] == 37.5  # bfcl not run here
+    assert pd.isna(table.loc["envace", "Overall"])
+    assert pd.isna(table.loc["per_role", "bfcl"]) and table.loc["per_role", "Overall (all)"] == 50.0
 
 
 def test_without_collected_experiments_each_table_is_the_current_run_and_says_how_to_add_rows(make_report):
@@ -190,3 +193,30 @@ def test_dvc_yaml_declares_every_report_figure_and_with_no_data_none_is_drawn(tm
     assert made == [] and list(skipped) == ALL_PLOTS and not list(tmp_path.iterdir())
     dvc_yaml = yaml.safe_load((Path(__file__).resolve().parents[2] / "dvc.yaml").read_text())
     assert dvc_yaml["plots"] == [f"${{paths.reports}}/{name}" for name in ALL_PLOTS]
+
+
+def test_benchmark_table_lists_each_benchmarks_own_aggregates():
+    from envace.reporting.tables import benchmark_table, main_table, overall_note
+
+    m = {
+        "evaluate_bfcl": {"benchmark": "bfcl", "policy": {
+            "success_rate": 0.5, "context_overflows": 1,
+            "categories": {"simple_python": {"status": "ran", "accuracy": 0.5, "n": 2},
+                           "web_search_base": {"status": "not_runnable_offline", "reason": "network"}},
+            "aggregates": {"overall": 0.5, "multi_turn": None}}},
+        "evaluate_tau2": {"benchmark": "tau2", "policy": {
+            "success_rate": 0.25, "domains": {"telecom:base": {"status": "ran", "avg_reward": 0.25, "pass^1": 0.25,
+                                                               "pass^2": 0.0, "n_tasks": 4}}}},
+        "evaluate_finmcp": {"benchmark": "finmcp", "base": {
+            "success_rate": 0.0, "finmcp": {"overall": {"macro": {"f1": 0.4}, "exact_match": 0.0}}}},
+    }
+    table = benchmark_table(m).set_index(["benchmark", "model", "measure"])["value"]
+    assert table[("bfcl", "policy", "category:simple_python")] == 0.5
+    assert ("bfcl", "policy", "category:web_search_base") not in table  # not run: in the category table only
+    assert table[("bfcl", "policy", "bfcl:overall")] == 0.5 and ("bfcl", "policy", "bfcl:multi_turn") not in table
+    assert table[("tau2", "policy", "telecom:base:pass^2")] == 0.0
+    assert table[("finmcp", "base", "finmcp:macro/f1")] == 0.4
+    assert table[("bfcl", "policy", "context_overflows")] == 1
+    main = main_table(["bfcl", "tau2", "toolworld"], {"policy": "envace"}, m)
+    assert main.loc[0, "Overall"] == pytest.approx(37.5) and main.loc[0, "Overall (all)"] == pytest.approx(37.5)
+    assert "bfcl, tau2" in overall_note(main, ["bfcl", "tau2", "toolworld"])

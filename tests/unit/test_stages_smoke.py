@@ -116,7 +116,8 @@ def test_report_writes_tables_and_plots_from_the_metrics(chain):
     for table in ("main", "domains", "fidelity", "testtime", "training", "data"):
         assert (reports / f"{table}.csv").exists()
     main = pd.read_csv(reports / "main.csv")
-    assert list(main.columns) == ["method", "toolworld", "Overall"] and len(main) == 2
+    assert list(main.columns) == ["method", "toolworld", "Overall", "Overall (all)"] and len(main) == 2
+    assert "Overall = mean over the paper's benchmarks that ran here: none" in (reports / "report.md").read_text()
     assert "testtime.png" in metrics["report"]["plots"]
     assert "## Test-time private rehearsal" in (reports / "report.md").read_text()
 
