@@ -287,7 +287,8 @@ class EvalConfig:
     suites: SuitesConfig = field(default_factory=SuitesConfig)  # per-benchmark overrides
     concurrency: int = 8  # episodes in flight (their generations are batched)
     compare_base: bool = True
-    fidelity: bool = True
+    fidelity: bool = True  # REHEARSE on the real calls each evaluated model made
+    gold_fidelity_tasks: int = 0  # and on the oracle's calls of this many tasks with a real executor (0 = off)
     temperature: float = 0.0
     max_steps_per_turn: int = 4
     act_max_new_tokens: int = 64

@@ -64,6 +64,10 @@ class BenchmarkAdapter(ABC):
         """A fresh real executor for ``task`` (fidelity studies); None when the benchmark has none."""
         return None
 
+    def oracle(self, tasks: Sequence[Task]) -> ChatBackend | None:
+        """A policy that replays ``tasks``' ground truth (None when the benchmark has none)."""
+        return None
+
     def summarize(self, subset: str, records: Sequence[EpisodeRecord]) -> dict[str, Any]:
         """The benchmark's own tables over ``records`` of ``subset`` (BFCL: per category and its
         aggregates; τ²: per domain with pass^k); ``{}`` when the generic metrics say it all."""
@@ -93,6 +97,11 @@ class EnvironmentAdapter(BenchmarkAdapter):
 
     def real_executor(self, task: Task) -> Executor:
         return self.env.make_executor(task)
+
+    def oracle(self, tasks: Sequence[Task]) -> ChatBackend:
+        from envace.evaluation.policies import OracleBackend
+
+        return OracleBackend(tasks, name="oracle", make_executor=self.real_executor)
 
     def score(self, task: Task, record: EpisodeRecord) -> float:
         calls = tuple(

@@ -37,10 +37,11 @@ class ProbeSet:
 
 
 def oracle_probe_set(adapter: BenchmarkAdapter, tasks: Sequence[Task]) -> ProbeSet:
-    """The oracle's episodes on ``tasks`` against ``adapter``'s real executor (no model involved)."""
+    """The oracle's episodes on ``tasks`` against ``adapter``'s real executor (no model involved): the
+    adapter's own oracle (``adapter.oracle``), else one replaying ``task.gold_calls``."""
     if not tasks:
         raise ValueError("oracle_probe_set: no tasks; pass at least one task with gold calls")
-    oracle = OracleBackend(tasks, name="oracle", make_executor=adapter.real_executor)
+    oracle = adapter.oracle(tasks) or OracleBackend(tasks, name="oracle", make_executor=adapter.real_executor)
     records = evaluate(adapter, oracle, tasks, progress=False).records
     failed = [r.task_id for r in records if not r.success]
     if failed:

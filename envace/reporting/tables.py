@@ -91,8 +91,11 @@ def domain_table(m: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def fidelity_table(m: Mapping[str, Any]) -> pd.DataFrame:
-    return pd.DataFrame([{"benchmark": bench, "model": label, **r["fidelity"]}
-                         for bench, label, r in _evaluations(m) if r.get("fidelity")])
+    """REHEARSE vs the real responses, on the calls each model made (``calls=own``) and on the oracle's
+    calls (``calls=gold``, the same for every model)."""
+    return pd.DataFrame([{"benchmark": bench, "model": label, "calls": calls, **r[key]}
+                         for bench, label, r in _evaluations(m)
+                         for calls, key in (("own", "fidelity"), ("gold", "fidelity_gold")) if r.get(key)])
 
 
 def testtime_table(m: Mapping[str, Any]) -> pd.DataFrame:

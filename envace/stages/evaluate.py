@@ -37,8 +37,31 @@ def contenders(cfg: DictConfig) -> dict[str, tuple[Any, Any]]:
     return out
 
 
+def gold_probe(cfg: DictConfig, adapter: Any, tasks: list[Any]) -> Any:
+    """The oracle's real episodes on up to ``eval.gold_fidelity_tasks`` of ``tasks`` that have a real
+    executor (None when off or impossible: no oracle, no executable task, no call)."""
+    from envace.evaluation import oracle_probe_set, sample_tasks  # LIBRARY: envace.evaluation
+
+    n = int(cfg.eval.gold_fidelity_tasks)
+    if not (cfg.eval.fidelity and n):
+        return None
+    executable = [t for t in tasks if not t.meta.get("trial") and adapter.real_executor(t) is not None]
+    chosen = sample_tasks(executable, n, int(cfg.seed))
+    try:
+        return oracle_probe_set(adapter, chosen)
+    except ValueError as exc:  # nothing to probe here: say so, measure the rest
+        logger.warning("evaluate: no gold-call fidelity on %s: %s", adapter.name, exc)
+        return None
+
+
+def fidelity_json(report: Any) -> dict[str, Any]:
+    return {"overall": report.overall.to_json(),
+            "per_tool": {tool: stats.to_json() for tool, stats in sorted(report.per_tool.items())},
+            "pairs": [asdict(p) for p in report.pairs]}
+
+
 def evaluate_one(cfg: DictConfig, adapter: Any, subset: str, tasks: list[Any], actor: Any, rehearser: Any,
-                 out: Path, label: str) -> dict[str, Any]:
+                 out: Path, label: str, gold: Any = None) -> dict[str, Any]:
     from envace.evaluation import evaluate, measure_fidelity  # LIBRARY: envace.evaluation
 
     ev = cfg.eval
@@ -51,13 +74,14 @@ def evaluate_one(cfg: DictConfig, adapter: Any, subset: str, tasks: list[Any], a
     if ev.fidelity:
         report = measure_fidelity(rehearser, result.records, tasks, max_new_tokens=int(ev.rehearse_max_new_tokens),
                                   seed=int(cfg.seed))
-        write_json(out / f"{label}.fidelity.json", {
-            "overall": report.overall.to_json(),
-            "per_tool": {tool: stats.to_json() for tool, stats in sorted(report.per_tool.items())},
-            "pairs": [asdict(p) for p in report.pairs],
-        })
+        write_json(out / f"{label}.fidelity.json", fidelity_json(report))
         summary["fidelity"] = report.overall.to_json()
         summary["fidelity_per_tool"] = {t: s.to_json() for t, s in sorted(report.per_tool.items())}
+    if gold is not None:  # the same oracle calls for every model: comparable across checkpoints
+        report = measure_fidelity(rehearser, gold.records, gold.tasks, max_new_tokens=int(ev.rehearse_max_new_tokens),
+                                  seed=int(cfg.seed))
+        write_json(out / f"{label}.fidelity_gold.json", fidelity_json(report))
+        summary["fidelity_gold"] = report.overall.to_json()
     return summary
 
 
@@ -81,15 +105,17 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
         raise ValueError(f"evaluate: benchmark {benchmark} has no runnable tasks in split {suite.split!r}"
                          + (f" (skipped: {skipped})" if skipped else "") + "; set eval.suites."
                          f"{benchmark}.split to a subset that exists")
+    gold = gold_probe(cfg, make_adapter(cfg, suite, models["policy"][1]), tasks)  # its own adapter: no shared state
     out = Path(cfg.paths.evaluation) / benchmark
     results: dict[str, Any] = {}
     with atomic_dir(out) as tmp:
         for label, (actor, rehearser) in models.items():
             logger.info("evaluate %s: %s on %d tasks", benchmark, label, len(tasks))
-            results[label] = evaluate_one(cfg, adapters[label], suite.split, tasks, actor, rehearser, tmp, label)
+            results[label] = evaluate_one(cfg, adapters[label], suite.split, tasks, actor, rehearser, tmp, label, gold)
     tracker.log_artifact(out, f"evaluation/{benchmark}")
     metrics: dict[str, Any] = {"benchmark": benchmark, "split": suite.split, "n_tasks": len(tasks),
-                               "trials": suite.trials, "not_runnable": skipped, **results}
+                               "trials": suite.trials, "not_runnable": skipped, **results,
+                               "gold_fidelity_calls": 0 if gold is None else gold.n_calls}
     if "base" in results:
         metrics["success_gain_vs_base"] = results["policy"]["success_rate"] - results["base"]["success_rate"]
     return metrics

@@ -97,6 +97,11 @@ def test_evaluate_scores_policy_and_base_with_domains_and_fidelity(chain):
         assert sum(g["n"] for g in m[label]["per_domain"].values()) == m["n_tasks"]
         assert "fidelity" in m[label]
         assert len(read_jsonl(root / "evaluation" / "toolworld" / f"{label}.predictions.jsonl")) == m["n_tasks"]
+    # REHEARSE on the oracle's calls of eval.gold_fidelity_tasks tasks: the same calls for both models
+    assert m["gold_fidelity_calls"] > 0
+    assert m["policy"]["fidelity_gold"]["n"] == m["base"]["fidelity_gold"]["n"] == m["gold_fidelity_calls"]
+    pairs = read_json(root / "evaluation" / "toolworld" / "base.fidelity_gold.json")["pairs"]
+    assert len(pairs) == m["gold_fidelity_calls"]
 
 
 def test_rehearsal_sweep_covers_the_grid(chain):
@@ -143,10 +148,13 @@ def test_evaluate_runs_bfcl_and_tau2_suites_with_their_own_tables(chain, paths_u
     assert bfcl["policy"]["categories"]["web_search_base"]["status"] == "not_runnable_offline"
     assert "SerpAPI" in bfcl["not_runnable"]["web_search_base"]  # reported with its reason, never dropped
     assert "overall" in bfcl["policy"]["aggregates"]
+    # gold-call fidelity on BFCL's executable multi-turn backends (the oracle's calls, executed for real)
+    assert bfcl["gold_fidelity_calls"] > 0 and bfcl["policy"]["fidelity_gold"]["n"] == bfcl["gold_fidelity_calls"]
     tau2 = read_json(root / "metrics" / "evaluate_tau2.json")
     assert tau2["n_tasks"] == 2 and tau2["trials"] == 2  # one ticket, two trials
     domain = tau2["policy"]["domains"]["telecom:base"]
     assert domain["status"] == "ran" and domain["mode"] == "solo" and {"pass^1", "pass^2"} <= set(domain)
+    assert tau2["gold_fidelity_calls"] > 0  # τ² tools executed for real by the oracle
 
 
 def test_evaluate_runs_user_supplied_finmcp_and_vitabench_data(chain, paths_under, repo_root):

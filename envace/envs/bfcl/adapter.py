@@ -243,6 +243,11 @@ class BfclAdapter(BenchmarkAdapter):
             return 0.0
         return 1.0 if check_entry(entry_of(task), outputs).valid else 0.0
 
+    def oracle(self, tasks: Sequence[Task]) -> Any:
+        from envace.envs.bfcl.oracle import BfclOracle
+
+        return BfclOracle(tasks)
+
     def summarize(self, subset: str, records: Sequence[EpisodeRecord]) -> dict[str, Any]:
         from envace.envs.bfcl.runner import category_counts, category_table
         from envace.envs.bfcl.scoring import bfcl_summary

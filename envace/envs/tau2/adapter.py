@@ -149,6 +149,11 @@ class Tau2Adapter(BenchmarkAdapter):
         solo = Tau2Mode(record.info.get("mode", "solo")) is Tau2Mode.SOLO
         return float(ep.evaluate(simulation, tau2_task_of(task), task.domain, solo).reward)
 
+    def oracle(self, tasks: Sequence[Task]) -> Any:
+        from envace.envs.tau2.oracle import Tau2Oracle
+
+        return Tau2Oracle(tasks)
+
     def summarize(self, subset: str, records: Sequence[EpisodeRecord]) -> dict[str, Any]:
         from envace.envs.tau2.runner import domain_table
 
