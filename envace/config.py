@@ -255,6 +255,7 @@ class SuiteConfig:
     act_max_new_tokens: Optional[int] = None
     max_steps: Optional[int] = None
     trials: Optional[int] = None  # runs per task (pass^k over trials); null = 1
+    gold_fidelity_tasks: Optional[int] = None  # null = eval.gold_fidelity_tasks
     mode: Optional[str] = None
     data_path: Optional[str] = None
     tools_path: Optional[str] = None

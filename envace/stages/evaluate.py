@@ -37,13 +37,12 @@ def contenders(cfg: DictConfig) -> dict[str, tuple[Any, Any]]:
     return out
 
 
-def gold_probe(cfg: DictConfig, adapter: Any, tasks: list[Any]) -> Any:
-    """The oracle's real episodes on up to ``eval.gold_fidelity_tasks`` of ``tasks`` that have a real
-    executor (None when off or impossible: no oracle, no executable task, no call)."""
+def gold_probe(cfg: DictConfig, adapter: Any, tasks: list[Any], n: int) -> Any:
+    """The oracle's real episodes on up to ``n`` of ``tasks`` that have a real executor (None when off
+    or impossible: no oracle, no executable task, no call)."""
     from envace.evaluation import oracle_probe_set, sample_tasks  # LIBRARY: envace.evaluation
 
-    n = int(cfg.eval.gold_fidelity_tasks)
-    if not (cfg.eval.fidelity and n):
+    if not n:
         return None
     executable = [t for t in tasks if not t.meta.get("trial") and adapter.real_executor(t) is not None]
     chosen = sample_tasks(executable, n, int(cfg.seed))
@@ -105,7 +104,7 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
         raise ValueError(f"evaluate: benchmark {benchmark} has no runnable tasks in split {suite.split!r}"
                          + (f" (skipped: {skipped})" if skipped else "") + "; set eval.suites."
                          f"{benchmark}.split to a subset that exists")
-    gold = gold_probe(cfg, make_adapter(cfg, suite, models["policy"][1]), tasks)  # its own adapter: no shared state
+    gold = gold_probe(cfg, make_adapter(cfg, suite, models["policy"][1]), tasks, suite.gold_fidelity_tasks)  # its own adapter: no shared state
     out = Path(cfg.paths.evaluation) / benchmark
     results: dict[str, Any] = {}
     with atomic_dir(out) as tmp:

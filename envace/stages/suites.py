@@ -41,6 +41,7 @@ class Suite:
     budgets: Budgets
     options: dict[str, Any]  # benchmark-specific extras (see the module docstring)
     trials: int = 1  # runs per task (eval only)
+    gold_fidelity_tasks: int = 0  # tasks whose oracle calls REHEARSE is also scored on (eval only)
 
     @property
     def limit(self) -> int | None:
@@ -80,7 +81,8 @@ def eval_suite(cfg: DictConfig, benchmark: str, section: str = "eval") -> Suite:
     trials = int(over.get("trials") or 1)
     if trials < 1:
         raise ValueError(f"eval.suites.{benchmark}.trials={trials}: must be >= 1")
-    return Suite(benchmark, str(over.get("split") or ev.split), int(pick("n_tasks")), budgets, options, trials)
+    return Suite(benchmark, str(over.get("split") or ev.split), int(pick("n_tasks")), budgets, options, trials,
+                 int(pick("gold_fidelity_tasks")) if ev.fidelity else 0)
 
 
 def _endpoint(options: dict[str, Any], prefix: str) -> dict[str, Any] | None:
