@@ -160,8 +160,7 @@ class MlflowTracker(Tracker):
         try:
             yield child
         except BaseException as exc:
-            _record_failure(child, exc)
-            self.client.set_terminated(child.run_id, status="KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+            self.client.set_terminated(child.run_id, status=_record_failure(child, exc))
             raise
         self.client.set_terminated(child.run_id, status="FINISHED")
 
@@ -327,8 +326,7 @@ def stage_run(
     try:
         yield run
     except BaseException as exc:
-        status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
-        _record_failure(run, exc)
+        status = _record_failure(run, exc)
         store.set_status(run.run_id, status)
         if owns_parent:
             store.set_status(parent_id, status)
@@ -338,12 +336,14 @@ def stage_run(
         store.set_status(parent_id, "FINISHED")
 
 
-def _record_failure(run: Tracker, exc: BaseException) -> None:
+def _record_failure(run: Tracker, exc: BaseException) -> str:
+    """Record ``exc`` on ``run`` (tags + ``error.txt``); returns the status to end it with."""
     try:
         run.set_tags({"error": f"{type(exc).__name__}: {exc}", "error.type": type(exc).__name__})
         run.log_text("".join(traceback.format_exception(exc)), "error.txt")
     except Exception:  # never mask the stage's own error
         logger.exception("could not record the failure in MLflow")
+    return "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
 
 
 # ---- comparing runs ------------------------------------------------------------------------------------

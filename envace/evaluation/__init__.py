@@ -1,6 +1,6 @@
 """Benchmark evaluation: adapters (by registry name), the policy loop, metrics, world-model fidelity."""
 
-from envace.evaluation.base import BenchmarkAdapter, EnvironmentAdapter, sample_tasks
+from envace.evaluation.base import BenchmarkAdapter, EnvironmentAdapter, sample_tasks, with_trials
 from envace.evaluation.episode import ActLoopConfig, Dialogue, ExecutorResponder, TurnView, run_act_loop
 from envace.evaluation.fidelity import FidelityReport, compare_responses, field_f1, flatten_json, measure_fidelity
 from envace.evaluation.metrics import BenchmarkMetrics, compute_metrics
@@ -43,4 +43,5 @@ __all__ = [
     "run_act_loop",
     "run_programs",
     "sample_tasks",
+    "with_trials",
 ]

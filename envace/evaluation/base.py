@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from envace.core.rehearsal import RehearsalContext
 from envace.core.seeds import derive_seed
@@ -31,14 +31,29 @@ from envace.evaluation.records import EpisodeRecord
 from envace.inference.base import ChatBackend
 
 
-def sample_tasks(tasks: list[Task], limit: int | None, seed: int) -> list[Task]:
-    """Deterministic subset of at most ``limit`` tasks (original order kept)."""
-    if limit is None or limit >= len(tasks):
-        return list(tasks)
-    if limit < 0:
+def sample_tasks(
+    tasks: Sequence[Task], limit: int | None, seed: int, where: Callable[[Task], bool] | None = None
+) -> list[Task]:
+    """Deterministic subset of at most ``limit`` tasks (original order kept). ``where``: only tasks it
+    accepts — asked lazily, in sampling order, so a costly test runs on as few tasks as needed."""
+    if limit is not None and limit < 0:
         raise ValueError(f"limit={limit}: must be >= 0 or None (all tasks)")
-    keep = set(sorted(range(len(tasks)), key=lambda i: (derive_seed(seed, tasks[i].task_id), i))[:limit])
+    if where is None and (limit is None or limit >= len(tasks)):
+        return list(tasks)
+    keep: set[int] = set()
+    for i in sorted(range(len(tasks)), key=lambda i: (derive_seed(seed, tasks[i].task_id), i)):
+        if limit is not None and len(keep) >= limit:
+            break
+        if where is None or where(tasks[i]):
+            keep.add(i)
     return [t for i, t in enumerate(tasks) if i in keep]
+
+
+def with_trials(tasks: Sequence[Task], trials: int) -> list[Task]:
+    """Every task once per trial, trial-major (like tau2); ``task.meta['trial']`` seeds each trial's sampling."""
+    if trials < 1:
+        raise ValueError(f"trials={trials}: must be >= 1")
+    return [replace(t, meta={**t.meta, "trial": k}) for k in range(trials) for t in tasks]
 
 
 class BenchmarkAdapter(ABC):

@@ -45,14 +45,13 @@ def _toolworld_probe_set(cfg: DictConfig, rows: list[dict[str, Any]]) -> Any:
     """The oracle's episodes (real responses) on ``train.fidelity_tasks`` of the validation ``rows``."""
     from envace.envs.toolworld import task_from_cm2_row  # LIBRARY: envace.envs.toolworld
     from envace.evaluation import oracle_probe_set, sample_tasks  # LIBRARY: envace.evaluation
+    from envace.stages.suites import Suite, make_adapter  # imports this module: import it here
 
     if not rows:
         raise ValueError(f"train.fidelity_every={cfg.train.fidelity_every} needs validation tasks, but none were "
                          f"kept in {cfg.paths.prepared}/val.jsonl; set data.n_val > 0 or train.fidelity_every=0")
     tasks = sample_tasks([task_from_cm2_row(r) for r in rows], int(cfg.train.fidelity_tasks), int(cfg.seed))
     steps = max((len(turn) for t in tasks for turn in t.gold_calls), default=0) + 1  # gold steps + the reply
-    from envace.stages.suites import Suite, make_adapter
-
     suite = Suite("toolworld", "val", 0, Budgets(steps, 64, 0.0, int(cfg.seed)), {})
     return oracle_probe_set(make_adapter(cfg, suite), tasks)
 

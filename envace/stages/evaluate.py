@@ -13,7 +13,7 @@ Outputs in ``paths.evaluation/<benchmark>``: ``<label>.predictions.jsonl`` (one 
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +44,8 @@ def gold_probe(cfg: DictConfig, adapter: Any, tasks: list[Any], n: int) -> Any:
 
     if not n:
         return None
-    executable = [t for t in tasks if not t.meta.get("trial") and adapter.real_executor(t) is not None]
-    chosen = sample_tasks(executable, n, int(cfg.seed))
+    chosen = sample_tasks(tasks, n, int(cfg.seed),
+                          where=lambda t: not t.meta.get("trial") and adapter.real_executor(t) is not None)
     try:
         return oracle_probe_set(adapter, chosen)
     except ValueError as exc:  # nothing to probe here: say so, measure the rest
@@ -84,11 +84,6 @@ def evaluate_one(cfg: DictConfig, adapter: Any, subset: str, tasks: list[Any], a
     return summary
 
 
-def with_trials(tasks: list[Any], trials: int) -> list[Any]:
-    """Every task once per trial (trial-major; ``task.meta['trial']`` seeds the trial's sampling)."""
-    return [replace(t, meta={**t.meta, "trial": k}) for k in range(trials) for t in tasks] if trials > 1 else tasks
-
-
 def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     configure_torch(cfg)
     benchmark = to_plain(cfg.eval.benchmark)
@@ -98,13 +93,16 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     # adapters that fall back on a REHEARSE role (FinMCP unrecorded=rehearse) use the contender's own
     adapters = {label: make_adapter(cfg, suite, rehearser) for label, (_, rehearser) in models.items()}
     probe = adapters["policy"]
+    from envace.evaluation import with_trials  # LIBRARY: envace.evaluation
+
     tasks = with_trials(probe.tasks(suite.split, limit=suite.limit, seed=int(cfg.seed)), suite.trials)
     skipped = dict(getattr(probe, "skipped", {}))  # parts of the split that cannot run here, with the reason
     if not tasks:
         raise ValueError(f"evaluate: benchmark {benchmark} has no runnable tasks in split {suite.split!r}"
                          + (f" (skipped: {skipped})" if skipped else "") + "; set eval.suites."
                          f"{benchmark}.split to a subset that exists")
-    gold = gold_probe(cfg, make_adapter(cfg, suite, models["policy"][1]), tasks, suite.gold_fidelity_tasks)  # its own adapter: no shared state
+    # the oracle plays on an adapter of its own (no shared state with the evaluated models)
+    gold = gold_probe(cfg, make_adapter(cfg, suite, models["policy"][1]), tasks, suite.gold_fidelity_tasks)
     out = Path(cfg.paths.evaluation) / benchmark
     results: dict[str, Any] = {}
     with atomic_dir(out) as tmp:

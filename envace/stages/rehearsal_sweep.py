@@ -48,6 +48,10 @@ def rehearsal_settings(cfg: DictConfig) -> Any:
     ))
 
 
+def cost_metrics(cell: Any) -> dict[str, float]:
+    return {f"cost/{k}": v for k, v in cell.costs.to_json().items()}
+
+
 def grid_rows(cells: list[Any], benchmark: str) -> list[dict[str, Any]]:
     """One flat row per cell, with the success gain over the benchmark's N=0 baseline."""
     baseline = next((c.metrics.success_rate for c in cells if c.n_attempts == 0), None)
@@ -55,7 +59,7 @@ def grid_rows(cells: list[Any], benchmark: str) -> list[dict[str, Any]]:
     for cell in cells:
         row = {"benchmark": benchmark, "cell": cell.key, "n_attempts": cell.n_attempts, "mode": cell.mode,
                "rehearser": cell.rehearser, "success_rate": cell.metrics.success_rate,
-               "mean_score": cell.metrics.mean_score, **{f"cost/{k}": v for k, v in cell.costs.to_json().items()}}
+               "mean_score": cell.metrics.mean_score, **cost_metrics(cell)}
         if baseline is not None:
             row["gain_vs_none"] = cell.metrics.success_rate - baseline
         rows.append(row)
@@ -67,7 +71,7 @@ def log_cell(tracker: Tracker, benchmark: str, cell: Any) -> None:
     with tracker.nested(f"{benchmark}/{cell.key}", {"envace.cell": cell.key, "envace.benchmark": benchmark}) as run:
         run.log_params({"benchmark": benchmark, "n_attempts": cell.n_attempts, "mode": cell.mode,
                         "rehearser": cell.rehearser})
-        run.log_metrics({**cell.metrics.flat(), **{f"cost/{k}": v for k, v in cell.costs.to_json().items()}})
+        run.log_metrics({**cell.metrics.flat(), **cost_metrics(cell)})
 
 
 def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:

@@ -15,11 +15,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from envace.core.prompts import ChatFormatter
-from envace.core.records import Role, TrajectoryStatus
+from envace.core.records import TrajectoryStatus
 from envace.engines import (
     RewardOutcome,
-    episode_spec_from_task,
     executor_factory_for,
     get_engine,
 )
@@ -29,8 +27,6 @@ from envace.engines.local import (
     OptimConfig,
     RolloutConfig,
 )
-from envace.engines.local.sft import gold_guide
-from envace.envs.toolworld import ToolWorldEnv
 from envace.models import ModelSpec, load_model_and_tokenizer
 
 torch.set_num_threads(1)
@@ -53,14 +49,9 @@ def varied_reward(spec, traj):
 
 
 @pytest.fixture(scope="module")
-def world():
-    env = ToolWorldEnv()
-    tasks = [t for t in env.tasks("train") if len(t.user_turns) == 1 and len(t.gold_calls[0]) == 1][:4]
-    specs = [episode_spec_from_task(t, env.make_executor(t)) for t in tasks]
-    _, tokenizer = load_model_and_tokenizer(TINY)
-    guide = gold_guide(dict(enumerate(specs)), ChatFormatter(tokenizer), strength={Role.ACT: 12.0, Role.REHEARSE: 7.0})
+def world(guided_world):
     initial, _ = load_model_and_tokenizer(TINY)
-    return {"env": env, "tasks": tasks, "specs": specs, "guide": guide, "initial": initial.state_dict()}
+    return {**guided_world, "initial": initial.state_dict()}
 
 
 def _train(world, variant, **overrides):

@@ -8,14 +8,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from envace.core.prompts import ChatFormatter
-from envace.core.records import Role
-from envace.engines import episode_spec_from_task, executor_factory_for, get_engine
+from envace.engines import executor_factory_for, get_engine
 from envace.engines.local import LocalEngineConfig, OptimConfig, RolloutConfig
-from envace.engines.local.sft import gold_guide
-from envace.envs.toolworld import ToolWorldEnv
 from envace.evaluation import ActLoopConfig, get_benchmark, oracle_probe_set
-from envace.models import ModelSpec, load_model_and_tokenizer
+from envace.models import ModelSpec
 
 torch.set_num_threads(1)
 
@@ -29,15 +25,10 @@ FIDELITY = ("fidelity/exact_match", "fidelity/field_f1", "fidelity/error_agreeme
 
 
 @pytest.fixture(scope="module")
-def world():
-    env = ToolWorldEnv()
-    tasks = [t for t in env.tasks("train") if len(t.user_turns) == 1 and len(t.gold_calls[0]) == 1][:4]
-    specs = [episode_spec_from_task(t, env.make_executor(t)) for t in tasks]
-    _, tokenizer = load_model_and_tokenizer(TINY)
-    guide = gold_guide(dict(enumerate(specs)), ChatFormatter(tokenizer), strength={Role.ACT: 12.0, Role.REHEARSE: 7.0})
+def world(guided_world):
+    env = guided_world["env"]
     adapter = get_benchmark("toolworld", config=ActLoopConfig(max_steps_per_turn=6), env=env)
-    return {"env": env, "tasks": tasks, "specs": specs, "guide": guide,
-            "probe_set": oracle_probe_set(adapter, env.tasks("val")[:1])}
+    return {**guided_world, "probe_set": oracle_probe_set(adapter, env.tasks("val")[:1])}
 
 
 def _train(world, **overrides):

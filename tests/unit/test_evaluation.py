@@ -180,6 +180,23 @@ def test_sample_tasks_is_deterministic_and_keeps_order():
     assert [t.task_id for t in sample_tasks(many, 5, seed=4)] != [t.task_id for t in a]
 
 
+def test_sample_tasks_where_equals_filtering_first_and_asks_lazily():
+    many = [kv_task(i, "alpha") for i in range(20)]
+    even = [t for t in many if int(t.task_id.split("-")[1]) % 2 == 0]
+    asked = []
+
+    def is_even(task: Task) -> bool:
+        asked.append(task.task_id)
+        return int(task.task_id.split("-")[1]) % 2 == 0
+
+    chosen = sample_tasks(many, 3, seed=3, where=is_even)
+    assert [t.task_id for t in chosen] == [t.task_id for t in sample_tasks(even, 3, seed=3)]
+    assert len(asked) < len(many)  # stopped once 3 were found
+    assert sample_tasks(many, None, seed=3, where=is_even) == even
+    with pytest.raises(ValueError, match="limit=-1"):
+        sample_tasks(many, -1, seed=3)
+
+
 def test_metrics_per_domain_and_transfer():
     def rec(task: Task, score: float, parse_failures: int = 0, gens: int = 2) -> EpisodeRecord:
         return EpisodeRecord(

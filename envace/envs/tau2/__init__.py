@@ -32,7 +32,7 @@ _LAZY = {
     "Tau2Executor": "envace.envs.tau2.executor",
     "Tau2Report": "envace.envs.tau2.runner",
     "run_tau2": "envace.envs.tau2.runner",
-    "with_trials": "envace.envs.tau2.runner",
+    "with_trials": "envace.evaluation.base",
 }
 
 

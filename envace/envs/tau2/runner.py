@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from envace.envs.base import Task
 from envace.envs.tau2.adapter import Tau2Adapter
 from envace.envs.tau2.config import Tau2Mode, parse_subset
 from envace.envs.tau2.episode import CUSTOMER
+from envace.evaluation.base import with_trials
 from envace.evaluation.metrics import compute_metrics
 from envace.evaluation.programs import ACTOR
 from envace.evaluation.records import EpisodeRecord
@@ -34,13 +34,6 @@ class Tau2Report:
     def to_json(self) -> dict[str, Any]:
         return {"policy": self.run.policy, "trials": self.trials, "domains": self.domains,
                 "metrics": self.run.metrics.to_json()}
-
-
-def with_trials(tasks: Sequence[Task], trials: int) -> list[Task]:
-    """Every task once per trial (trial-major order, like tau2)."""
-    if trials < 1:
-        raise ValueError(f"trials={trials}: must be >= 1")
-    return [replace(t, meta={**t.meta, "trial": k}) for k in range(trials) for t in tasks]
 
 
 def pass_hat_ks(records: Sequence[EpisodeRecord], trials: int) -> dict[str, float]:
