@@ -20,7 +20,7 @@ import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Union, Any, List, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -169,6 +169,11 @@ class AlgoConfig:
     grad_clip: float = 1.0
     ppo_epochs: int = 1
     grpo_responses: ResponseSource = ResponseSource.executor
+    # LoRA (envace.engines.lora): values declared once, in conf/config.yaml; lora_rank 0 = full fine-tuning
+    lora_rank: int = MISSING
+    lora_alpha: int = MISSING  # absolute; the adapter scale is lora_alpha / lora_rank
+    lora_target_modules: List[str] = MISSING
+    lora_dropout: float = MISSING
 
 
 @dataclass
@@ -184,7 +189,14 @@ class EndpointConfig:
 class EngineConfig:
     name: EngineName = EngineName.local
     device: str = "cpu"
-    num_threads: int = 1
+    num_threads: Union[int, str] = 1  # an int >= 1, or auto (envace.engines.local.precision.resolve_threads)
+    # local engine speed/memory (envace.engines.local): auto | fp32 | bf16; shared-prompt packing; a token
+    # budget per forward; gradient checkpointing auto | on | off; an opt-in log-prob health-check forward
+    precision: str = "auto"
+    share_prefix: bool = True
+    micro_batch_tokens: int = 8192
+    grad_checkpointing: str = "auto"
+    logprob_check: bool = False
     n_gpus_per_node: int = 0
     nnodes: int = 1
     # verl only (null = the engine's default; see envace.engines.verl.config_builder)
@@ -294,6 +306,8 @@ class EvalConfig:
     max_steps_per_turn: int = 4
     act_max_new_tokens: int = 64
     rehearse_max_new_tokens: int = 64
+    precision: str = "auto"  # auto | fp32 | bf16 for the local model backends (as engine.precision)
+    prefix_cache_tokens: int = 16384  # local backends: KV prefix cache across turns (0 = off)
 
 
 @dataclass

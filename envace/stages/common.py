@@ -74,10 +74,15 @@ def model_spec(cfg: DictConfig, path: str | Path | None = None) -> Any:
 
 
 @functools.lru_cache(maxsize=4)
-def _backend(spec: Any, name: str) -> Any:
+def _backend(spec: Any, name: str, precision: str, prefix_cache_tokens: int) -> Any:
     from envace.inference.local import LocalHFBackend  # LIBRARY: envace.inference.local
 
-    return LocalHFBackend.from_spec(spec, name=name)
+    return LocalHFBackend.from_spec(spec, name=name, precision=precision, prefix_cache_tokens=prefix_cache_tokens)
+
+
+def backend_options(cfg: DictConfig) -> tuple[str, int]:
+    """``(eval.precision, eval.prefix_cache_tokens)`` of the local chat backends."""
+    return str(cfg.eval.precision), int(cfg.eval.prefix_cache_tokens)
 
 
 def read_manifest(cfg: DictConfig) -> dict[str, Any]:
@@ -91,9 +96,10 @@ def trained_backend(cfg: DictConfig, role: str) -> Any:
     """Chat backend of the trained model that plays ``role`` ("act" | "rehearse"), per the manifest."""
     manifest = read_manifest(cfg)
     rel = manifest["roles"][role]
-    return _backend(model_spec(cfg, Path(cfg.paths.checkpoints) / rel), f"trained:{Path(rel).name}")
+    return _backend(model_spec(cfg, Path(cfg.paths.checkpoints) / rel), f"trained:{Path(rel).name}",
+                    *backend_options(cfg))
 
 
 def base_backend(cfg: DictConfig) -> Any:
     """Chat backend of the untrained base model (the baseline and the `base` rehearser)."""
-    return _backend(model_spec(cfg), f"base:{cfg.model.name}")
+    return _backend(model_spec(cfg), f"base:{cfg.model.name}", *backend_options(cfg))

@@ -38,10 +38,12 @@ def default_metrics_path(name: str) -> MetricsPathFn:
 
 
 def configure_torch(cfg: DictConfig) -> None:
-    """Thread count from ``engine.num_threads`` (2 shared cores: 1 by default)."""
+    """Thread count from ``engine.num_threads`` (an int, or ``auto``: see ``resolve_threads``)."""
     import torch
 
-    torch.set_num_threads(max(1, int(cfg.engine.num_threads)))
+    from envace.engines.local.precision import resolve_threads
+
+    torch.set_num_threads(resolve_threads(cfg.engine.num_threads))
 
 
 def execute(

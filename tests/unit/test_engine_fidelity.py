@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from transformers import LlamaConfig
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from envace.core.prompts import ChatFormatter, compact_json
 from envace.core.wire import as_result_object, render_rehearsal
@@ -71,33 +73,48 @@ def test_oracle_probe_set_holds_real_responses_and_is_deterministic(probe_set):
 
 
 class ScriptedRehearser(torch.nn.Module):
-    """Answers each REHEARSE request with the real response of the call whose arguments occur last in the
-    prompt; draws from every RNG while generating (the probe must restore them)."""
+    """A causal LM answering each REHEARSE request with the real response of the call whose arguments occur
+    last in the prompt; draws from every RNG in every forward pass (the probe must restore them).
+
+    It keeps what it has seen in its KV cache (one key per token: the token id), so it works through the
+    backend's decode loop, padding holes and prefix cache like a real model.
+    """
 
     def __init__(self, tokenizer, answers: dict[str, object]):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.config = LlamaConfig(vocab_size=len(tokenizer), num_hidden_layers=1, hidden_size=8, intermediate_size=8,
+                                  num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=1 << 20)
         self.formatter = ChatFormatter(tokenizer)
+        self.reply_start = self.formatter.encode("<|im_start|>assistant\n")
+        self.eot = self.formatter.end_of_turn_token_ids[0]
         self.answers = answers
         self.seen_grad_enabled: list[bool] = []
 
-    @property
-    def device(self):
-        return torch.device("cpu")
+    def next_token(self, seen: list[int]) -> int:
+        n = len(self.reply_start)
+        starts = [i + n for i in range(len(seen) - n + 1) if seen[i:i + n] == self.reply_start]
+        if not starts:  # a padding position: its output is never used
+            return self.eot
+        prompt = self.formatter.decode(seen[:starts[-1]])
+        key = max(self.answers, key=prompt.rfind)
+        reply = self.formatter.encode(render_rehearsal(as_result_object(self.answers[key]))) + [self.eot]
+        done = len(seen) - starts[-1]
+        return reply[done] if done < len(reply) else self.eot
 
-    def generate(self, input_ids, attention_mask, **_):
+    def forward(self, input_ids, attention_mask, past_key_values, logits_to_keep, **_):
         torch.rand(1), random.random(), np.random.rand()
         self.seen_grad_enabled.append(torch.is_grad_enabled())
-        rows = []
-        for ids, mask in zip(input_ids, attention_mask):
-            prompt = self.formatter.decode(ids[mask.bool()].tolist())
-            key = max(self.answers, key=prompt.rfind)
-            text = render_rehearsal(as_result_object(self.answers[key]))
-            rows.append(self.formatter.encode(text) + [self.formatter.end_of_turn_token_ids[0]])
-        width = max(len(r) for r in rows)
-        eot = self.formatter.end_of_turn_token_ids[0]
-        out = torch.tensor([r + [eot] * (width - len(r)) for r in rows], dtype=torch.long)
-        return torch.cat([input_ids, out], dim=1)
+        ids = input_ids[:, None, :, None].float()
+        history = past_key_values.update(ids, ids, 0)[0][:, 0, :, 0].long()  # [rows, cache length]
+        offset = history.shape[1] - input_ids.shape[1]
+        logits = torch.full((len(history), len(logits_to_keep), self.config.vocab_size), -1e4)
+        for row in range(len(history)):
+            for column, j in enumerate(logits_to_keep.tolist()):
+                upto = offset + j + 1
+                seen = history[row, :upto][attention_mask[row, :upto].bool()].tolist()
+                logits[row, column, self.next_token(seen)] = 0.0
+        return CausalLMOutputWithPast(logits=logits, past_key_values=past_key_values)
 
 
 def test_probe_scores_the_model_through_the_backend_and_leaves_training_state_alone(probe_set):

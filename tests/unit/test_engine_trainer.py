@@ -57,12 +57,24 @@ def _update(cfg, roles=frozenset(Role), ref=False):
 
 
 def test_recompute_starts_at_ratio_one_and_changes_weights():
-    cfg = OptimConfig(lr=1e-2, ppo_epochs=1)
+    cfg = OptimConfig(lr=1e-2, ppo_epochs=2)
     model, metrics, rows, diff = _update(cfg)
-    assert metrics["clipfrac"] == 0.0 and metrics["grad_norm"] > 0
     assert diff > 0  # the synthetic sampling log-probs (-1.0) are not the model's
+    assert metrics["grad_norm"] > 0
     assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), _model().parameters()))
     assert all(r.old_logprobs is not None and r.old_logprobs.shape == r.positions.shape for r in rows)
+
+
+def test_single_pass_takes_old_logprobs_from_the_update_forward():
+    """ppo_epochs=1, one mini-batch: no extra forward; ratio exactly 1; the gap is measured for free."""
+    model, metrics, rows, diff = _update(OptimConfig(lr=1e-2, ppo_epochs=1))
+    assert diff is None and all(r.old_logprobs is None for r in rows)  # prepare ran no forward
+    assert metrics["clipfrac"] == 0.0 and metrics["grad_norm"] > 0
+    checked, checked_metrics, _, check_diff = _update(OptimConfig(lr=1e-2, ppo_epochs=1, logprob_check=True))
+    assert metrics["rollout/logprob_diff"] == pytest.approx(check_diff, abs=1e-6)  # same quantity, opt-in pass
+    assert "rollout/logprob_diff" not in checked_metrics
+    for a, b in zip(model.parameters(), checked.parameters()):  # the check does not change the update
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
 def test_sampling_logprobs_mode_reuses_rollout_values():

@@ -1,4 +1,4 @@
-"""LocalHFBackend on the tiny random model: determinism, limits, stops, order, token counts."""
+"""LocalHFBackend on the tiny random model: determinism, limits, stops, order, token counts, prefix cache, precision."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from envace.core.prompts import ChatFormatter
+from envace.engines.local.precision import resolve_precision
 from envace.inference.base import ChatOutput, ChatRequest
+from envace.engines.local.decode import sample_next_tokens
 from envace.inference.local import LocalHFBackend
 from envace.models import ModelSpec, load_model_and_tokenizer
 
@@ -100,3 +102,117 @@ def test_from_spec_and_invalid_batch_size():
         LocalHFBackend("tiny", None)
     with pytest.raises(ValueError, match="batch_size"):
         LocalHFBackend(backend.model, backend.tokenizer, batch_size=0)
+
+
+# ---- prefix KV cache and precision ---------------------------------------------------------------
+
+SYSTEM = {"role": "system", "content": "You are a helpful assistant. Please help the user with the request."}
+USER_TURNS = ("The user wants to know the weather in Paris tomorrow.", "Then book a hotel.", "Is there anything else?")
+
+
+def _multi_turn(backend: LocalHFBackend, temperature: float) -> list[list[ChatOutput]]:
+    """Three turns of two conversations (one with tools) plus one fresh request per turn, batched.
+
+    Turn t+1 of a conversation = its turn-t messages + the assistant reply + the next user message.
+    """
+    conversations = [[SYSTEM], [SYSTEM]]
+    turns = []
+    for t, text in enumerate(USER_TURNS):
+        requests = []
+        for c, messages in enumerate(conversations):
+            messages.append({"role": "user", "content": text})
+            requests.append(ChatRequest(messages=tuple(messages), tools=TOOLS if c else None,
+                                        temperature=temperature, seed=10 * c + t, max_new_tokens=10))
+        requests.append(_request(f"fresh {t}", temperature=temperature, seed=t, max_new_tokens=6))
+        outputs = backend.generate(requests)
+        for messages, output in zip(conversations, outputs, strict=False):
+            messages.append({"role": "assistant", "content": output.text})
+        turns.append(outputs)
+    return turns
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return load_model_and_tokenizer(ModelSpec("tiny", seed=1))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_prefix_cache_exact(tiny_model, temperature):
+    model, tok = tiny_model
+    cached = LocalHFBackend(model, tok, batch_size=3, precision="fp32")
+    fresh = LocalHFBackend(model, tok, batch_size=3, precision="fp32", prefix_cache_tokens=0)
+    with_cache, without = _multi_turn(cached, temperature), _multi_turn(fresh, temperature)
+    assert with_cache == without  # texts, token counts and finish reasons
+    assert len({o.text for turn in with_cache for o in turn}) > 3  # not a degenerate constant reply
+    assert fresh.prefix_cache is None and fresh.prefix_cache_hits == fresh.cached_tokens_reused == 0
+    # turns 2 and 3: both conversations hit (prefixes of different lengths), the short fresh row in
+    # the same batch does not
+    assert cached.prefix_cache_hits == 4
+    assert cached.prompt_tokens_encoded + cached.cached_tokens_reused == fresh.prompt_tokens_encoded
+
+
+def test_prefix_cache_reuses_the_previous_turn(tiny_model):
+    model, tok = tiny_model
+    backend = LocalHFBackend(model, tok, prefix_cache_tokens=4096)
+    first = [SYSTEM, {"role": "user", "content": USER_TURNS[0]}]
+    out = backend.generate([ChatRequest(messages=tuple(first), max_new_tokens=8)])[0]
+    assert backend.prefix_cache_hits == 0 and len(backend.prefix_cache) == 1
+    assert backend.prefix_cache.tokens == out.prompt_tokens + out.completion_tokens - 1  # last token never fed
+    second = (*first, {"role": "assistant", "content": out.text}, {"role": "user", "content": USER_TURNS[1]})
+    out2 = backend.generate([ChatRequest(messages=second, max_new_tokens=8)])[0]
+    assert backend.prefix_cache_hits == 1
+    # at least the whole first prompt is reused (the reply's re-tokenisation may differ from the sample)
+    assert out.prompt_tokens <= backend.cached_tokens_reused < out2.prompt_tokens
+    assert backend.prompt_tokens_encoded == out.prompt_tokens + out2.prompt_tokens - backend.cached_tokens_reused
+
+
+def test_prefix_cache_respects_its_token_budget(tiny_model):
+    model, tok = tiny_model
+    backend = LocalHFBackend(model, tok, batch_size=2, prefix_cache_tokens=120)
+    sizes = []
+    for i in range(6):
+        messages = (SYSTEM, {"role": "user", "content": f"question number {i} " * (i + 1)})
+        backend.generate([ChatRequest(messages=messages, max_new_tokens=6, seed=i)])
+        sizes.append((backend.prefix_cache.tokens, len(backend.prefix_cache)))
+    assert all(tokens <= 120 for tokens, _ in sizes) and max(tokens for tokens, _ in sizes) > 60
+    assert sizes[-1][1] < 6  # old entries were evicted
+    assert backend.prefix_cache_hits >= 4  # the shared system prompt
+    tiny = LocalHFBackend(model, tok, prefix_cache_tokens=20)  # smaller than any sequence: stores nothing
+    tiny.generate([ChatRequest(messages=(SYSTEM, {"role": "user", "content": "hi"}), max_new_tokens=4)] * 2)
+    assert len(tiny.prefix_cache) == 0 and tiny.prefix_cache_hits == 0
+    with pytest.raises(ValueError, match="prefix_cache_tokens"):
+        LocalHFBackend(model, tok, prefix_cache_tokens=-1)
+
+
+def test_precision_bf16_runs_and_auto_resolves(tiny_model):
+    model, tok = tiny_model
+    requests = [_request("hello", max_new_tokens=6), _request("hello", temperature=0.8, seed=3, max_new_tokens=6)]
+    bf16 = LocalHFBackend(model, tok, precision="bf16")
+    assert bf16.precision == "bf16"
+    outputs = bf16.generate(requests)
+    assert all(0 < o.completion_tokens <= 6 for o in outputs)
+    assert bf16.generate(requests) == outputs  # deterministic, also through the cache
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # autocast only: weights untouched
+    auto = LocalHFBackend(model, tok, precision="auto")
+    assert auto.precision == resolve_precision("auto")  # bf16 only where the CPU has it *and* it is faster
+    assert LocalHFBackend(model, tok).precision == "fp32"  # the constructor's default: old behaviour
+    with pytest.raises(ValueError, match="precision"):
+        LocalHFBackend(model, tok, precision="fp16")
+
+
+def test_sample_next_tokens_inverse_cdf_per_row():
+    logits = torch.tensor([[0.0, 2.0, 1.0], [0.5, 0.0, 0.1], [1.0, 1.0, 3.0]])
+    seeds = [None, 5, 6]
+    generators = [None if s is None else torch.Generator().manual_seed(s) for s in seeds]
+    tokens = sample_next_tokens(logits, [0.0, 0.7, 1.3], generators)
+    assert tokens[0] == 1  # greedy: argmax, no draw
+    for row, (temperature, seed) in enumerate(((0.7, 5), (1.3, 6)), start=1):
+        u = torch.rand(1, generator=torch.Generator().manual_seed(seed))
+        cdf = torch.softmax(logits[row] / temperature, dim=-1).cumsum(0)
+        assert tokens[row] == int((cdf <= u * cdf[-1]).sum())
+        alone = sample_next_tokens(logits[row:row + 1], [temperature], [torch.Generator().manual_seed(seed)])
+        assert alone.item() == tokens[row]  # independent of the other rows
+    n = 4000
+    many = sample_next_tokens(logits[1].expand(n, 3), [0.7] * n, [torch.Generator().manual_seed(i) for i in range(n)])
+    freq = torch.bincount(many, minlength=3).float() / n
+    torch.testing.assert_close(freq, torch.softmax(logits[1] / 0.7, dim=-1), atol=0.03, rtol=0)

@@ -252,3 +252,17 @@ def test_config_may_come_as_dict_dictconfig_or_dataclass(tmp_path: Path) -> None
     as_dict = overrides_for(OmegaConf.to_container(composed, resolve=True), tmp_path)
     assert overrides_for(composed, tmp_path) == as_dict
     assert overrides_for(OmegaConf.to_object(composed), tmp_path) == as_dict
+
+
+def test_lora_maps_to_verl_fsdp_model_keys(tmp_path: Path) -> None:
+    """Composes in verl's struct config (verl's validate_config checks a LoRA rank against vLLM's, which needs vllm)."""
+    full = compose_verl_config(overrides_for(plain_cfg("profile=paper"), tmp_path)).actor_rollout_ref.model
+    assert full.lora_rank == 0 and full.target_modules == "all-linear"  # full fine-tuning: verl's defaults
+    cfg = plain_cfg("profile=paper", "algo.lora_rank=32", "algo.lora_alpha=64",
+                    "algo.lora_target_modules=[q_proj,v_proj]")
+    model = compose_verl_config(overrides_for(cfg, tmp_path)).actor_rollout_ref.model
+    assert (model.lora_rank, model.lora_alpha, list(model.target_modules)) == (32, 64, ["q_proj", "v_proj"])
+    with pytest.raises(VerlConfigError, match="algo.lora_dropout"):
+        overrides_for(plain_cfg("profile=paper", "algo.lora_rank=8", "algo.lora_dropout=0.1"), tmp_path)
+    with pytest.raises(VerlConfigError, match="algo.lora_rank"):
+        overrides_for(plain_cfg("profile=paper", "algo.lora_rank=-1"), tmp_path)

@@ -36,6 +36,9 @@ def gqa_sdpa_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Same contract as HF's ``sdpa_attention_forward`` (query [B, H, q, D], key/value [B, Hkv, L, D])."""
+    short = query.shape[2] == 1 or (query.shape[2] <= DECODE_QUERY_TOKENS and attention_mask is not None)
+    if short and not torch.is_grad_enabled():
+        return _decode_attention(query, key, value, attention_mask, scaling), None
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(query.shape[2] > 1 and attention_mask is None and causal)
     out = F.scaled_dot_product_attention(
@@ -43,6 +46,28 @@ def gqa_sdpa_attention(
         enable_gqa=key.shape[1] != query.shape[1],
     )
     return out.transpose(1, 2).contiguous(), None
+
+
+# decode steps (a handful of query tokens against a long cache with holes): two batched matmuls with
+# the query heads grouped per key/value head beat the CPU flash kernel, which tiles for long queries
+DECODE_QUERY_TOKENS = 4
+
+
+def _decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                      scaling: float | None) -> torch.Tensor:
+    """softmax(q kᵀ · scale + mask) v with grouped heads; returns [B, q, H, D] like ``gqa_sdpa_attention``."""
+    b, h, q, d = query.shape
+    kv_heads = key.shape[1]
+    group = h // kv_heads
+    scale = scaling if scaling is not None else d ** -0.5
+    grouped = query.reshape(b, kv_heads, group * q, d)
+    scores = torch.matmul(grouped, key.transpose(-1, -2)).float() * scale  # [B, Hkv, G*q, L]
+    if mask is not None:  # None only for a single query token, which may see the whole cache
+        m = mask.expand(b, 1, q, key.shape[2]).unsqueeze(2).expand(b, 1, group, q, key.shape[2])
+        m = m.reshape(b, 1, group * q, key.shape[2])
+        scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.float()
+    out = torch.matmul(torch.softmax(scores, dim=-1).to(value.dtype), value)  # [B, Hkv, G*q, D]
+    return out.reshape(b, h, q, d).transpose(1, 2).contiguous()
 
 
 AttentionInterface.register(GQA_SDPA, gqa_sdpa_attention)

@@ -9,7 +9,10 @@ only a ``.tmp-*`` directory that loading ignores (and the next save removes). ``
 the newest complete checkpoint and is itself replaced atomically; loading falls back to scanning
 ``step_*`` directories when it is missing or stale.
 
-State dicts go through ``torch.save`` (not safetensors) because tied embeddings share storage.
+State dicts go through ``torch.save`` (not safetensors) because tied embeddings share storage. A model
+with LoRA adapters (``envace.engines.local.lora``) is stored as its adapter tensors only: its base
+weights never train and are rebuilt from the model spec; ``Checkpoint.restore_model`` checks that the
+stored keys are exactly the model's adapter keys (or, without adapters, loads the state dict strictly).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from envace.engines.local.lora import adapter_keys, adapter_state, load_adapter_state
+
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
@@ -43,6 +48,14 @@ class Checkpoint:
     def model_state(self, name: str) -> dict[str, torch.Tensor]:
         return torch.load(self.path / "models" / f"{name}.pt", map_location="cpu", weights_only=True)
 
+    def restore_model(self, name: str, model: torch.nn.Module) -> None:
+        """Load model ``name`` into ``model``: its adapter tensors when it has LoRA adapters, else all weights."""
+        state = self.model_state(name)
+        if adapter_keys(model):
+            load_adapter_state(model, state, source=f"checkpoint {self.path / 'models' / name}.pt")
+        else:
+            model.load_state_dict(state)
+
     def optimizer_state(self, name: str) -> dict[str, Any]:
         return torch.load(self.path / "optim" / f"{name}.pt", map_location="cpu", weights_only=False)
 
@@ -56,6 +69,13 @@ class Checkpoint:
 
     def restore_rng(self) -> None:
         set_rng_state(torch.load(self.path / "rng.pt", map_location="cpu", weights_only=False))
+
+
+def checkpoint_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a checkpoint stores of ``model``: its adapter tensors when it has LoRA adapters, else every tensor."""
+    if adapter_keys(model):
+        return adapter_state(model)
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
 def rng_state() -> dict[str, Any]:
@@ -110,7 +130,7 @@ def save_checkpoint(
     (tmp / "models").mkdir(parents=True)
     (tmp / "optim").mkdir()
     for name, model in models.items():
-        torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, tmp / "models" / f"{name}.pt")
+        torch.save(checkpoint_model_state(model), tmp / "models" / f"{name}.pt")
     for name, opt in optimizers.items():
         torch.save(opt.state_dict(), tmp / "optim" / f"{name}.pt")
     torch.save(rng_state(), tmp / "rng.pt")

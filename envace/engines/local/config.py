@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from envace.core.records import Role
+from envace.engines.lora import LoraSpec
 from envace.models import ModelSpec
 
 
@@ -58,6 +59,18 @@ class OptimConfig:
     # first PPO epoch then starts at ratio exactly 1). "sampling": reuse the rollout's log-probs.
     old_logprobs: str = "recompute"
     track_role_grad_norms: bool = False  # one extra backward per micro-batch: per-role grad norms
+    # --- speed and memory (envace.engines.local.packing) ---
+    # share_prefix: rows sharing a prompt prefix are packed behind one copy of it (exact); False = the
+    # legacy padded path (one row per sequence, ``micro_batch_streams`` rows per forward)
+    share_prefix: bool = True
+    micro_batch_tokens: int = 8192  # padded tokens per forward/backward on the packed path
+    # "auto": on when a micro-batch's estimated activations exceed ~1 GB (SmolLM2 at the cpu profile's
+    # sizes), off for small ones (the tiny test models); "on" | "off" force it
+    grad_checkpointing: str = "auto"
+    # an extra no-grad forward before the update measuring mean |sampling − current| log-prob; without
+    # it, ``rollout/logprob_diff`` comes free from the update's own first forward when that runs on the
+    # pre-update weights (a single on-policy pass)
+    logprob_check: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,9 @@ class LocalEngineConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    # LoRA adapters on every trained model (envace.engines.local.lora); None = full fine-tuning. Checkpoints
+    # then hold the adapters only; export writes final/<name> (merged) and final/<name>-adapter
+    lora: LoraSpec | None = None
     # grpo only: where environment responses come from: "executor" (real tool world, needs an
     # executor factory) or "simulator" (a frozen ``simulator_model``, which must share the policy's
     # tokenizer; default: a frozen copy of the policy after the SFT warm-up)
@@ -97,4 +113,7 @@ class LocalEngineConfig:
     # step; needs LocalEngine(fidelity_probe_set=...). 0 = off.
     fidelity_every: int = 0
     device: str = "cpu"
+    # auto | fp32 | bf16 (envace.engines.local.precision): bf16 autocast with fp32 master weights where
+    # the hardware has bf16 matmuls; rollouts, SFT and updates all run under it
+    precision: str = "auto"
     progress: bool = True  # tqdm bar over steps

@@ -70,30 +70,70 @@ class DecodeRequest:
     finished: bool = False  # saw an end-of-turn token (kept as the output's last token)
 
 
+def sample_next_tokens(logits: torch.Tensor, temperatures: Sequence[float],
+                       generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """Next token per row: argmax where temperature <= 0, else an inverse-CDF draw from softmax(logits / T).
+
+    One softmax and one cumulative sum for all sampled rows together; each sampled row draws a single
+    uniform u from its own generator and takes the first token whose cumulative probability exceeds
+    u (exact categorical sampling; what a row draws does not depend on the other rows).
+
+    Args:
+        logits: ``[rows, vocab]`` on the CPU, any float dtype (the softmax runs in float32).
+        temperatures: ``[rows]``.
+        generators: row r's generator draws its one uniform; ignored (may be None) for greedy rows.
+    Returns:
+        ``[rows]`` long token ids.
+    """
+    tokens = logits.argmax(dim=-1)
+    sampled = [r for r, t in enumerate(temperatures) if t > 0]
+    if not sampled:
+        return tokens
+    index = torch.tensor(sampled)
+    temps = torch.tensor([float(temperatures[r]) for r in sampled], dtype=torch.float32)
+    cdf = torch.softmax(logits[index].float() / temps[:, None], dim=-1).cumsum(dim=-1)
+    uniform = torch.cat([torch.rand(1, generator=generators[r]) for r in sampled])
+    drawn = torch.searchsorted(cdf, (uniform * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+    tokens[index] = drawn.clamp_(max=logits.shape[-1] - 1)
+    return tokens
+
+
+def pick_tokens(
+    logits: torch.Tensor, requests: Sequence[DecodeRequest], guide: DecodeGuide | None
+) -> tuple[list[int], list[float]]:
+    """Next token of every row of ``logits`` (``[R, V]`` float32) with the policy's log-prob of it.
+
+    Batched over rows (``sample_next_tokens``); a guide's logit bonus is added on the tempered scale
+    (softmax(logits / T + bonus)); forced rows take their target. The log-prob is always the
+    unguided one, at the row's effective temperature.
+    """
+    temps = torch.tensor([effective_temperature(r.temperature) for r in requests], dtype=logits.dtype)
+    logp = torch.log_softmax(logits / temps.unsqueeze(-1), dim=-1)
+    scores = logits.clone()
+    forced: dict[int, int] = {}
+    for i, r in enumerate(requests):
+        target = guide.targets(r.output_key) if guide is not None else None
+        position = len(r.tokens)
+        if target is None or position >= len(target):
+            continue
+        strength = guide.strength_for(r.output_key.role)  # type: ignore[union-attr]
+        if strength is None:
+            forced[i] = int(target[position])
+        else:
+            scores[i, int(target[position])] += float(strength) * float(temps[i])
+    live = [0.0 if i in forced else r.temperature for i, r in enumerate(requests)]
+    tokens = sample_next_tokens(scores, live, [r.generator for r in requests])
+    for i, token in forced.items():
+        tokens[i] = token
+    return tokens.tolist(), logp[torch.arange(len(requests)), tokens].tolist()
+
+
 def pick_token(
     logits: torch.Tensor, request: DecodeRequest, guide: DecodeGuide | None
 ) -> tuple[int, float]:
-    """Choose the next token of one row and return it with the policy's log-prob of it."""
-    temp = request.temperature
-    logp = torch.log_softmax(logits / effective_temperature(temp), dim=-1)
-    target = guide.targets(request.output_key) if guide is not None else None
-    position = len(request.tokens)
-    if target is not None and position >= len(target):
-        target = None
-    strength = guide.strength_for(request.output_key.role) if guide is not None and target is not None else None
-    if target is not None and strength is None:
-        token = int(target[position])
-    else:
-        scores = logits / temp if temp > 0 else logits.clone()
-        if target is not None and strength is not None:
-            scores = scores.clone()
-            scores[int(target[position])] += float(strength)
-        if temp > 0:
-            probs = torch.softmax(scores, dim=-1)
-            token = int(torch.multinomial(probs, 1, generator=request.generator))
-        else:
-            token = int(torch.argmax(scores))
-    return token, float(logp[token])
+    """``pick_tokens`` for one row (``logits``: ``(V,)``)."""
+    tokens, logprobs = pick_tokens(logits.unsqueeze(0), [request], guide)
+    return tokens[0], logprobs[0]
 
 
 def decode(
@@ -119,8 +159,9 @@ def decode(
         logits = streams.append(feed)
         forwards += 1
         feed = {}
-        for row, r in list(live.items()):
-            token, lp = pick_token(logits[row], r, guide)
+        rows = list(live.items())
+        tokens, logprobs = pick_tokens(torch.stack([logits[row] for row, _ in rows]), [r for _, r in rows], guide)
+        for (row, r), token, lp in zip(rows, tokens, logprobs):
             r.tokens.append(token)
             r.logprobs.append(lp)
             if token in stop_ids:

@@ -57,7 +57,9 @@ from envace.engines.local.config import LocalEngineConfig
 from envace.core.seeds import derive_seed
 from envace.engines.local.decode import DecodeGuide
 from envace.engines.local.fidelity import FidelityProbe, probe_due
+from envace.engines.local.lora import add_lora, lora_record, merged_copy, unwrap
 from envace.engines.local.metrics import rollout_metrics
+from envace.engines.local.precision import resolve_precision
 from envace.engines.local.rollout import ExecutorFactory, ResponseSource, RolloutRunner
 from envace.engines.local.sft import gold_trajectories, sft_epoch, sft_rows
 from envace.engines.local.trainer import (
@@ -118,15 +120,21 @@ class LocalEngine(Engine):
         model, tokenizer = load_model_and_tokenizer(cfg.model)
         model.to(cfg.device)
         use_gqa_attention(model)
+        self.precision = resolve_precision(cfg.precision, cfg.device)
+        logger.info("local engine: precision %s (engine.precision=%s) on %s", self.precision, cfg.precision, cfg.device)
         self.tokenizer = tokenizer
         self.formatter = ChatFormatter(tokenizer)
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else 0
         self.variant = get_variant(cfg.variant)
+        # with LoRA: peft's wrapper (kept for export); the engine trains the HF model inside it
+        loaded = add_lora(model, cfg.lora) if cfg.lora is not None else model
         if self.variant.separate_models:
-            self.models = {"act": model, "rehearse": copy.deepcopy(model)}
+            copies = {"act": loaded, "rehearse": copy.deepcopy(loaded)}
         else:
-            self.models = {"policy": model}
+            copies = {"policy": loaded}
+        self.adapters = dict(copies) if cfg.lora is not None else {}
+        self.models = {name: unwrap(m) for name, m in copies.items()}
         if not self.variant.rehearse_by_policy and cfg.grpo_responses not in ("executor", "simulator"):
             raise ValueError(f"grpo_responses={cfg.grpo_responses!r}; valid: 'executor', 'simulator'")
         if not self.variant.rehearse_by_policy and cfg.grpo_responses == "executor" and self.executor_factory is None:
@@ -166,7 +174,8 @@ class LocalEngine(Engine):
         if cfg.sft.epochs <= 0:
             return []
         policy = self.models.get("policy", self.models.get("act"))
-        trajs = gold_trajectories(specs, policy, self.formatter, cfg.rollout, self.role_prompts)
+        trajs = gold_trajectories(specs, policy, self.formatter, cfg.rollout, self.role_prompts,
+                                  precision=self.precision)
         history = []
         for name, model in self.models.items():
             roles = cfg.sft.roles if name == "policy" else [r for r in cfg.sft.roles if r.name.lower() == name]
@@ -176,7 +185,7 @@ class LocalEngine(Engine):
             opt = make_optimizer(model, cfg.optim, lr=cfg.sft.lr)
             for epoch in tqdm(range(cfg.sft.epochs), desc=f"sft[{name}]", disable=not cfg.progress):
                 metrics = sft_epoch(model, opt, rows, cfg.sft, epoch=epoch, seed=derive_seed(cfg.seed, name),
-                                    pad_id=self.pad_id, device=cfg.device)
+                                    pad_id=self.pad_id, device=cfg.device, optim=cfg.optim, precision=self.precision)
                 metrics = {**metrics, "sft/epoch": float(epoch), "sft/gold_trajectories": float(len(trajs))}
                 metrics = {k if name == "policy" else f"{k}/{name}": v for k, v in metrics.items()}
                 history.append(metrics)
@@ -196,7 +205,7 @@ class LocalEngine(Engine):
         t0 = time.perf_counter()
         idx = step_examples(step, len(specs), cfg.prompts_per_step, cfg.seed)
         chosen = [specs[i] for i in idx]
-        runner = RolloutRunner(self.formatter, cfg.rollout, self.role_prompts, self.guide)
+        runner = RolloutRunner(self.formatter, cfg.rollout, self.role_prompts, self.guide, precision=self.precision)
         act_model = self.models.get("act", self.models.get("policy"))
         batch = runner.run(chosen, act_model, self._response_source(), seed=cfg.seed, step=step, examples=idx)
         k = cfg.rollout.samples_per_prompt
@@ -210,13 +219,16 @@ class LocalEngine(Engine):
         for name, slot in self.slots.items():
             rows = build_rows(trajs, adv.values.tolist(), slot.roles, temps, adv.excluded)
             stream_tokens += sum(int(r.input_ids.numel()) for r in rows)
-            updater = PolicyUpdater(slot, cfg.optim, derive_seed(cfg.seed, name), self.pad_id, cfg.device)
+            updater = PolicyUpdater(slot, cfg.optim, derive_seed(cfg.seed, name), self.pad_id, cfg.device,
+                                    precision=self.precision)
             diff = updater.prepare(rows)
             prefix = "" if name == "policy" else f"{name}/"
             metrics.update({f"{prefix}{k2}": v for k2, v in updater.update(rows, step).items()})
-            metrics[f"{prefix}rollout/logprob_diff"] = diff
+            if diff is not None:
+                metrics[f"{prefix}rollout/logprob_diff"] = diff
         t2 = time.perf_counter()
-        metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0})
+        metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0,
+                        "engine/bf16": float(self.precision == "bf16")})
         metrics["tokens_per_s"] = sum(batch.generated_tokens.values()) / max(batch.seconds, 1e-9)
         metrics["update/stream_tokens"] = float(stream_tokens)
         metrics["update/tokens_per_s"] = stream_tokens * cfg.optim.ppo_epochs / max(t2 - t1, 1e-9)
@@ -228,7 +240,8 @@ class LocalEngine(Engine):
             return None
         models = {**self.models, **self.frozen}
         optims = {n: s.optimizer for n, s in self.slots.items()}
-        state = {"data_position": step * cfg.prompts_per_step, "variant": cfg.variant, "seed": cfg.seed}
+        state = {"data_position": step * cfg.prompts_per_step, "variant": cfg.variant, "seed": cfg.seed,
+                 "lora": lora_record(cfg.lora)}
         return str(save_checkpoint(Path(cfg.output_dir) / "checkpoints", step, models, optims, state,
                                    keep=cfg.keep_checkpoints, history=history))
 
@@ -242,8 +255,11 @@ class LocalEngine(Engine):
         if ckpt.state.get("variant") != cfg.variant:
             raise ValueError(f"checkpoint {ckpt.path} is for variant {ckpt.state.get('variant')!r}, config asks "
                              f"{cfg.variant!r}; use another output_dir or set resume=False")
+        if ckpt.state.get("lora") != lora_record(cfg.lora):
+            raise ValueError(f"checkpoint {ckpt.path} was written with lora={ckpt.state.get('lora')}, config asks "
+                             f"lora={lora_record(cfg.lora)} (algo.lora_*); use another output_dir or set resume=False")
         for name, model in {**self.models, **self.frozen}.items():
-            model.load_state_dict(ckpt.model_state(name))
+            ckpt.restore_model(name, model)
         for name, slot in self.slots.items():
             slot.optimizer.load_state_dict(ckpt.optimizer_state(name))
         ckpt.restore_rng()
@@ -258,7 +274,7 @@ class LocalEngine(Engine):
             raise ValueError(f"fidelity_every={cfg.fidelity_every} needs LocalEngine(fidelity_probe_set=...) (e.g. "
                              "envace.evaluation.oracle_probe_set on validation tasks); or set fidelity_every=0")
         return FidelityProbe(self.fidelity_probe_set, max_new_tokens=cfg.rollout.max_rehearse_tokens,
-                             seed=cfg.seed, progress=cfg.progress)
+                             seed=cfg.seed, progress=cfg.progress, precision=self.precision)
 
     def _probe(self, probe: FidelityProbe | None, cfg: LocalEngineConfig, step: int) -> dict[str, float]:
         """``fidelity/*`` metrics of the REHEARSE model after ``step`` updates when a probe is due, else {}."""
@@ -301,14 +317,19 @@ class LocalEngine(Engine):
                            artifacts=artifacts, models=dict(self.models))
 
     def _export(self, cfg: LocalEngineConfig) -> dict[str, str]:
-        """Final weights + tokenizer as HF directories (what evaluation loads with kind='path')."""
+        """Final weights + tokenizer as HF directories (what evaluation loads with kind='path'); with LoRA,
+        ``final/<name>`` holds the merged weights (merged on a copy) and ``final/<name>-adapter`` peft's adapter."""
         if not cfg.output_dir:
             return {}
         out = {}
         for name, model in self.models.items():
             path = Path(cfg.output_dir) / "final" / name
-            model.save_pretrained(path)
+            adapter = self.adapters.get(name)
+            (model if adapter is None else merged_copy(adapter)).save_pretrained(path)
             self.tokenizer.save_pretrained(path)
             out[name] = str(path)
+            if adapter is not None:
+                adapter.save_pretrained(path.with_name(f"{name}-adapter"))
+                out[f"{name}-adapter"] = str(path.with_name(f"{name}-adapter"))
         (Path(cfg.output_dir) / "final" / "config.txt").write_text(repr(asdict(cfg)))
         return out

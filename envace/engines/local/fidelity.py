@@ -28,7 +28,9 @@ from envace.core.prompts import ChatFormatter
 from envace.engines.local.checkpoint import rng_state, set_rng_state
 from envace.evaluation.fidelity import measure_fidelity
 from envace.evaluation.probes import ProbeSet
-from envace.inference.local import LocalHFBackend
+from envace.inference import (
+    local as local_inference,  # a module: it imports our kv/precision (a cycle)
+)
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +46,7 @@ class FidelityProbe:
     """Scores a REHEARSE model on a fixed ``ProbeSet`` (see the module docstring)."""
 
     def __init__(self, probe_set: ProbeSet, *, max_new_tokens: int, seed: int, batch_size: int = 8,
-                 progress: bool = False) -> None:
+                 progress: bool = False, precision: str = "fp32") -> None:
         if probe_set.n_calls == 0:
             raise ValueError("FidelityProbe: the probe set has no real calls; build it with "
                              "envace.evaluation.oracle_probe_set on tasks with gold calls")
@@ -53,6 +55,7 @@ class FidelityProbe:
         self.seed = seed
         self.batch_size = batch_size
         self.progress = progress
+        self.precision = precision  # the engine's (resolved) precision
 
     def measure(self, model: torch.nn.Module, tokenizer: Any, formatter: ChatFormatter) -> dict[str, float]:
         """``fidelity/*`` metrics of ``model`` in the REHEARSE role; training state is left as found."""
@@ -61,8 +64,9 @@ class FidelityProbe:
         model.eval()
         try:
             with torch.no_grad():
-                backend = LocalHFBackend(model, tokenizer, name="rehearse@train", batch_size=self.batch_size,
-                                         formatter=formatter)
+                backend = local_inference.LocalHFBackend(model, tokenizer, name="rehearse@train",
+                                                         batch_size=self.batch_size, formatter=formatter,
+                                                         precision=self.precision)
                 report = measure_fidelity(backend, self.probe_set.records, self.probe_set.tasks,
                                           max_new_tokens=self.max_new_tokens, temperature=0.0, seed=self.seed,
                                           progress=self.progress)

@@ -133,7 +133,9 @@ class RolloutRunner:
         config: RolloutConfig,
         prompts: RolePrompts = DEFAULT_ROLE_PROMPTS,
         guide: DecodeGuide | None = None,
+        precision: str = "fp32",
     ):
+        self.precision = precision  # resolved ("bf16" | "fp32"): the caches' forwards run under it
         self.fmt = formatter
         self.cfg = config
         self.prompts = prompts
@@ -209,7 +211,8 @@ class RolloutRunner:
             if not self.cfg.reuse_kv:
                 caches[role] = model  # naive baseline: a fresh cache before every generation
                 continue
-            cache = BatchedStreams(model, [("prompt", i) for i in range(len(specs))], self.pad_id)
+            cache = BatchedStreams(model, [("prompt", i) for i in range(len(specs))], self.pad_id,
+                                   precision=self.precision)
             # all but the last prompt token: each sample feeds that one itself to get its own logits
             first = {("prompt", i): self._stream(episodes[i * k], role)[:-1] for i in range(len(specs))}
             cache.append(first)
@@ -241,7 +244,7 @@ class RolloutRunner:
         if runnable:
             cache = caches[role]
             if not isinstance(cache, BatchedStreams):  # naive: re-encode the full streams
-                cache = BatchedStreams(cache, [r.row for r in runnable], self.pad_id)
+                cache = BatchedStreams(cache, [r.row for r in runnable], self.pad_id, precision=self.precision)
             before = cache.fed_tokens
             self._counts["forwards"] += decode(cache, runnable, self.stop_ids, self.guide)
             if not isinstance(caches[role], BatchedStreams):

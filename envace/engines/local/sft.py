@@ -23,11 +23,12 @@ from envace.core.prompts import ChatFormatter, sft_act_target, sft_rehearse_targ
 from envace.core.records import Role, Termination, Trajectory
 from envace.core.wire import as_result_object
 from envace.engines.base import EpisodeSpec
-from envace.engines.local.batching import TrainRow, build_rows, collate, token_logprobs
-from envace.engines.local.config import RolloutConfig, SFTConfig
+from envace.engines.local.batching import TrainRow, build_rows
+from envace.engines.local.config import OptimConfig, RolloutConfig, SFTConfig
 from envace.core.seeds import derive_seed
 from envace.engines.local.decode import DecodeGuide, OutputKey
 from envace.engines.local.rollout import ResponseSource, RolloutRunner
+from envace.engines.local.trainer import PolicyUpdater, Slot, needs_checkpointing, padded_tokens, set_checkpointing
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,8 @@ def gold_guide(specs: Mapping[Any, EpisodeSpec], fmt: ChatFormatter, strength: f
 
 
 def gold_trajectories(
-    specs: Sequence[EpisodeSpec], model: Any, fmt: ChatFormatter, rollout: RolloutConfig, prompts: Any
+    specs: Sequence[EpisodeSpec], model: Any, fmt: ChatFormatter, rollout: RolloutConfig, prompts: Any,
+    precision: str = "fp32",
 ) -> list[Trajectory]:
     """Teacher-forced gold trajectories (one per spec with gold responses) in the RL stream format."""
     usable = [(s, gold_targets(s, fmt)) for s in specs]
@@ -82,7 +84,7 @@ def gold_trajectories(
     forced = replace(rollout, samples_per_prompt=1, max_act_tokens=longest, max_rehearse_tokens=longest,
                      max_steps_per_turn=max(steps, rollout.max_steps_per_turn), max_stream_tokens=1 << 30)
     guide = gold_guide({i: s for i, (s, _) in enumerate(usable)}, fmt)
-    runner = RolloutRunner(fmt, forced, prompts, guide=guide)
+    runner = RolloutRunner(fmt, forced, prompts, guide=guide, precision=precision)
     batch = runner.run([s for s, _ in usable], model, ResponseSource(model=model))
     good = [t for t in batch.trajectories if t.termination is Termination.FINAL_REPLY]
     if len(good) < len(batch.trajectories):
@@ -98,29 +100,46 @@ def sft_rows(trajectories: Sequence[Trajectory], roles: Sequence[Role]) -> list[
 
 def sft_epoch(
     model: Any, optimizer: torch.optim.Optimizer, rows: Sequence[TrainRow], cfg: SFTConfig, *,
-    epoch: int, seed: int, pad_id: int, device: Any = "cpu",
+    epoch: int, seed: int, pad_id: int, device: Any = "cpu", optim: OptimConfig | None = None,
+    precision: str = "fp32",
 ) -> dict[str, float]:
-    """One pass of NLL on target tokens over shuffled batches; returns mean losses (all and per role)."""
+    """One pass of NLL on target tokens over shuffled batches; returns mean losses (all and per role).
+
+    A batch of ``cfg.batch_streams`` rows is one optimiser step; with ``optim.share_prefix`` (default)
+    its rows are packed behind shared prefixes and split into token-budgeted micro-batches whose
+    gradients accumulate (the same packed forward as the RL update; ``precision`` resolved).
+    """
+    optim = optim or OptimConfig()
     order = list(range(len(rows)))
     random.Random(derive_seed(seed, "sft", epoch)).shuffle(order)
     model.train()
     sums = {"loss": 0.0, **{f"loss/{r.name.lower()}": 0.0 for r in Role}}
     counts = {k: 0 for k in sums}
-    for start in range(0, len(order), max(1, cfg.batch_streams)):
-        batch = collate([rows[i] for i in order[start : start + cfg.batch_streams]], pad_id, device)
-        logp = token_logprobs(model, batch)
-        n = batch.mask.sum().clamp(min=1)
-        loss = -(logp * batch.mask).sum() / n
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        sums["loss"] += float(loss.detach()) * int(n)
-        counts["loss"] += int(n)
-        for role in Role:
-            m = batch.mask & (batch.values["roles"] == int(role))
-            if bool(m.any()):
-                sums[f"loss/{role.name.lower()}"] += float(-(logp.detach() * m).sum())
-                counts[f"loss/{role.name.lower()}"] += int(m.sum())
-    model.eval()
+    updater = PolicyUpdater(Slot("sft", model, frozenset(Role), optimizer), optim, seed, pad_id, device, precision)
+    try:
+        for start in range(0, len(order), max(1, cfg.batch_streams)):
+            chosen = [rows[i] for i in order[start : start + cfg.batch_streams]]
+            n = max(1, sum(r.n_tokens for r in chosen))
+            optimizer.zero_grad(set_to_none=True)
+            for batch in updater.batches(chosen):
+                set_checkpointing(model, needs_checkpointing(model, padded_tokens(batch), precision,
+                                                             optim.grad_checkpointing))
+                logp = updater.logprobs(model, batch)
+                (-(logp * batch.mask).sum() / n).backward()
+                _add_losses(sums, counts, logp.detach(), batch)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+    finally:
+        set_checkpointing(model, False)
+        model.eval()
     return {f"sft/{k}": sums[k] / counts[k] for k in sums if counts[k]}
+
+
+def _add_losses(sums: dict[str, float], counts: dict[str, int], logp: torch.Tensor, batch: Any) -> None:
+    sums["loss"] += float(-(logp * batch.mask).sum())
+    counts["loss"] += int(batch.mask.sum())
+    for role in Role:
+        m = batch.mask & (batch.values["roles"] == int(role))
+        if bool(m.any()):
+            sums[f"loss/{role.name.lower()}"] += float(-(logp * m).sum())
+            counts[f"loss/{role.name.lower()}"] += int(m.sum())

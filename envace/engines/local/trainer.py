@@ -8,11 +8,18 @@ mini-batch, optional low_var_kl to a frozen reference), then AdamW with constant
 clipping at 1.0; ``ppo_epochs`` passes over ``mini_batch_streams``-sized mini-batches.
 
 Choices (documented deviations):
-- Old log-probs are *recomputed* with the current model in eval mode before the update (default
+- Old log-probs are *recomputed* with the current model before the update (default
   ``old_logprobs="recompute"``): the first PPO epoch then starts at ratio 1 exactly as in verl, and
-  tiny numerical differences between the batched-with-holes rollout forward and the padded training
-  forward do not masquerade as policy change. ``"sampling"`` reuses the rollout's log-probs instead.
-  The mean |sampling − recomputed| is logged as ``rollout/logprob_diff`` either way (a health check).
+  tiny numerical differences between the cached rollout forward and the training forward do not
+  masquerade as policy change. When the update is a single on-policy pass (``ppo_epochs=1``, one
+  mini-batch) the recomputed values *are* the update forward's own, detached: no extra forward runs.
+  ``"sampling"`` reuses the rollout's log-probs instead. The mean |sampling − training| log-prob is
+  logged as ``rollout/logprob_diff`` (free from the update forward on a single pass; otherwise from
+  the recompute forward, or from the opt-in ``logprob_check`` forward).
+- Speed (``envace.engines.local.packing``): rows sharing a prompt prefix are packed behind one copy
+  of it (exact block-causal masks), micro-batches are length-bucketed by a token budget, the LM
+  head runs only at trained positions, gradient checkpointing switches on where activations would
+  exceed ~1 GB; ``precision="bf16"`` runs forwards under bf16 autocast with float32 master weights.
 - Trajectories whose reward has status JUDGE_FAILED are excluded from baselines (``exclude=``) and
   from the loss (no rows), and counted in ``judge_failures``.
 - A model trains only on the outputs of its roles (``Slot.roles``): frozen roles' outputs are not in
@@ -36,11 +43,16 @@ from envace.core.losses import compute_policy_loss
 from envace.core.records import Role, Trajectory, TrajectoryStatus
 from envace.engines.base import Variant
 from envace.engines.local.batching import (
+    MicroBatch,
     TrainRow,
     collate,
     scatter_back,
     token_logprobs,
 )
+from envace.engines.local.packing import collate_packs, packed_logprobs, plan_packs
+from envace.engines.local.packing import micro_batches as pack_micro_batches
+from envace.engines.local.packing import store as store_values
+from envace.engines.local.precision import autocast
 from envace.engines.local.config import OptimConfig
 from envace.core.seeds import derive_seed
 
@@ -113,36 +125,137 @@ class UpdateStats:
         return {prefix + k: self.sums[k] / self.counts[k] for k in self.sums}
 
 
+@dataclass(frozen=True)
+class _PaddedBatch:
+    """The legacy layout (``share_prefix=False``): rows right-padded, logits at the union of positions."""
+
+    rows: tuple[int, ...]
+    batch: MicroBatch
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self.batch.mask
+
+    @property
+    def values(self) -> dict[str, torch.Tensor]:
+        return self.batch.values
+
+
+def padded_tokens(batch: Any) -> int:
+    """Tokens one forward over ``batch`` runs (padding included)."""
+    ids = batch.batch.input_ids if isinstance(batch, _PaddedBatch) else batch.input_ids
+    return int(ids.numel())
+
+
+def needs_checkpointing(model: torch.nn.Module, padded_tokens: int, precision: str, mode: str) -> bool:
+    """Gradient checkpointing for one forward: ``mode`` on/off, or auto = estimated activations > 1 GB.
+
+    The estimate: padded tokens × layers × hidden × 34 saved values per token and layer (a Llama
+    block's attention and MLP inputs/outputs with a 2.7× MLP) × bytes per value.
+    """
+    if mode in ("on", "off"):
+        return mode == "on"
+    if mode != "auto":
+        raise ValueError(f"OptimConfig.grad_checkpointing={mode!r}; valid: 'auto', 'on', 'off'")
+    cfg = getattr(model, "config", None)
+    layers, hidden = getattr(cfg, "num_hidden_layers", 0) or 0, getattr(cfg, "hidden_size", 0) or 0
+    bytes_per = 2 if precision == "bf16" else 4
+    return padded_tokens * layers * hidden * 34 * bytes_per > (1 << 30)
+
+
+def set_checkpointing(model: Any, on: bool) -> None:
+    """Switch HF gradient checkpointing on or off (non-reentrant; no-op when already in that state)."""
+    if bool(getattr(model, "is_gradient_checkpointing", False)) == on:
+        return
+    if on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()
+
+
 class PolicyUpdater:
-    """Clipped role-wise updates of one ``Slot`` over its rows."""
+    """Clipped role-wise updates of one ``Slot`` over its rows.
 
-    def __init__(self, slot: Slot, cfg: OptimConfig, seed: int, pad_id: int, device: str | torch.device = "cpu"):
+    ``precision`` is resolved ("bf16" | "fp32", ``envace.engines.local.precision``): forwards run under
+    bf16 autocast, weights, gradients and optimiser state stay float32.
+    """
+
+    def __init__(self, slot: Slot, cfg: OptimConfig, seed: int, pad_id: int, device: str | torch.device = "cpu",
+                 precision: str = "fp32"):
         self.slot, self.cfg, self.seed, self.pad_id, self.device = slot, cfg, seed, pad_id, device
+        self.precision = precision
+        self._old_from_forward = False  # old log-probs = the update forward's own (detached) values
+        self._measured = False  # prepare measured the sampling/training log-prob gap
+        self._gap = [0.0, 0]  # on-the-fly gap sums (single pass): |diff| sum, tokens
+        self._gap_on_the_fly = False
 
-    def _micro_batches(self, rows: Sequence[TrainRow]) -> list[list[TrainRow]]:
+    def batches(self, rows: Sequence[TrainRow]) -> list[Any]:
+        """Micro-batches over ``rows``: shared-prefix packs, or the legacy padded layout."""
+        if self.cfg.share_prefix:
+            packs = plan_packs(rows, max_tokens=self.cfg.micro_batch_tokens)
+            return [collate_packs(rows, group, self.pad_id, self.device)
+                    for group in pack_micro_batches(packs, self.cfg.micro_batch_tokens)]
         size = max(1, self.cfg.micro_batch_streams)
-        return [list(rows[i : i + size]) for i in range(0, len(rows), size)]
+        out = []
+        for i in range(0, len(rows), size):
+            index = tuple(range(i, min(i + size, len(rows))))
+            out.append(_PaddedBatch(index, collate([rows[j] for j in index], self.pad_id, self.device)))
+        return out
+
+    def logprobs(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        """``[R, P]`` log-probs of a micro-batch's targets under ``model`` (autocast per precision)."""
+        with autocast(self.precision, self.device):
+            if isinstance(batch, _PaddedBatch):
+                return token_logprobs(model, batch.batch).float()
+            return packed_logprobs(model, batch).float()
+
+    @staticmethod
+    def store(rows: Sequence[TrainRow], batch: Any, values: torch.Tensor, name: str) -> None:
+        if isinstance(batch, _PaddedBatch):
+            scatter_back([rows[i] for i in batch.rows], batch.batch, values, name)
+        else:
+            store_values(rows, batch, values, name)
+
+    def single_pass(self, rows: Sequence[TrainRow]) -> bool:
+        """One epoch, one mini-batch: every forward of the update sees the pre-update weights."""
+        size = self.cfg.mini_batch_streams
+        return self.cfg.ppo_epochs == 1 and (size <= 0 or size >= len(rows))
 
     @torch.no_grad()
-    def prepare(self, rows: Sequence[TrainRow]) -> float:
-        """Set old (and reference) log-probs on every row; returns mean |sampling − recomputed| log-prob."""
+    def prepare(self, rows: Sequence[TrainRow]) -> float | None:
+        """Set old (and reference) log-probs; returns mean |sampling − current| log-prob when measured.
+
+        No forward runs for old log-probs when the update is a single on-policy pass: they are the
+        update forward's own (detached) values, so the ratio is exactly 1. ``logprob_check`` adds a
+        no-grad forward measuring the sampling/training log-prob gap before the update.
+        """
         if self.cfg.old_logprobs not in ("recompute", "sampling"):
             raise ValueError(f"OptimConfig.old_logprobs={self.cfg.old_logprobs!r}; valid: 'recompute', 'sampling'")
+        recompute = self.cfg.old_logprobs == "recompute"
+        self._old_from_forward = recompute and self.single_pass(rows)
+        measure = self.cfg.logprob_check or (recompute and not self._old_from_forward)
+        self._measured = measure
+        if not (measure or self.slot.ref is not None) or not rows:
+            self._copy_sampling(rows)
+            return None
         self.slot.model.eval()
         diffs, n = 0.0, 0
-        for mb_rows in self._micro_batches(rows):
-            batch = collate(mb_rows, self.pad_id, self.device)
-            current = token_logprobs(self.slot.model, batch)
-            diffs += float(((current - batch.values["sampling_logprobs"]).abs() * batch.mask).sum())
-            n += int(batch.mask.sum())
-            if self.cfg.old_logprobs == "recompute":
-                scatter_back(mb_rows, batch, current, "old_logprobs")
+        for batch in self.batches(rows):
+            if measure:
+                current = self.logprobs(self.slot.model, batch)
+                diffs += float(((current - batch.values["sampling_logprobs"]).abs() * batch.mask).sum())
+                n += int(batch.mask.sum())
+                if recompute and not self._old_from_forward:
+                    self.store(rows, batch, current, "old_logprobs")
             if self.slot.ref is not None:
-                scatter_back(mb_rows, batch, token_logprobs(self.slot.ref, batch), "ref_logprobs")
+                self.store(rows, batch, self.logprobs(self.slot.ref, batch), "ref_logprobs")
+        self._copy_sampling(rows)
+        return diffs / max(n, 1) if measure else None
+
+    def _copy_sampling(self, rows: Sequence[TrainRow]) -> None:
         if self.cfg.old_logprobs == "sampling":
             for r in rows:
                 r.old_logprobs = r.sampling_logprobs.clone()
-        return diffs / max(n, 1)
 
     def update(self, rows: Sequence[TrainRow], step: int) -> dict[str, float]:
         """``ppo_epochs`` × mini-batches of optimiser steps; returns mean metrics (prefix-free)."""
@@ -151,17 +264,31 @@ class PolicyUpdater:
             return {}
         self.slot.model.train()
         size = self.cfg.mini_batch_streams or len(rows)
-        for epoch in range(self.cfg.ppo_epochs):
-            order = list(range(len(rows)))
-            random.Random(derive_seed(self.seed, step, "minibatch", self.slot.name, epoch)).shuffle(order)
-            for start in range(0, len(order), size):
-                self._optimizer_step([rows[i] for i in order[start : start + size]], stats)
-        self.slot.model.eval()
+        self._gap_on_the_fly = self.single_pass(rows) and not self._measured
+        self._gap = [0.0, 0]
+        try:
+            for epoch in range(self.cfg.ppo_epochs):
+                order = list(range(len(rows)))
+                random.Random(derive_seed(self.seed, step, "minibatch", self.slot.name, epoch)).shuffle(order)
+                for start in range(0, len(order), size):
+                    self._optimizer_step([rows[i] for i in order[start : start + size]], stats)
+        finally:
+            set_checkpointing(self.slot.model, False)
+            self.slot.model.eval()
+        if self._gap[1]:
+            stats.add("rollout/logprob_diff", self._gap[0] / self._gap[1])
         return stats.metrics()
 
     def _losses(self, batch: Any, n_tokens: int, n_rows: int) -> dict[Role, Any]:
         """Each trained role's share of the mini-batch token-mean loss (they sum to the full loss)."""
-        log_probs = token_logprobs(self.slot.model, batch)
+        set_checkpointing(self.slot.model, needs_checkpointing(self.slot.model, padded_tokens(batch), self.precision,
+                                                               self.cfg.grad_checkpointing))
+        log_probs = self.logprobs(self.slot.model, batch)
+        old = log_probs.detach() if self._old_from_forward else batch.values["old_logprobs"]
+        if self._gap_on_the_fly:
+            gap = ((log_probs.detach() - batch.values["sampling_logprobs"]).abs() * batch.mask).sum()
+            self._gap[0] += float(gap)
+            self._gap[1] += int(batch.mask.sum())
         info = {"dp_size": 1, "batch_num_tokens": n_tokens, "global_batch_size": n_rows}
         out = {}
         for role in sorted(self.slot.roles):
@@ -169,7 +296,7 @@ class PolicyUpdater:
             if not bool(mask.any()):
                 continue
             out[role] = compute_policy_loss(
-                log_probs, batch.values["old_logprobs"], batch.values["advantages"] * mask, mask,
+                log_probs, old, batch.values["advantages"] * mask, mask,
                 clip_ratio=self.cfg.clip_ratio, kl_coef=self.cfg.kl_coef,
                 ref_log_probs=batch.values.get("ref_logprobs"), loss_agg_mode=self.cfg.loss_agg_mode,
                 global_batch_info=info,
@@ -195,8 +322,7 @@ class PolicyUpdater:
         n_tokens = sum(r.n_tokens for r in rows)
         role_grads: dict[Role, list[torch.Tensor]] = {}
         acc: dict[str, float] = {}
-        for mb_rows in self._micro_batches(rows):
-            batch = collate(mb_rows, self.pad_id, self.device)
+        for batch in self.batches(rows):
             losses = self._losses(batch, n_tokens, len(rows))
             if not losses:
                 continue

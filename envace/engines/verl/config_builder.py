@@ -12,6 +12,10 @@ job starts). The mapping, section by section:
   (``low_var_kl``) only when ``algo.kl_coef > 0``, AdamW without weight decay, constant LR. Dynamic
   (token-budget) micro-batches, and one optimizer update per PPO epoch: the mini-batch holds all rows
   of a step (``prompts_per_step × rows per trajectory``; two rows when REHEARSE trains).
+- LoRA (``envace.engines.lora``): ``actor_rollout_ref.model.lora_rank`` = ``algo.lora_rank`` (0 = full
+  fine-tuning, verl's default), and when it is > 0 ``lora_alpha`` and ``target_modules`` (verl's FSDP
+  peft keys; verl then gives vLLM the adapter and uses the adapter-disabled actor as KL reference).
+  verl's FSDP LoRA has no dropout: ``algo.lora_dropout`` > 0 is refused.
 - rollout: K = ``rollout.n``, temperature = ACT temperature (verl scores every row at one temperature;
   a different REHEARSE temperature is sampled by the agent loop but scored at this one — a warning
   says so), per-stream length budget = ``max_model_len``, log-probs returned, our agent loop.
@@ -45,6 +49,7 @@ from typing import Any
 from envace.core.advantages import VERL_GRPO_NAME, VERL_ROLEWISE_NAME
 from envace.core.records import Role
 from envace.engines.base import get_variant
+from envace.engines.lora import lora_spec
 from envace.engines.verl.settings import AGENT_LOOP_NAME, SETTINGS_NODE, TRAINER_MODE, EndpointSettings, LoopSettings
 
 logger = logging.getLogger(__name__)
@@ -195,6 +200,21 @@ def _actor(cfg: Mapping[str, Any], model_path: str) -> dict[str, Any]:
     return values
 
 
+def _lora(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        spec = lora_spec(plain(cfg["algo"]))
+    except ValueError as exc:
+        raise VerlConfigError(str(exc)) from exc
+    prefix = "actor_rollout_ref.model."
+    if spec is None:
+        return {prefix + "lora_rank": 0}
+    if spec.dropout:
+        raise VerlConfigError(f"algo.lora_dropout={spec.dropout}: verl's FSDP LoRA has no adapter dropout; set "
+                              "algo.lora_dropout=0.0 or use engine=local")
+    return {prefix + "lora_rank": spec.rank, prefix + "lora_alpha": spec.alpha,
+            prefix + "target_modules": list(spec.target_modules)}
+
+
 def _rollout(cfg: Mapping[str, Any]) -> dict[str, Any]:
     rollout, options = plain(cfg["rollout"]), engine_options(cfg)
     if float(rollout["rehearse_temperature"]) != float(rollout["act_temperature"]):
@@ -264,8 +284,8 @@ def build_overrides(cfg: Mapping[str, Any], *, train_files: Sequence[str], val_f
     cfg = plain(cfg)
     check_supported(cfg)
     values: dict[str, Any] = {}
-    for section in (_algorithm(cfg), _actor(cfg, model_path), _rollout(cfg), _data(cfg, train_files, val_files),
-                    _trainer(cfg, output_dir, extra_loggers)):
+    for section in (_algorithm(cfg), _actor(cfg, model_path), _lora(cfg), _rollout(cfg),
+                    _data(cfg, train_files, val_files), _trainer(cfg, output_dir, extra_loggers)):
         values.update(section)
     overrides = _overrides(values)
     overrides += _overrides(loop_settings(cfg).to_flat(), prefix=f"{SETTINGS_NODE}.", add=True)

@@ -1,0 +1,245 @@
+"""Shared-prefix packing of training rows: each common prefix is encoded once, with gradient.
+
+The K samples of a prompt share their whole prompt (system prompt, tool schemas, first user turn —
+88% of the update's tokens at the cpu profile's sizes). ``plan_packs`` groups rows whose token
+streams share a prefix of at least ``min_shared`` tokens; a *pack* is one sequence
+``[prefix, suffix_1, ..., suffix_m]`` with
+
+- explicit position ids: the prefix at 0..P-1, every suffix at P..P+len-1 (as if alone after it);
+- a block-causal mask: the prefix is causal; a suffix token sees the whole prefix and the earlier
+  tokens of its own suffix, never another suffix (``pack_mask``).
+
+Every token's hidden state is then exactly the one it has when its row is encoded alone, so
+log-probs, losses and gradients equal the unshared computation (up to float summation order; the
+tests check 1e-5). A prefix position's hidden state is shared by the rows of its pack, and each row
+reads its own target there, so gradient contributions add up as they would over separate rows.
+
+Micro-batches hold packs of similar length (length buckets) up to ``max_tokens`` padded tokens;
+they carry one boolean ``[B, 1, L, L]`` mask that every layer reads (no per-layer float copies).
+The LM head runs only at the (row, position) pairs that are trained, in chunks (``head_logprobs``),
+never over a ``[B, L, vocab]`` tensor.
+
+Choices: rows are visited in lexicographic token order, so rows sharing a prefix are adjacent;
+grouping is greedy. A pack is capped at ``max_tokens`` (a group that would exceed it starts a new
+pack and re-encodes the prefix). Padding queries attend to themselves only (no NaNs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from envace.engines.local.batching import TrainRow
+
+VALUE_NAMES = ("targets", "roles", "temperatures", "advantages", "sampling_logprobs", "old_logprobs", "ref_logprobs")
+
+
+@dataclass(frozen=True)
+class Pack:
+    """One packed sequence: ``rows`` (indices into the row list) behind a shared prefix of ``prefix_len``."""
+
+    rows: tuple[int, ...]
+    prefix_len: int
+    length: int
+
+
+def common_prefix_len(a: torch.Tensor, b: torch.Tensor) -> int:
+    n = min(int(a.numel()), int(b.numel()))
+    diff = (a[:n] != b[:n]).nonzero()
+    return int(diff[0]) if diff.numel() else n
+
+
+def _pack(rows: Sequence[TrainRow], members: list[int], prefix: int) -> Pack:
+    if len(members) == 1:
+        prefix = int(rows[members[0]].input_ids.numel())
+    length = prefix + sum(int(rows[i].input_ids.numel()) - prefix for i in members)
+    return Pack(tuple(members), prefix, length)
+
+
+def plan_packs(rows: Sequence[TrainRow], *, share: bool = True, min_shared: int = 16,
+               max_tokens: int = 8192) -> list[Pack]:
+    """Group rows sharing a ≥ ``min_shared``-token prefix into packs of at most ``max_tokens`` tokens."""
+    if not share:
+        return [_pack(rows, [i], 0) for i in range(len(rows))]
+    order = sorted(range(len(rows)), key=lambda i: rows[i].input_ids.tolist())
+    packs: list[Pack] = []
+    members: list[int] = []
+    prefix = 0
+    for i in order:
+        if members:
+            shared = min(prefix, common_prefix_len(rows[members[0]].input_ids, rows[i].input_ids))
+            length = shared + sum(int(rows[j].input_ids.numel()) - shared for j in [*members, i])
+            if shared >= min_shared and length <= max_tokens:
+                members.append(i)
+                prefix = shared
+                continue
+            packs.append(_pack(rows, members, prefix))
+        members, prefix = [i], int(rows[i].input_ids.numel())
+    if members:
+        packs.append(_pack(rows, members, prefix))
+    return packs
+
+
+def micro_batches(packs: Sequence[Pack], max_tokens: int) -> list[list[Pack]]:
+    """Length-bucketed micro-batches: packs sorted by length, each batch ≤ ``max_tokens`` padded tokens."""
+    batches: list[list[Pack]] = []
+    for pack in sorted(packs, key=lambda p: (p.length, p.rows)):
+        if batches and (len(batches[-1]) + 1) * max(pack.length, batches[-1][-1].length) <= max_tokens:
+            batches[-1].append(pack)
+        else:
+            batches.append([pack])
+    return batches
+
+
+def pack_mask(segments: torch.Tensor) -> torch.Tensor:
+    """``[L, L]`` bool (True = may attend) from per-token segment ids (0 prefix, 1.. suffixes, -1 pad)."""
+    n = segments.numel()
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    same = segments[:, None] == segments[None, :]
+    prefix_key = (segments == 0)[None, :] & (segments[:, None] >= 0)
+    return causal & (same | prefix_key)
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """Tensors of one micro-batch of packs.
+
+    ``input_ids``/``position_ids``: ``[B, L]``; ``attention_mask``: ``[B, 1, L, L]`` bool;
+    ``pack_index``/``token_index``: ``(N,)`` where each trained token's predicting position sits;
+    ``row_index``/``col_index``: ``(N,)`` its (row of this batch, position in the row's own arrays);
+    ``values``: ``[R, P]`` per-row tensors (``targets``, ``roles``, ...; ``mask`` marks real entries).
+    """
+
+    rows: tuple[int, ...]
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    pack_index: torch.Tensor
+    token_index: torch.Tensor
+    row_index: torch.Tensor
+    col_index: torch.Tensor
+    mask: torch.Tensor
+    values: dict[str, torch.Tensor]
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.mask.sum())
+
+
+def _pack_tensors(rows: Sequence[TrainRow], pack: Pack, width: int, pad_id: int):
+    ids = torch.full((width,), pad_id, dtype=torch.long)
+    pos = torch.zeros(width, dtype=torch.long)
+    seg = torch.full((width,), -1, dtype=torch.long)
+    p = pack.prefix_len
+    first = rows[pack.rows[0]].input_ids
+    ids[:p], pos[:p], seg[:p] = first[:p], torch.arange(p), 0
+    starts = []
+    cursor = p
+    for j, r in enumerate(pack.rows, start=1):
+        tail = rows[r].input_ids[p:]
+        ids[cursor : cursor + tail.numel()] = tail
+        pos[cursor : cursor + tail.numel()] = torch.arange(p, p + tail.numel())
+        seg[cursor : cursor + tail.numel()] = j
+        starts.append(cursor)
+        cursor += tail.numel()
+    return ids, pos, seg, starts
+
+
+def collate_packs(rows: Sequence[TrainRow], packs: Sequence[Pack], pad_id: int = 0,
+                  device: str | torch.device = "cpu") -> PackedBatch:
+    """Tensors for ``packs`` (one micro-batch), right-padded to the longest pack."""
+    width = max(p.length for p in packs)
+    ids, pos, masks = [], [], []
+    pack_idx, tok_idx, row_idx, col_idx, order = [], [], [], [], []
+    for b, pack in enumerate(packs):
+        i, p_ids, seg, starts = _pack_tensors(rows, pack, width, pad_id)
+        ids.append(i)
+        pos.append(p_ids)
+        masks.append(pack_mask(seg))
+        for start, r in zip(starts, pack.rows):
+            positions = rows[r].positions
+            packed = torch.where(positions < pack.prefix_len, positions, positions - pack.prefix_len + start)
+            pack_idx.append(torch.full_like(positions, b))
+            tok_idx.append(packed)
+            row_idx.append(torch.full_like(positions, len(order)))
+            col_idx.append(torch.arange(positions.numel()))
+            order.append(r)
+    members = [rows[r] for r in order]
+    longest = max(r.n_tokens for r in members)
+    mask = torch.zeros(len(members), longest, dtype=torch.bool)
+    values: dict[str, torch.Tensor] = {}
+    for name in VALUE_NAMES:
+        first = getattr(members[0], name)
+        if first is None:
+            continue
+        fill = 1.0 if name == "temperatures" else 0
+        values[name] = torch.full((len(members), longest), fill, dtype=first.dtype)
+        for k, r in enumerate(members):
+            values[name][k, : r.n_tokens] = getattr(r, name)
+    for k, r in enumerate(members):
+        mask[k, : r.n_tokens] = True
+    to = lambda t: t.to(device)
+    return PackedBatch(
+        rows=tuple(order), input_ids=to(torch.stack(ids)), position_ids=to(torch.stack(pos)),
+        attention_mask=to(torch.stack(masks).unsqueeze(1)), pack_index=to(torch.cat(pack_idx)),
+        token_index=to(torch.cat(tok_idx)), row_index=to(torch.cat(row_idx)), col_index=to(torch.cat(col_idx)),
+        mask=to(mask), values={k: to(v) for k, v in values.items()},
+    )
+
+
+def _chunk_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
+                    temperatures: torch.Tensor) -> torch.Tensor:
+    logits = head(hidden).float() / temperatures.unsqueeze(-1)
+    return -F.cross_entropy(logits, targets, reduction="none")
+
+
+def head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
+                  temperatures: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """log softmax(head(h) / T)[target] for ``(N, H)`` hidden states, ``chunk`` rows of logits at a time.
+
+    With gradient, each chunk's logits are recomputed in backward (activation checkpointing), so at
+    most one ``[chunk, vocab]`` float32 tensor is alive.
+    """
+    if hidden.shape[0] <= chunk:
+        return _chunk_logprobs(head, hidden, targets, temperatures)
+    pieces = []
+    for s in range(0, hidden.shape[0], chunk):
+        args = (head, hidden[s : s + chunk], targets[s : s + chunk], temperatures[s : s + chunk])
+        if torch.is_grad_enabled() and hidden.requires_grad:
+            pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
+        else:
+            pieces.append(_chunk_logprobs(*args))
+    return torch.cat(pieces)
+
+
+def decoder_and_head(model: Any) -> tuple[Any, torch.nn.Module]:
+    """The transformer body (hidden states) and the LM head of a causal LM (HF or peft-wrapped)."""
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    if decoder is None or head is None:
+        raise TypeError(f"{type(model).__name__}: packed training needs get_decoder() and get_output_embeddings()")
+    return decoder, head
+
+
+def packed_logprobs(model: Any, batch: PackedBatch) -> torch.Tensor:
+    """``[R, P]`` log-probs of every row's targets at its temperatures (0 off ``batch.mask``)."""
+    decoder, head = decoder_and_head(model)
+    out = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                  position_ids=batch.position_ids, use_cache=False)
+    hidden = out.last_hidden_state[batch.pack_index, batch.token_index]
+    targets = batch.values["targets"][batch.row_index, batch.col_index]
+    temps = batch.values["temperatures"][batch.row_index, batch.col_index]
+    flat = head_logprobs(head, hidden, targets, temps)
+    logp = flat.new_zeros(batch.mask.shape)
+    return logp.index_put((batch.row_index, batch.col_index), flat)
+
+
+def store(rows: Sequence[TrainRow], batch: PackedBatch, values: torch.Tensor, name: str) -> None:
+    """Save ``[R, P]`` per-row values (e.g. old log-probs) on the batch's rows as ``name``."""
+    values = values.detach().cpu()
+    for k, r in enumerate(batch.rows):
+        setattr(rows[r], name, values[k, : rows[r].n_tokens].clone())

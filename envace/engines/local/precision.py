@@ -1,0 +1,133 @@
+"""Numeric precision of the local engine: ``auto | fp32 | bf16``, chosen per machine.
+
+``bf16`` means mixed precision: weights, gradients and AdamW state stay float32 (the "master"
+copy); matmuls run in bfloat16 under ``torch.autocast``; log-probs, losses and the softmax of the
+sampler are computed in float32 from the (up-cast) logits. ``auto`` picks bf16 where it is faster:
+on a CUDA device that supports bf16; on a CPU whose flags list ``avx512_bf16`` or ``amx_bf16``
+(``/proc/cpuinfo``) *and* on which a bf16 linear layer measures faster than fp32 (a 0.1 s probe,
+``cpu_bf16_speedup``); fp32 elsewhere. ``bf16`` forced where it is slow still runs, as asked.
+
+Deviation from a pure-bf16 engine: nothing is ever stored in bf16, so checkpoints, the resume
+guarantee (bit-exact in fp32; deterministic but not identical to fp32 in bf16) and the exported
+weights do not depend on the precision that trained them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+PRECISIONS = ("auto", "fp32", "bf16")
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags of this machine (empty where ``/proc/cpuinfo`` is not readable)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has native bf16 matmul instructions (AVX512-BF16 or AMX-BF16)."""
+    return any(flag in cpu_flags() for flag in BF16_CPU_FLAGS)
+
+
+def device_type(device: str | torch.device) -> str:
+    return torch.device(device).type
+
+
+# auto picks bf16 on a CPU only when a bf16 linear layer under autocast measures at least this much
+# faster than fp32 (AMX machines: ~3-7x; AVX512-BF16 without AMX measured 0.65-0.7x, i.e. slower)
+BF16_MIN_SPEEDUP = 1.2
+
+
+@functools.lru_cache(maxsize=8)
+def cpu_bf16_speedup(threads: int) -> float:
+    """Measured time ratio fp32 / bf16-autocast of a ``[1024, 576] @ [576, 1536]`` linear layer (~0.1 s).
+
+    The shape is a small LM's MLP projection over a training micro-batch; the autocast time includes
+    the per-call weight cast, as in the engine. Cached per thread count for the process.
+    """
+    del threads  # the cache key: torch's current thread count
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(1024, 576, generator=gen), torch.randn(1536, 576, generator=gen)
+
+    def timed(cast: bool) -> float:
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cast):
+                torch.nn.functional.linear(x, w)
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    timed(False), timed(True)  # warm-up: oneDNN builds its kernels on first use
+    return timed(False) / timed(True)
+
+
+def resolve_precision(precision: str, device: str | torch.device = "cpu") -> str:
+    """``"bf16"`` or ``"fp32"`` for ``precision`` on ``device`` (``auto`` decided per machine; logged).
+
+    ``auto``: bf16 on a CUDA device that supports it; on a CPU, bf16 when its flags list bf16 matmul
+    instructions *and* a measured bf16 linear layer is ≥ ``BF16_MIN_SPEEDUP``× faster than fp32
+    (``cpu_bf16_speedup``) — flags alone are not enough: without AMX, AVX512-BF16 CPUs measured slower
+    in bf16 than in fp32 with torch 2.13. Else fp32.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}; valid: {', '.join(PRECISIONS)} (engine.precision / eval.precision)")
+    if device_type(device) == "cuda":
+        native = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        where = "CUDA device"
+    elif not cpu_has_bf16():
+        native, where = False, f"CPU without {'/'.join(BF16_CPU_FLAGS)}"
+    else:
+        speedup = cpu_bf16_speedup(torch.get_num_threads()) if precision == "auto" else float("nan")
+        native = speedup >= BF16_MIN_SPEEDUP
+        where = f"CPU with bf16 instructions (measured bf16 speed-up {speedup:.2f}x)"
+    if precision == "auto":
+        chosen = "bf16" if native else "fp32"
+        logger.info("precision auto -> %s on %s", chosen, where)
+        return chosen
+    if precision == "bf16" and device_type(device) != "cuda" and not cpu_has_bf16():
+        logger.warning("precision bf16 forced on %s: bf16 is emulated and may be slower than fp32", where)
+    return precision
+
+
+def autocast(precision: str, device: str | torch.device = "cpu") -> contextlib.AbstractContextManager:
+    """A context running matmuls in bf16 when ``precision == "bf16"`` (resolved), else a no-op."""
+    if precision == "bf16":
+        return torch.autocast(device_type(device), dtype=torch.bfloat16)
+    if precision != "fp32":
+        raise ValueError(f"autocast: precision must be resolved to 'bf16' or 'fp32', got {precision!r}")
+    return contextlib.nullcontext()
+
+
+def resolve_threads(num_threads: int | str) -> int:
+    """Thread count from ``engine.num_threads``: an int ≥ 1, or ``auto``.
+
+    ``auto`` = 1. Measured on the shared 2-core boxes (scripts/bench_peer_trl.py, bench_step.py):
+    2 threads speed an idle machine's update up ~1.3-1.6× but collapse ~10× as soon as another
+    process holds one core (OpenMP barriers wait on a descheduled thread), and two cells of an
+    experiment matrix run side by side, one per core. One thread per process is the robust choice;
+    set 2 explicitly on a machine you have to yourself.
+    """
+    if num_threads == "auto":
+        return 1
+    n = int(num_threads)
+    if n < 1:
+        raise ValueError(f"engine.num_threads={num_threads!r}; give an integer >= 1 or 'auto'")
+    return n

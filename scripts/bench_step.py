@@ -1,0 +1,180 @@
+#!/usr/bin/env python
+"""Benchmark: one cpu-profile-shaped GRPO step, today's path vs the new defaults, on identical work.
+
+The workload is the cpu profile's: the real tool world (train split), ``--prompts`` prompts × K=
+``--samples`` rollouts per step, ACT ≤ 96 and REHEARSE ≤ 64 tokens per output, ≤ 3 steps per turn,
+3,072-token streams, envace (both roles trained, one shared policy). To make both paths do exactly
+the same work, the parent process first samples every step's rollout once (fp32): even samples
+replay the gold trajectory, odd samples are the model's own free samples (so groups have reward
+variance and realistic lengths); each path then *forces* those tokens (``DecodeGuide``), so it runs
+the same forwards over the same streams and scores, packs and trains on the same rows.
+
+Paths, each in its own child process (so ``peak_rss_mb`` is that path's own ``ru_maxrss``):
+- ``old``: fp32, no prefix sharing (right-padded rows, 4 per micro-batch, logits at the union of
+  positions), an extra no-grad forward before the update (today's recompute/health check), no
+  gradient checkpointing;
+- ``new``: the engine defaults (precision auto, shared-prefix packing, old log-probs from the update's
+  own forward, checkpointing auto, LM head at trained positions only).
+Both use the batched sampler (it has no switch). Per-step times come from the engine's own metrics
+(``time/rollout``, ``time/update``, ``time/step``); figures are medians over ``--steps`` steps.
+
+    python scripts/bench_step.py --model smollm2 --steps 2
+    python scripts/bench_step.py --model tiny --steps 2          # plumbing check, seconds
+
+The last line printed is one JSON object: ``speedup_step``, ``speedup_update``, ``speedup_rollout``,
+each path's medians, ``peak_rss_mb``, stream tokens, the precision chosen, and the CPU model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from envace.core.prompts import ChatFormatter
+from envace.core.records import Role
+from envace.engines import episode_spec_from_task
+from envace.engines.local import DecodeGuide, LocalEngine, LocalEngineConfig, OptimConfig, RolloutConfig
+from envace.engines.local.attention import use_gqa_attention
+from envace.engines.local.engine import step_examples
+from envace.engines.local.precision import cpu_has_bf16, resolve_precision
+from envace.engines.local.rollout import ResponseSource, RolloutRunner
+from envace.engines.local.sft import gold_targets
+from envace.envs.toolworld import ToolWorldEnv
+from envace.models import ModelSpec, load_model_and_tokenizer
+
+logger = logging.getLogger("bench_step")
+
+CPU_PROFILE_ROLLOUT = RolloutConfig(samples_per_prompt=4, max_steps_per_turn=3, max_act_tokens=96,
+                                    max_rehearse_tokens=64, max_stream_tokens=3072)
+PATHS = {
+    "old": {"precision": "fp32", "optim": {"share_prefix": False, "micro_batch_streams": 4, "logprob_check": True,
+                                           "grad_checkpointing": "off"}},
+    "new": {"precision": "auto", "optim": {}},
+}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=["tiny", "smollm2"], default="smollm2")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--prompts", type=int, default=2, help="prompts per step")
+    p.add_argument("--samples", type=int, default=4, help="K rollouts per prompt")
+    p.add_argument("--tasks", type=int, default=8, help="train tasks (the cpu profile's n_train)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--paths", default="old,new")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--workload", default=None, help=argparse.SUPPRESS)
+    return p.parse_args()
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def setup(args: argparse.Namespace):
+    torch.set_num_threads(args.threads)
+    env = ToolWorldEnv()
+    tasks = list(env.tasks("train"))[: args.tasks]
+    specs = [episode_spec_from_task(t, env.make_executor(t)) for t in tasks]
+    return specs, replace(CPU_PROFILE_ROLLOUT, samples_per_prompt=args.samples)
+
+
+def sample_workload(args: argparse.Namespace, path: Path) -> None:
+    """Every step's outputs, sampled once (fp32): gold replays for even samples, free samples for odd."""
+    specs, rollout = setup(args)
+    model, tokenizer = load_model_and_tokenizer(ModelSpec(kind=args.model))
+    use_gqa_attention(model)
+    fmt = ChatFormatter(tokenizer)
+    gold = {i: gold_targets(s, fmt) for i, s in enumerate(specs)}
+
+    def mixed(key):
+        outs = (gold.get(key.example) or {}).get(key.role, [])
+        return outs[key.index] if key.sample % 2 == 0 and key.index < len(outs) else None
+
+    runner = RolloutRunner(fmt, rollout, guide=DecodeGuide(mixed))
+    forced = {}
+    for step in range(args.steps):
+        idx = step_examples(step, len(specs), args.prompts, args.seed)
+        batch = runner.run([specs[i] for i in idx], model, ResponseSource(model=model), seed=args.seed, step=step,
+                           examples=idx)
+        for traj, j in zip(batch.trajectories, range(len(batch.trajectories))):
+            counters = {r: 0 for r in Role}
+            for role, seg in traj.outputs():
+                forced[f"{idx[j // args.samples]}|{traj.sample_index}|{role.name}|{counters[role]}"] = list(seg.token_ids)
+                counters[role] += 1
+    path.write_text(json.dumps(forced))
+
+
+def run_child(args: argparse.Namespace) -> dict:
+    specs, rollout = setup(args)
+    forced = json.loads(Path(args.workload).read_text())
+    guide = DecodeGuide(lambda k: forced.get(f"{k.example}|{k.sample}|{k.role.name}|{k.index}"))
+    conf = PATHS[args.child]
+    cfg = LocalEngineConfig(model=ModelSpec(kind=args.model), variant="envace", steps=args.steps,
+                            prompts_per_step=args.prompts, seed=args.seed, rollout=rollout,
+                            optim=OptimConfig(**conf["optim"]), precision=conf["precision"], progress=False)
+    before = rss_mb()
+    result = LocalEngine(guide=guide).train(cfg, specs)
+    hist = [h for h in result.history if "time/step" in h]
+    med = lambda key: statistics.median(h[key] for h in hist)
+    return {"path": args.child, "precision": resolve_precision(conf["precision"]), "step_s": med("time/step"),
+            "update_s": med("time/update"), "rollout_s": med("time/rollout"),
+            "steps_s": [h["time/step"] for h in hist], "stream_tokens": med("update/stream_tokens"),
+            "update_tokens_per_s": med("update/tokens_per_s"), "reward_mean": med("reward/mean")
+            if "reward/mean" in hist[0] else None, "peak_rss_mb": rss_mb(), "rss_before_train_mb": before}
+
+
+def main() -> None:
+    args = parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.child:
+        print(json.dumps(run_child(args)))
+        return
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        workload = Path(tmp) / "workload.json"
+        logger.info("sampling the workload once (%d steps)", args.steps)
+        sample_workload(args, workload)
+        for name in args.paths.split(","):
+            logger.info("path %s ...", name)
+            cmd = [sys.executable, __file__, "--child", name, "--workload", str(workload), "--model", args.model,
+                   "--steps", str(args.steps), "--prompts", str(args.prompts), "--samples", str(args.samples),
+                   "--tasks", str(args.tasks), "--threads", str(args.threads), "--seed", str(args.seed)]
+            env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+            results[name] = json.loads(out.stdout.strip().splitlines()[-1])
+            logger.info("%s: %s", name, results[name])
+    summary = {"model": args.model, "steps": args.steps, "threads": args.threads, "cpu": cpu_model(),
+               "cpu_bf16": cpu_has_bf16(), **{f"{k}": v for k, v in results.items()}}
+    if {"old", "new"} <= set(results):
+        old, new = results["old"], results["new"]
+        if old["stream_tokens"] != new["stream_tokens"]:
+            raise SystemExit(f"paths trained on different streams ({old['stream_tokens']} vs {new['stream_tokens']} "
+                             "tokens): the comparison is invalid")
+        summary.update({"speedup_step": old["step_s"] / new["step_s"], "speedup_update": old["update_s"] / new["update_s"],
+                        "speedup_rollout": old["rollout_s"] / new["rollout_s"]})
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

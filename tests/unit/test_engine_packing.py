@@ -1,0 +1,176 @@
+"""Shared-prefix packing (exact vs the unshared computation), bf16 vs fp32 log-probs, checkpointing."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from envace.core.records import Role
+from envace.engines.local import OptimConfig
+from envace.engines.local.attention import use_gqa_attention
+from envace.engines.local.batching import TrainRow, collate, token_logprobs
+from envace.engines.local.packing import (
+    collate_packs,
+    micro_batches,
+    pack_mask,
+    packed_logprobs,
+    plan_packs,
+)
+from envace.engines.local.precision import PRECISIONS, autocast, resolve_precision
+from envace.engines.local.trainer import PolicyUpdater, Slot, make_optimizer, needs_checkpointing
+
+torch.set_num_threads(1)
+VOCAB = 96
+
+
+def _model(layers: int = 2) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2))
+    use_gqa_attention(model)
+    return model.eval()
+
+
+def _row(ids: torch.Tensor, start: int, role: Role, adv: float, g: torch.Generator) -> TrainRow:
+    pos = torch.arange(start, ids.numel() - 1)
+    return TrainRow(input_ids=ids, positions=pos, targets=ids[pos + 1], roles=torch.full_like(pos, int(role)),
+                    temperatures=torch.full((pos.numel(),), 0.7 if role is Role.REHEARSE else 1.0),
+                    advantages=torch.full((pos.numel(),), adv),
+                    sampling_logprobs=-torch.rand(pos.numel(), generator=g))
+
+
+def _rows() -> list[TrainRow]:
+    """Two prompts × K=3 samples (ACT rows) + a REHEARSE row per sample of prompt 0 + one lone row."""
+    g = torch.Generator().manual_seed(3)
+    rand = lambda n: torch.randint(3, VOCAB, (n,), generator=g)
+    rows = []
+    for p, plen in enumerate((40, 25)):
+        prompt = rand(plen)
+        for k in range(3):
+            rows.append(_row(torch.cat([prompt, rand(6 + 2 * k)]), plen - 1, Role.ACT, 0.5 - 0.4 * k, g))
+    sys = rand(30)
+    for k in range(3):
+        call = rand(4 + k)
+        rows.append(_row(torch.cat([sys, call, rand(5)]), 30 + call.numel() - 1, Role.REHEARSE, 0.3 * k - 0.2, g))
+    rows.append(_row(rand(12), 3, Role.ACT, 1.0, g))
+    return rows
+
+
+def test_plan_groups_shared_prefixes():
+    rows = _rows()
+    packs = plan_packs(rows, min_shared=8)
+    assert sorted(len(p.rows) for p in packs) == [1, 3, 3, 3]
+    assert sorted(p.prefix_len for p in packs if len(p.rows) > 1) == [25, 30, 40]
+    assert sorted(i for p in packs for i in p.rows) == list(range(len(rows)))  # every row exactly once
+    unshared = sum(int(r.input_ids.numel()) for r in rows)
+    assert sum(p.length for p in packs) == unshared - 2 * (40 + 25) - 2 * 30  # each prefix encoded once
+    assert [len(p.rows) for p in plan_packs(rows, share=False)] == [1] * len(rows)
+    tight = plan_packs(rows, min_shared=8, max_tokens=60)  # a pack over budget starts a new one
+    assert all(p.length <= 60 or len(p.rows) == 1 for p in tight)
+
+
+def test_pack_mask_is_block_causal():
+    seg = torch.tensor([0, 0, 1, 1, 2, -1])
+    m = pack_mask(seg)
+    assert m[3].tolist() == [True, True, True, True, False, False]  # suffix 1 sees prefix + itself
+    assert m[4].tolist() == [True, True, False, False, True, False]  # suffix 2 never sees suffix 1
+    assert m[1].tolist() == [True, True, False, False, False, False]
+    assert bool(m[5, 5]) and not bool(m[5, :5].any())  # padding sees only itself
+
+
+def test_packed_logprobs_equal_unshared_forward():
+    model, rows = _model(), _rows()
+    batches = micro_batches(plan_packs(rows, min_shared=8), max_tokens=256)
+    with torch.no_grad():
+        for mb in batches:
+            batch = collate_packs(rows, mb)
+            got = packed_logprobs(model, batch)
+            for k, r in enumerate(batch.rows):
+                want = token_logprobs(model, collate([rows[r]]))[0]
+                torch.testing.assert_close(got[k, : rows[r].n_tokens], want, atol=1e-5, rtol=1e-5)
+
+
+def _loss_and_grads(share: bool, **kw):
+    model, rows = _model(), _rows()
+    cfg = OptimConfig(share_prefix=share, micro_batch_streams=2, micro_batch_tokens=128, **kw)
+    updater = PolicyUpdater(Slot("policy", model, frozenset(Role), make_optimizer(model, cfg)), cfg, 0, pad_id=0)
+    updater.prepare(rows)
+    model.train()
+    n_tokens = sum(r.n_tokens for r in rows)
+    total = 0.0
+    for batch in updater.batches(rows):
+        losses = updater._losses(batch, n_tokens, len(rows))
+        loss = sum(lo.loss for lo in losses.values())
+        loss.backward()
+        total += float(loss)
+    return total, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("old", ["recompute", "sampling"])
+def test_shared_prefix_loss_and_gradients_equal_unshared(old):
+    shared_loss, shared_grads = _loss_and_grads(True, old_logprobs=old, grad_checkpointing="off")
+    plain_loss, plain_grads = _loss_and_grads(False, old_logprobs=old, grad_checkpointing="off")
+    assert shared_loss == pytest.approx(plain_loss, abs=1e-6)
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, atol=1e-6, rtol=1e-4, msg=name)
+    assert any(float(g.abs().sum()) > 0 for g in plain_grads.values())
+
+
+def test_gradient_checkpointing_changes_nothing():
+    on_loss, on_grads = _loss_and_grads(True, grad_checkpointing="on")
+    off_loss, off_grads = _loss_and_grads(True, grad_checkpointing="off")
+    assert on_loss == pytest.approx(off_loss, abs=1e-7)
+    for name, grad in off_grads.items():
+        torch.testing.assert_close(on_grads[name], grad, atol=1e-7, rtol=1e-6, msg=name)
+
+
+def test_checkpointing_auto_by_activation_size():
+    big = type("M", (), {"config": LlamaConfig(num_hidden_layers=30, hidden_size=576)})()
+    assert needs_checkpointing(big, 4096, "fp32", "auto") and not needs_checkpointing(_model(), 4096, "fp32", "auto")
+    assert needs_checkpointing(_model(), 8, "fp32", "on") and not needs_checkpointing(big, 1 << 20, "bf16", "off")
+    with pytest.raises(ValueError, match="grad_checkpointing"):
+        needs_checkpointing(big, 1, "fp32", "sometimes")
+
+
+# bf16 autocast vs fp32 on the tiny model: a bf16 matmul rounds to 8 mantissa bits, so per-token
+# log-probs move by a few hundredths (measured max ~0.03 at this size); the mean gap stays far smaller
+BF16_MEAN_TOL, BF16_MAX_TOL = 0.02, 0.1
+
+
+def test_bf16_logprobs_agree_with_fp32():
+    model, rows = _model(), _rows()
+    batch = collate_packs(rows, plan_packs(rows, min_shared=8))
+    with torch.no_grad():
+        fp32 = packed_logprobs(model, batch)
+        with autocast("bf16"):
+            bf16 = packed_logprobs(model, batch).float()
+    gap = (bf16 - fp32).abs()[batch.mask]
+    assert float(gap.mean()) < BF16_MEAN_TOL and float(gap.max()) < BF16_MAX_TOL
+    assert float(gap.max()) > 0  # it did run in bf16
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # master weights stay fp32
+
+
+def test_precision_resolution():
+    assert resolve_precision("fp32") == "fp32" and resolve_precision("bf16") == "bf16"
+    assert resolve_precision("auto") in ("fp32", "bf16")
+    assert set(PRECISIONS) == {"auto", "fp32", "bf16"}
+    with pytest.raises(ValueError, match="precision"):
+        resolve_precision("fp16")
+
+
+def test_bf16_update_keeps_fp32_state_and_learns():
+    model, rows = _model(), _rows()
+    before = copy.deepcopy(model)
+    cfg = OptimConfig(lr=1e-2)
+    opt = make_optimizer(model, cfg)
+    updater = PolicyUpdater(Slot("policy", model, frozenset(Role), opt), cfg, 0, 0, precision="bf16")
+    updater.prepare(rows)
+    metrics = updater.update(rows, step=0)
+    assert metrics["grad_norm"] > 0 and abs(metrics["rollout/logprob_diff"]) > 0
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(v.dtype == torch.float32 for s in opt.state.values() for v in s.values() if torch.is_tensor(v)
+               and v.dim() > 0)
+    assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), before.parameters()))
