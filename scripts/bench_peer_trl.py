@@ -59,6 +59,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--sides", default="trl,ours_fp32,ours")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="rounds over the sides (interleaved); each figure is the median over rounds")
     p.add_argument("--side", default=None, help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -254,6 +256,17 @@ def run_ours(args, precision_name: str) -> dict:
 
 
 # ---- driver --------------------------------------------------------------------------------------
+def median_run(runs: list[dict]) -> dict:
+    """One side's figures: the median of every numeric field over its rounds (max for foreign CPU)."""
+    out = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            values = [r[key] for r in runs]
+            out[key] = max(values) if key == "foreign_cpu_cores" else statistics.median(values)
+    out["rounds_step_s"] = [r["step_s_median"] for r in runs]
+    return out
+
+
 def main() -> None:
     args = parse_args()
     if args.side:
@@ -262,16 +275,18 @@ def main() -> None:
         print(json.dumps(out))
         return
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
-    sides = {}
-    for side in args.sides.split(","):
-        cmd = [sys.executable, __file__, "--side", side, *sys.argv[1:]]
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if done.returncode:
-            sys.stderr.write(done.stderr[-4000:])
-            raise SystemExit(f"side {side} failed (exit {done.returncode})")
-        sides[side] = json.loads(done.stdout.strip().splitlines()[-1])
-        print(json.dumps(sides[side]), flush=True)
-    summary: dict = {"threads": args.threads, **{f"{k}": v for k, v in sides.items()}}
+    runs: dict[str, list[dict]] = {}
+    for _ in range(args.repeats):
+        for side in args.sides.split(","):
+            cmd = [sys.executable, __file__, "--side", side, *sys.argv[1:]]
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if done.returncode:
+                sys.stderr.write(done.stderr[-4000:])
+                raise SystemExit(f"side {side} failed (exit {done.returncode})")
+            runs.setdefault(side, []).append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(json.dumps(runs[side][-1]), flush=True)
+    sides = {side: median_run(rs) for side, rs in runs.items()}
+    summary: dict = {"threads": args.threads, "repeats": args.repeats, **{f"{k}": v for k, v in sides.items()}}
     if "trl" in sides:
         trl = sides["trl"]
         for name, suffix in (("ours", ""), ("ours_fp32", "_fp32")):

@@ -4,7 +4,7 @@
 The workload is the cpu profile's: the real tool world (train split), ``--prompts`` prompts × K=
 ``--samples`` rollouts per step, ACT ≤ 96 and REHEARSE ≤ 64 tokens per output, ≤ 3 steps per turn,
 3,072-token streams, envace (both roles trained, one shared policy). To make both paths do exactly
-the same work, the parent process first samples every step's rollout once (fp32): even samples
+the same work, the parent process first samples every step's rollout once: even samples
 replay the gold trajectory, odd samples are the model's own free samples (so groups have reward
 variance and realistic lengths); each path then *forces* those tokens (``DecodeGuide``), so it runs
 the same forwards over the same streams and scores, packs and trains on the same rows.
@@ -88,7 +88,13 @@ def cpu_model() -> str:
 
 
 def rss_mb() -> float:
+    """Peak resident memory of this process so far (``ru_maxrss``)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_now_mb() -> float:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS")) / 1024
 
 
 def setup(args: argparse.Namespace):
@@ -111,7 +117,7 @@ def sample_workload(args: argparse.Namespace, path: Path) -> None:
         outs = (gold.get(key.example) or {}).get(key.role, [])
         return outs[key.index] if key.sample % 2 == 0 and key.index < len(outs) else None
 
-    runner = RolloutRunner(fmt, rollout, guide=DecodeGuide(mixed))
+    runner = RolloutRunner(fmt, rollout, guide=DecodeGuide(mixed), precision=resolve_precision("auto"))
     forced = {}
     for step in range(args.steps):
         idx = step_examples(step, len(specs), args.prompts, args.seed)
@@ -133,7 +139,7 @@ def run_child(args: argparse.Namespace) -> dict:
     cfg = LocalEngineConfig(model=ModelSpec(kind=args.model), variant="envace", steps=args.steps,
                             prompts_per_step=args.prompts, seed=args.seed, rollout=rollout,
                             optim=OptimConfig(**conf["optim"]), precision=conf["precision"], progress=False)
-    before = rss_mb()
+    before = rss_now_mb()
     result = LocalEngine(guide=guide).train(cfg, specs)
     hist = [h for h in result.history if "time/step" in h]
     med = lambda key: statistics.median(h[key] for h in hist)

@@ -13,6 +13,8 @@ from envace.engines.local import OptimConfig
 from envace.engines.local.attention import use_gqa_attention
 from envace.engines.local.batching import TrainRow, collate, token_logprobs
 from envace.engines.local.packing import (
+    Pack,
+    attention_cost_ratio,
     collate_packs,
     micro_batches,
     pack_mask,
@@ -70,6 +72,23 @@ def test_plan_groups_shared_prefixes():
     assert [len(p.rows) for p in plan_packs(rows, share=False)] == [1] * len(rows)
     tight = plan_packs(rows, min_shared=8, max_tokens=60)  # a pack over budget starts a new one
     assert all(p.length <= 60 or len(p.rows) == 1 for p in tight)
+    assert 0 < attention_cost_ratio(_model()) < 0.05
+
+
+def test_long_suffixes_behind_a_short_prefix_are_not_packed_when_attention_dominates():
+    g = torch.Generator().manual_seed(5)
+    prefix = torch.randint(3, VOCAB, (16,), generator=g)
+    rows = [_row(torch.cat([prefix, torch.randint(3, VOCAB, (60,), generator=g)]), 15, Role.ACT, 0.1, g)
+            for _ in range(3)]
+    assert [len(p.rows) for p in plan_packs(rows, pair_cost=0.0)] == [3]  # projections only: pack
+    assert [len(p.rows) for p in plan_packs(rows, pair_cost=1.0)] == [1, 1, 1]  # pairs dominate: don't
+
+
+def test_micro_batches_bound_tokens_and_padding():
+    packs = [Pack((i,), 0, n) for i, n in enumerate((100, 105, 110, 400, 1900, 2000))]
+    batches = micro_batches(packs, max_tokens=4096)
+    assert [[p.length for p in b] for b in batches] == [[100, 105, 110], [400], [1900, 2000]]
+    assert [[p.length for p in b] for b in micro_batches(packs, max_tokens=3000)][-2:] == [[1900], [2000]]
 
 
 def test_pack_mask_is_block_causal():

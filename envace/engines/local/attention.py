@@ -36,7 +36,7 @@ def gqa_sdpa_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Same contract as HF's ``sdpa_attention_forward`` (query [B, H, q, D], key/value [B, Hkv, L, D])."""
-    short = query.shape[2] == 1 or (query.shape[2] <= DECODE_QUERY_TOKENS and attention_mask is not None)
+    short = query.shape[2] <= DECODE_QUERY_TOKENS and (query.shape[2] == 1 or attention_mask is not None)
     if short and not torch.is_grad_enabled():
         return _decode_attention(query, key, value, attention_mask, scaling), None
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)

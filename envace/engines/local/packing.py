@@ -20,8 +20,11 @@ The LM head runs only at the (row, position) pairs that are trained, in chunks (
 never over a ``[B, L, vocab]`` tensor.
 
 Choices: rows are visited in lexicographic token order, so rows sharing a prefix are adjacent;
-grouping is greedy. A pack is capped at ``max_tokens`` (a group that would exceed it starts a new
-pack and re-encodes the prefix). Padding queries attend to themselves only (no NaNs).
+grouping is greedy, and a row joins a pack only where a cost model (projections per token +
+attention per token pair, ``attention_cost_ratio``) says the pack is cheaper than the row alone —
+long suffixes behind a short prefix are not packed, since the masked attention over the pack
+grows with the square of its length. A pack is capped at ``max_tokens``. Padding queries attend to
+themselves only (no NaNs).
 """
 
 from __future__ import annotations
@@ -61,9 +64,36 @@ def _pack(rows: Sequence[TrainRow], members: list[int], prefix: int) -> Pack:
     return Pack(tuple(members), prefix, length)
 
 
+def attention_cost_ratio(model: Any) -> float:
+    """Cost of one (query, key) attention pair relative to one token's projections, for a Llama-like model.
+
+    Per token and layer the projections cost ``h·(2h + 2·kv) + 3·h·m`` multiply-adds (q, o, k, v, and
+    the gated MLP); a pair costs ``2h`` (q·k and p·v over all heads). A packed sequence runs its mask
+    over every pair of its length (the CPU kernel does not skip masked blocks).
+    """
+    cfg = getattr(model, "config", None)
+    h = int(getattr(cfg, "hidden_size", 0) or 0)
+    if not h:
+        return 0.0
+    heads = int(getattr(cfg, "num_attention_heads", 1) or 1)
+    kv = h // heads * int(getattr(cfg, "num_key_value_heads", heads) or heads)
+    m = int(getattr(cfg, "intermediate_size", 4 * h) or 4 * h)
+    return 2 * h / (h * (2 * h + 2 * kv) + 3 * h * m)
+
+
+def sequence_cost(length: int, pair_cost: float, causal: bool = False) -> float:
+    """Relative compute of one forward over ``length`` tokens (projections + attention pairs)."""
+    return length + pair_cost * length * length * (0.5 if causal else 1.0)
+
+
 def plan_packs(rows: Sequence[TrainRow], *, share: bool = True, min_shared: int = 16,
-               max_tokens: int = 8192) -> list[Pack]:
-    """Group rows sharing a ≥ ``min_shared``-token prefix into packs of at most ``max_tokens`` tokens."""
+               max_tokens: int = 8192, pair_cost: float = 0.0) -> list[Pack]:
+    """Group rows sharing a ≥ ``min_shared``-token prefix into packs of at most ``max_tokens`` tokens.
+
+    A row joins the current pack only when that is cheaper than encoding it alone: with
+    ``pair_cost`` > 0 (``attention_cost_ratio``), the quadratic attention over a long pack can
+    outweigh the prefix saved (long suffixes), and the row then starts a new pack.
+    """
     if not share:
         return [_pack(rows, [i], 0) for i in range(len(rows))]
     order = sorted(range(len(rows)), key=lambda i: rows[i].input_ids.tolist())
@@ -74,7 +104,10 @@ def plan_packs(rows: Sequence[TrainRow], *, share: bool = True, min_shared: int 
         if members:
             shared = min(prefix, common_prefix_len(rows[members[0]].input_ids, rows[i].input_ids))
             length = shared + sum(int(rows[j].input_ids.numel()) - shared for j in [*members, i])
-            if shared >= min_shared and length <= max_tokens:
+            current = _pack(rows, members, prefix).length
+            cheaper = sequence_cost(length, pair_cost) <= (
+                sequence_cost(current, pair_cost) + sequence_cost(int(rows[i].input_ids.numel()), pair_cost))
+            if shared >= min_shared and length <= max_tokens and cheaper:
                 members.append(i)
                 prefix = shared
                 continue
@@ -85,14 +118,22 @@ def plan_packs(rows: Sequence[TrainRow], *, share: bool = True, min_shared: int 
     return packs
 
 
+MAX_PADDING = 0.15  # a micro-batch's padded tokens may exceed its real tokens by at most this share
+
+
 def micro_batches(packs: Sequence[Pack], max_tokens: int) -> list[list[Pack]]:
-    """Length-bucketed micro-batches: packs sorted by length, each batch ≤ ``max_tokens`` padded tokens."""
+    """Length-bucketed micro-batches: packs sorted by length, each batch ≤ ``max_tokens`` padded tokens
+    and at most ``MAX_PADDING`` padding (a much longer pack starts its own batch)."""
     batches: list[list[Pack]] = []
     for pack in sorted(packs, key=lambda p: (p.length, p.rows)):
-        if batches and (len(batches[-1]) + 1) * max(pack.length, batches[-1][-1].length) <= max_tokens:
-            batches[-1].append(pack)
-        else:
-            batches.append([pack])
+        if batches:
+            width = max(pack.length, batches[-1][-1].length)
+            padded = (len(batches[-1]) + 1) * width
+            real = sum(p.length for p in batches[-1]) + pack.length
+            if padded <= max_tokens and padded <= (1 + MAX_PADDING) * real:
+                batches[-1].append(pack)
+                continue
+        batches.append([pack])
     return batches
 
 
@@ -199,7 +240,7 @@ def _chunk_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.
 
 
 def head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
-                  temperatures: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+                  temperatures: torch.Tensor, chunk: int = 512) -> torch.Tensor:
     """log softmax(head(h) / T)[target] for ``(N, H)`` hidden states, ``chunk`` rows of logits at a time.
 
     With gradient, each chunk's logits are recomputed in backward (activation checkpointing), so at

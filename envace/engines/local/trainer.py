@@ -49,7 +49,7 @@ from envace.engines.local.batching import (
     scatter_back,
     token_logprobs,
 )
-from envace.engines.local.packing import collate_packs, packed_logprobs, plan_packs
+from envace.engines.local.packing import attention_cost_ratio, collate_packs, packed_logprobs, plan_packs
 from envace.engines.local.packing import micro_batches as pack_micro_batches
 from envace.engines.local.packing import store as store_values
 from envace.engines.local.precision import autocast
@@ -192,7 +192,8 @@ class PolicyUpdater:
     def batches(self, rows: Sequence[TrainRow]) -> list[Any]:
         """Micro-batches over ``rows``: shared-prefix packs, or the legacy padded layout."""
         if self.cfg.share_prefix:
-            packs = plan_packs(rows, max_tokens=self.cfg.micro_batch_tokens)
+            packs = plan_packs(rows, max_tokens=self.cfg.micro_batch_tokens,
+                               pair_cost=attention_cost_ratio(self.slot.model))
             return [collate_packs(rows, group, self.pad_id, self.device)
                     for group in pack_micro_batches(packs, self.cfg.micro_batch_tokens)]
         size = max(1, self.cfg.micro_batch_streams)
