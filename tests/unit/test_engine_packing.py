@@ -193,3 +193,11 @@ def test_bf16_update_keeps_fp32_state_and_learns():
     assert all(v.dtype == torch.float32 for s in opt.state.values() for v in s.values() if torch.is_tensor(v)
                and v.dim() > 0)
     assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), before.parameters()))
+
+
+def test_threads_auto_and_validation():
+    from envace.engines.local.precision import resolve_threads
+
+    assert resolve_threads("auto") == 1 and resolve_threads(2) == 2 and resolve_threads("3") == 3
+    with pytest.raises(ValueError, match="num_threads"):
+        resolve_threads(0)
