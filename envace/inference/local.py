@@ -58,7 +58,7 @@ from envace.core.prompts import ChatFormatter
 from envace.engines.local.attention import use_gqa_attention
 from envace.engines.local.decode import sample_next_tokens
 from envace.engines.local.kv import BatchedStreams, GrowingLayer, make_cache
-from envace.engines.local.precision import autocast, resolve_precision
+from envace.engines.local.precision import resolve_precision
 from envace.inference.base import ChatOutput, ChatRequest
 from envace.inference.prefix_cache import PrefixHit, PrefixKVCache
 from envace.models import ModelSpec, load_model_and_tokenizer
@@ -219,9 +219,9 @@ class LocalHFBackend:
 
     def _decode(self, rows: dict[int, _Row]) -> None:
         """One token per live row per forward pass until each row is done (appends to ``row.tokens``)."""
-        streams = BatchedStreams(self.model, list(rows), pad_id=self.pad_token_id)
+        streams = BatchedStreams(self.model, list(rows), pad_id=self.pad_token_id, precision=self.precision)
         feed = self._reuse_prefixes(streams, rows)
-        with torch.no_grad(), autocast(self.precision, self.device):
+        with torch.no_grad():
             while feed:
                 logits = streams.append(feed)
                 live = list(feed)

@@ -132,6 +132,19 @@ class MicroBatch:
     values: dict[str, torch.Tensor]  # targets, roles, temperatures, advantages, sampling/old/ref log-probs
 
 
+ROW_VALUES = ("targets", "roles", "temperatures", "advantages", "sampling_logprobs", "old_logprobs", "ref_logprobs")
+
+
+def value_tensors(rows: Sequence[TrainRow], width: int) -> dict[str, torch.Tensor]:
+    """``[rows, width]`` tensors for every per-position value the rows carry (temperatures filled with 1, others 0)."""
+    values: dict[str, torch.Tensor] = {}
+    for name in ROW_VALUES:
+        first = getattr(rows[0], name)
+        if first is not None:
+            values[name] = torch.full((len(rows), width), 1.0 if name == "temperatures" else 0, dtype=first.dtype)
+    return values
+
+
 def collate(rows: Sequence[TrainRow], pad_id: int = 0, device: str | torch.device = "cpu") -> MicroBatch:
     length = max(int(r.input_ids.numel()) for r in rows)
     ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
@@ -141,14 +154,7 @@ def collate(rows: Sequence[TrainRow], pad_id: int = 0, device: str | torch.devic
         attn[b, : r.input_ids.numel()] = 1
     keep = torch.unique(torch.cat([r.positions for r in rows]))
     mask = torch.zeros(len(rows), keep.numel(), dtype=torch.bool)
-    names = ("targets", "roles", "temperatures", "advantages", "sampling_logprobs", "old_logprobs", "ref_logprobs")
-    values: dict[str, torch.Tensor] = {}
-    for name in names:
-        first = getattr(rows[0], name)
-        if first is None:
-            continue
-        fill = 1.0 if name == "temperatures" else 0
-        values[name] = torch.full((len(rows), keep.numel()), fill, dtype=first.dtype)
+    values = value_tensors(rows, keep.numel())
     for b, r in enumerate(rows):
         cols = torch.searchsorted(keep, r.positions)
         mask[b, cols] = True

@@ -37,9 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from envace.engines.local.batching import TrainRow
-
-VALUE_NAMES = ("targets", "roles", "temperatures", "advantages", "sampling_logprobs", "old_logprobs", "ref_logprobs")
+from envace.engines.local.batching import TrainRow, value_tensors
 
 
 @dataclass(frozen=True)
@@ -171,6 +169,20 @@ class PackedBatch:
     def n_tokens(self) -> int:
         return int(self.mask.sum())
 
+    @property
+    def padded_tokens(self) -> int:
+        """Tokens one forward over this batch runs (padding included)."""
+        return int(self.input_ids.numel())
+
+    def logprobs(self, model: Any) -> torch.Tensor:
+        return packed_logprobs(model, self)
+
+    def store(self, rows: Sequence[TrainRow], values: torch.Tensor, name: str) -> None:
+        """Save ``[R, P]`` per-row values (e.g. old log-probs) on this batch's rows as ``name``."""
+        values = values.detach().cpu()
+        for k, r in enumerate(self.rows):
+            setattr(rows[r], name, values[k, : rows[r].n_tokens].clone())
+
 
 def _pack_tensors(rows: Sequence[TrainRow], pack: Pack, width: int, pad_id: int):
     ids = torch.full((width,), pad_id, dtype=torch.long)
@@ -213,17 +225,11 @@ def collate_packs(rows: Sequence[TrainRow], packs: Sequence[Pack], pad_id: int =
     members = [rows[r] for r in order]
     longest = max(r.n_tokens for r in members)
     mask = torch.zeros(len(members), longest, dtype=torch.bool)
-    values: dict[str, torch.Tensor] = {}
-    for name in VALUE_NAMES:
-        first = getattr(members[0], name)
-        if first is None:
-            continue
-        fill = 1.0 if name == "temperatures" else 0
-        values[name] = torch.full((len(members), longest), fill, dtype=first.dtype)
-        for k, r in enumerate(members):
-            values[name][k, : r.n_tokens] = getattr(r, name)
+    values = value_tensors(members, longest)
     for k, r in enumerate(members):
         mask[k, : r.n_tokens] = True
+        for name, tensor in values.items():
+            tensor[k, : r.n_tokens] = getattr(r, name)
     to = lambda t: t.to(device)
     return PackedBatch(
         rows=tuple(order), input_ids=to(torch.stack(ids)), position_ids=to(torch.stack(pos)),
@@ -278,9 +284,3 @@ def packed_logprobs(model: Any, batch: PackedBatch) -> torch.Tensor:
     logp = flat.new_zeros(batch.mask.shape)
     return logp.index_put((batch.row_index, batch.col_index), flat)
 
-
-def store(rows: Sequence[TrainRow], batch: PackedBatch, values: torch.Tensor, name: str) -> None:
-    """Save ``[R, P]`` per-row values (e.g. old log-probs) on the batch's rows as ``name``."""
-    values = values.detach().cpu()
-    for k, r in enumerate(batch.rows):
-        setattr(rows[r], name, values[k, : rows[r].n_tokens].clone())

@@ -28,7 +28,7 @@ from envace.engines.local.config import OptimConfig, RolloutConfig, SFTConfig
 from envace.core.seeds import derive_seed
 from envace.engines.local.decode import DecodeGuide, OutputKey
 from envace.engines.local.rollout import ResponseSource, RolloutRunner
-from envace.engines.local.trainer import PolicyUpdater, Slot, needs_checkpointing, padded_tokens, set_checkpointing
+from envace.engines.local.trainer import PolicyUpdater, Slot, set_checkpointing
 
 logger = logging.getLogger(__name__)
 
@@ -122,9 +122,7 @@ def sft_epoch(
             n = max(1, sum(r.n_tokens for r in chosen))
             optimizer.zero_grad(set_to_none=True)
             for batch in updater.batches(chosen):
-                set_checkpointing(model, needs_checkpointing(model, padded_tokens(batch), precision,
-                                                             optim.grad_checkpointing))
-                logp = updater.logprobs(model, batch)
+                logp = updater.grad_logprobs(batch)
                 (-(logp * batch.mask).sum() / n).backward()
                 _add_losses(sums, counts, logp.detach(), batch)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

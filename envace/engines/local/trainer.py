@@ -49,9 +49,8 @@ from envace.engines.local.batching import (
     scatter_back,
     token_logprobs,
 )
-from envace.engines.local.packing import attention_cost_ratio, collate_packs, packed_logprobs, plan_packs
+from envace.engines.local.packing import attention_cost_ratio, collate_packs, plan_packs
 from envace.engines.local.packing import micro_batches as pack_micro_batches
-from envace.engines.local.packing import store as store_values
 from envace.engines.local.precision import autocast
 from envace.engines.local.config import OptimConfig
 from envace.core.seeds import derive_seed
@@ -140,11 +139,21 @@ class _PaddedBatch:
     def values(self) -> dict[str, torch.Tensor]:
         return self.batch.values
 
+    @property
+    def padded_tokens(self) -> int:
+        return int(self.batch.input_ids.numel())
 
-def padded_tokens(batch: Any) -> int:
-    """Tokens one forward over ``batch`` runs (padding included)."""
-    ids = batch.batch.input_ids if isinstance(batch, _PaddedBatch) else batch.input_ids
-    return int(ids.numel())
+    def logprobs(self, model: Any) -> torch.Tensor:
+        return token_logprobs(model, self.batch)
+
+    def store(self, rows: Sequence[TrainRow], values: torch.Tensor, name: str) -> None:
+        scatter_back([rows[i] for i in self.rows], self.batch, values, name)
+
+
+def abs_gap(log_probs: torch.Tensor, batch: Any) -> tuple[float, int]:
+    """(sum of |log_probs − sampling log-probs| over the batch's tokens, their count)."""
+    gap = ((log_probs.detach() - batch.values["sampling_logprobs"]).abs() * batch.mask).sum()
+    return float(gap), int(batch.mask.sum())
 
 
 def needs_checkpointing(model: torch.nn.Module, padded_tokens: int, precision: str, mode: str) -> bool:
@@ -206,16 +215,14 @@ class PolicyUpdater:
     def logprobs(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
         """``[R, P]`` log-probs of a micro-batch's targets under ``model`` (autocast per precision)."""
         with autocast(self.precision, self.device):
-            if isinstance(batch, _PaddedBatch):
-                return token_logprobs(model, batch.batch).float()
-            return packed_logprobs(model, batch).float()
+            return batch.logprobs(model).float()
 
-    @staticmethod
-    def store(rows: Sequence[TrainRow], batch: Any, values: torch.Tensor, name: str) -> None:
-        if isinstance(batch, _PaddedBatch):
-            scatter_back([rows[i] for i in batch.rows], batch.batch, values, name)
-        else:
-            store_values(rows, batch, values, name)
+    def grad_logprobs(self, batch: Any) -> torch.Tensor:
+        """``logprobs`` of the trained model for a backward pass, checkpointed where it pays."""
+        model = self.slot.model
+        set_checkpointing(model, needs_checkpointing(model, batch.padded_tokens, self.precision,
+                                                     self.cfg.grad_checkpointing))
+        return self.logprobs(model, batch)
 
     def single_pass(self, rows: Sequence[TrainRow]) -> bool:
         """One epoch, one mini-batch: every forward of the update sees the pre-update weights."""
@@ -244,12 +251,12 @@ class PolicyUpdater:
         for batch in self.batches(rows):
             if measure:
                 current = self.logprobs(self.slot.model, batch)
-                diffs += float(((current - batch.values["sampling_logprobs"]).abs() * batch.mask).sum())
-                n += int(batch.mask.sum())
+                gap, tokens = abs_gap(current, batch)
+                diffs, n = diffs + gap, n + tokens
                 if recompute and not self._old_from_forward:
-                    self.store(rows, batch, current, "old_logprobs")
+                    batch.store(rows, current, "old_logprobs")
             if self.slot.ref is not None:
-                self.store(rows, batch, self.logprobs(self.slot.ref, batch), "ref_logprobs")
+                batch.store(rows, self.logprobs(self.slot.ref, batch), "ref_logprobs")
         self._copy_sampling(rows)
         return diffs / max(n, 1) if measure else None
 
@@ -282,14 +289,12 @@ class PolicyUpdater:
 
     def _losses(self, batch: Any, n_tokens: int, n_rows: int) -> dict[Role, Any]:
         """Each trained role's share of the mini-batch token-mean loss (they sum to the full loss)."""
-        set_checkpointing(self.slot.model, needs_checkpointing(self.slot.model, padded_tokens(batch), self.precision,
-                                                               self.cfg.grad_checkpointing))
-        log_probs = self.logprobs(self.slot.model, batch)
+        log_probs = self.grad_logprobs(batch)
         old = log_probs.detach() if self._old_from_forward else batch.values["old_logprobs"]
         if self._gap_on_the_fly:
-            gap = ((log_probs.detach() - batch.values["sampling_logprobs"]).abs() * batch.mask).sum()
-            self._gap[0] += float(gap)
-            self._gap[1] += int(batch.mask.sum())
+            gap, tokens = abs_gap(log_probs, batch)
+            self._gap[0] += gap
+            self._gap[1] += tokens
         info = {"dp_size": 1, "batch_num_tokens": n_tokens, "global_batch_size": n_rows}
         out = {}
         for role in sorted(self.slot.roles):
