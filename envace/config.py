@@ -222,6 +222,8 @@ class RolloutConfig:
     max_rehearse_tokens: int = 64
     max_stream_tokens: int = 2048
     max_prompt_tokens: int = 768  # template_prompts drops longer prompts (and their rows from training)
+    rehearse_context_tokens: int = 512  # conversation per REHEARSE call message (envace.core.rehearse_context)
+    enforce_required_items: bool = True  # a failed required checklist item ends the rollout after its turn
 
 
 @dataclass
@@ -317,7 +319,7 @@ class RehearsalSweepConfig:
     n_attempts: List[int] = field(default_factory=lambda: [0, 1, 2, 3])
     modes: List[RehearsalMode] = field(default_factory=lambda: [RehearsalMode.parallel, RehearsalMode.sequential])
     rehearsers: List[Rehearser] = field(default_factory=lambda: [Rehearser.trained, Rehearser.base])
-    scope: RehearsalScope = RehearsalScope.task
+    scope: RehearsalScope = RehearsalScope.turn  # task: rehearses future user turns (report: "sees future turns")
     summarizer: Summarizer = Summarizer.policy
     n_tasks: int = 2  # 0 = the whole split
     concurrency: int = 8
@@ -326,7 +328,7 @@ class RehearsalSweepConfig:
     rehearse_max_new_tokens: int = 64
     critique_max_new_tokens: int = 64
     summary_max_new_tokens: int = 64
-    act_temperature: float = 0.0
+    act_temperature: float = 0.7  # > 0: parallel attempts are independent samples (0 with parallel N > 1 is refused)
     rehearse_temperature: float = 0.0
 
 
@@ -405,6 +407,7 @@ def validate_config(cfg: DictConfig) -> DictConfig:
     bad = [n for n in cfg.rehearsal.n_attempts if n < 0]
     if bad:
         raise ConfigError(f"rehearsal.n_attempts has negative entries {bad}; use 0 for 'no rehearsal'")
+    _check_rehearsal_sampling(cfg.rehearsal)
     if cfg.eval.benchmark not in list(cfg.eval.benchmarks):
         raise ConfigError(
             f"eval.benchmark={cfg.eval.benchmark.name} is not in eval.benchmarks="
@@ -413,6 +416,22 @@ def validate_config(cfg: DictConfig) -> DictConfig:
     if not 0.0 <= cfg.data.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction={cfg.data.val_fraction}: must be in [0, 1)")
     return cfg
+
+
+def _check_rehearsal_sampling(r: DictConfig) -> None:
+    """The sweep's temperatures against every cell of its grid (before any cell runs): a parallel cell with
+    N > 1 at ``rehearsal.act_temperature`` 0 would run N identical attempts (``core.rehearsal``)."""
+    from envace.core.rehearsal import identical_attempts_problem
+
+    for name in ("act_temperature", "rehearse_temperature"):
+        if float(r[name]) < 0:
+            raise ConfigError(f"rehearsal.{name}={r[name]}: must be >= 0 (0 = greedy)")
+    modes = [m.value if isinstance(m, enum.Enum) else str(m) for m in r.modes]
+    for n in sorted(int(n) for n in r.n_attempts):
+        problem = "parallel" in modes and identical_attempts_problem(n, "parallel", float(r.act_temperature))
+        if problem:
+            raise ConfigError(f"{problem} (the sweep's cell n_attempts={n}, mode=parallel; rehearsal.n_attempts="
+                              f"{list(r.n_attempts)}, rehearsal.modes={modes})")
 
 
 def compose(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path | str = CONF_DIR) -> DictConfig:

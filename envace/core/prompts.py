@@ -18,8 +18,9 @@ Three things live here:
    taking the difference, after checking that the template is append-only (else a
    ``TemplateNotAppendOnlyError`` names the template and what changed).
 
-3. Role prompts (``RolePrompts``, versioned) and builders for the ACT and REHEARSE streams, plus the
-   exact SFT target texts of both roles (rendered with ``envace.core.wire``).
+3. Role prompts (``RolePrompts``, versioned), the builders of the ACT stream, and the exact SFT target
+   texts of both roles (rendered with ``envace.core.wire``). The REHEARSE conversation is laid out by
+   ``envace.core.rehearse_context`` (one builder for every path).
 
 The REHEARSE stream is rendered **without** ``tools=``: its system message already lists the tool
 schemas, and the tool-calling instructions of the template would contradict the rehearser's job.
@@ -251,10 +252,10 @@ class RolePrompts:
 
     Fields:
         act_system: ACT system message; fields ``{task_system}`` (the task's own system text).
-        rehearse_system: REHEARSE system message; fields ``{tools}`` (one compact JSON schema per
-            line) and ``{examples}`` (earlier (call, result) pairs, or empty).
-        rehearse_call: REHEARSE user message for one call; fields ``{context}``, ``{name}``,
-            ``{arguments}`` and ``{schema}``.
+        rehearse_system: REHEARSE system message; field ``{tools}`` (one compact JSON schema per line).
+        rehearse_call: REHEARSE user message for one call; fields ``{conversation}`` (the conversation
+            messages since the previous call message), ``{name}``, ``{arguments}`` and ``{schema}``.
+            ``envace.core.rehearse_context`` lays the REHEARSE conversation out from them.
     Bump ``version`` whenever a text changes: it is logged with every run.
     """
 
@@ -265,7 +266,7 @@ class RolePrompts:
 
 
 DEFAULT_ROLE_PROMPTS = RolePrompts(
-    version="v1",
+    version="v2",
     act_system=(
         "{task_system}\n"
         "Work on the user's request step by step. Call tools when you need information or must change "
@@ -276,13 +277,12 @@ DEFAULT_ROLE_PROMPTS = RolePrompts(
         "return the response the real tool would return: consistent with its schema and with every "
         "earlier result of this session, and an error object when the call is invalid.\n"
         "Tools:\n{tools}\n"
-        "{examples}"
         "Answer each call with exactly one block:\n"
         "<execution_result>\n{{JSON object or array}}\n</execution_result>\n"
         "You may reason briefly inside <think></think> before it."
     ),
     rehearse_call=(
-        "Context: {context}\n"
+        "Conversation since the previous call:\n{conversation}\n"
         "Call: {name}\n"
         "Arguments: {arguments}\n"
         "Schema: {schema}\n"
@@ -314,50 +314,6 @@ def act_observation_messages(calls: Sequence[ToolCall], responses: Sequence[Any]
             "content": compact_json(response),
         })
     return messages
-
-
-def _examples_text(examples: Sequence[tuple[ToolCall, Any]]) -> str:
-    """Earlier (call, result) pairs in the two wire formats, or '' when there are none."""
-    if not examples:
-        return ""
-    shown = [f"{render_tool_calls([call])}\n{render_rehearsal(result)}" for call, result in examples]
-    return "Earlier calls of this session and their results:\n" + "\n".join(shown) + "\n"
-
-
-def rehearse_messages(
-    prompts: RolePrompts, tools: Sequence[Mapping[str, Any]], examples: Sequence[tuple[ToolCall, Any]] = (),
-) -> list[Message]:
-    """Initial REHEARSE-stream messages: one system message (role, tool whitelist, output format, examples).
-
-    ``examples`` are (call, JSON object/array result) pairs. The caller guarantees they come from
-    turns *before* the current one (a task's given history or earlier rehearsed/real turns), never
-    from the reference answer of the turn being rehearsed (SPEC §1: no future ground truth).
-    Render the result with ``tools=None`` (the schemas are already in the system text).
-    """
-    tool_lines = "\n".join(compact_json(dict(tool_function(t))) for t in tools) or "(none)"
-    system = prompts.rehearse_system.format(tools=tool_lines, examples=_examples_text(examples))
-    return [{"role": "system", "content": system}]
-
-
-def rehearse_call_message(
-    prompts: RolePrompts, call: ToolCall, tool_schema: Mapping[str, Any] | None, user_context: str,
-) -> Message:
-    """User message asking the rehearser for the response to exactly one call.
-
-    ``tool_schema`` may be an OpenAI tool entry or a bare function schema; None (unknown tool) is
-    written as ``null`` so the rehearser can answer with an error.
-    """
-    schema = compact_json(dict(tool_function(tool_schema))) if tool_schema is not None else "null"
-    text = prompts.rehearse_call.format(
-        context=" ".join(user_context.split()) or "(none)", name=call.name,
-        arguments=compact_json(call.arguments), schema=schema,
-    )
-    return {"role": "user", "content": text}
-
-
-def rehearse_answer_message(result: dict[str, Any] | list[Any]) -> Message:
-    """Assistant message holding an answered call (appended to the REHEARSE stream, e.g. SFT targets)."""
-    return {"role": "assistant", "content": sft_rehearse_target(result)}
 
 
 def sft_act_target(calls: Sequence[ToolCall], content: str = "") -> str:

@@ -1,7 +1,11 @@
 """Typed records shared by every layer: roles, tool calls, generated segments and trajectories.
 
-All records are frozen dataclasses and round-trip through plain JSON (``to_json`` / ``from_json``),
-stamped with ``SCHEMA_VERSION`` so files written by an older envace fail loudly instead of silently.
+All records are frozen dataclasses and round-trip through plain JSON (``to_json`` / ``from_json``):
+every field of ``Trajectory`` and of the records it holds (``Stream``, ``Segment``, ``Turn``, ``ToolCall``)
+comes back equal, provided the free-form values (tool arguments and responses, ``info``) are JSON values
+(a tuple comes back as a list). Files are stamped with ``SCHEMA_VERSION`` so files written by an older
+envace fail loudly instead of silently; optional fields missing from a record (``Turn.stand_ins`` in
+files written before it was kept) read as their defaults.
 Token-level fields (token ids, per-token role ids, response mask, sampling log-probs) live on
 ``Segment``: one contiguous piece of a token stream, either prompt/scaffold/observation text (mask 0)
 or one generation ("output") of one role (mask 1).
@@ -206,8 +210,9 @@ class Trajectory:
                 act_text=t["act_text"],
                 tool_calls=tuple(ToolCall(**c) for c in t.get("tool_calls", [])),
                 responses=tuple(t.get("responses", [])),
-                rehearsed=t.get("rehearsed", True),
-                user_turn=t.get("user_turn", 0),
+                rehearsed=bool(t.get("rehearsed", True)),
+                user_turn=int(t.get("user_turn", 0)),
+                stand_ins=tuple(int(i) for i in t.get("stand_ins", ())),
             )
             for t in d.get("turns", [])
         )
@@ -221,3 +226,33 @@ class Trajectory:
             termination=Termination(d.get("termination", "final_reply")),
             info=dict(d.get("info", {})),
         )
+
+
+def outputs_through_turn(turns: tuple[Turn, ...] | list[Turn], turn: int) -> dict[Role, int]:
+    """How many outputs of each role belong to user turns <= ``turn``: one ACT output per ``Turn``, one
+    REHEARSE output per call (the order both engines generate them in)."""
+    kept = [t for t in turns if t.user_turn <= turn]
+    return {Role.ACT: len(kept), Role.REHEARSE: sum(len(t.tool_calls) for t in kept)}
+
+
+def truncate_after_turn(trajectory: Trajectory, turn: int) -> Trajectory:
+    """The trajectory as if it had ended after user turn ``turn`` (a required checklist item failed there).
+
+    Turns of later user turns are dropped, and so is every generated output that belongs to them: each
+    kept ``Turn`` is one ACT output and each of its calls one REHEARSE output, in stream order, so a
+    role's stream is cut right before its first output past those (the scaffold before it stays as
+    context without a loss). A role whose outputs are not trainable (no role segments) keeps its stream.
+    The termination becomes ``REQUIRED_ITEM_FAILED``; ``info["truncated_after_turn"]`` records ``turn``.
+    """
+    kept = tuple(t for t in trajectory.turns if t.user_turn <= turn)
+    budget = outputs_through_turn(trajectory.turns, turn)
+    streams = []
+    for stream in trajectory.streams:
+        generated = [i for i, seg in enumerate(stream.segments) if seg.role is stream.role]
+        cut = generated[budget[stream.role]] if len(generated) > budget[stream.role] else len(stream.segments)
+        streams.append(Stream(stream.role, stream.segments[:cut]))
+    return Trajectory(
+        prompt_id=trajectory.prompt_id, sample_index=trajectory.sample_index, streams=tuple(streams), turns=kept,
+        reward=trajectory.reward, status=trajectory.status, termination=Termination.REQUIRED_ITEM_FAILED,
+        info={**trajectory.info, "truncated_after_turn": turn},
+    )

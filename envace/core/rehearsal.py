@@ -18,9 +18,21 @@ decided from text and records alone:
   (longest prefix that fits together with a truncation marker, snapped back to a whitespace boundary).
 
 Design choices (the paper leaves them open, §4.3):
-* Scope ``task`` (default) rehearses the whole replayed dialogue once before the first real call and
-  injects the memory before the first user turn. Scope ``turn`` rehearses each user turn just before it
-  is executed, from the real conversation so far (which the committed execution has already observed).
+* Scope ``turn`` (default) rehearses each user turn just before it is executed, from the real
+  conversation so far (which the committed execution has already observed): rehearsal before user turn
+  t sees user turns 0..t only, as a benchmark that reveals its requests one by one would allow. Scope
+  ``task`` rehearses the whole replayed dialogue once before the first real call and injects the memory
+  before the first user turn; its rehearsal, and so the committed execution through the memory, sees
+  user turns the benchmark reveals only later. It is kept as an explicit option and reports label it
+  ``SCOPE_LABELS[TASK]`` ("sees future turns").
+* Attempts are sampled: ``act_temperature`` defaults to 0.7 and every attempt has its own seed, so
+  ``parallel`` attempts are independent draws. ``parallel`` with ``n_attempts > 1`` at
+  ``act_temperature == 0`` is refused at construction: greedy decoding of one prompt gives N copies of
+  the first action, and an attempt that answers without a tool call is then the same N times, whatever
+  the REHEARSE temperature (so a sampling rehearser alone does not make attempts independent).
+  ``sequential`` at temperature 0 is allowed (attempt k's prompt holds attempts 1..k-1). The imagined
+  tool responses default to temperature 0 (the rehearser's most likely answer), and critiques and the
+  summary are always greedy.
 * Memory is injected as one extra message (role ``RehearsalPrompts.memory_role``, default ``user``)
   immediately before the user turn it concerns, so chat templates that allow a system message only in
   first position keep working.
@@ -53,8 +65,18 @@ class RehearsalMode(str, enum.Enum):
 
 
 class RehearsalScope(str, enum.Enum):
-    TASK = "task"  # rehearse the whole dialogue once, before any real call
-    TURN = "turn"  # rehearse each user turn right before executing it
+    TASK = "task"  # rehearse the whole dialogue once, before any real call (sees future user turns)
+    TURN = "turn"  # rehearse each user turn right before executing it (default)
+
+
+# how reports name a scope; ``task`` rehearses user turns the committed execution has not reached yet
+SCOPE_LABELS = {RehearsalScope.TURN.value: "turn", RehearsalScope.TASK.value: "task (sees future turns)"}
+
+
+def scope_label(scope: RehearsalScope | str) -> str:
+    """The report label of ``scope`` (``"task (sees future turns)"`` for task scope); others unchanged."""
+    value = scope.value if isinstance(scope, RehearsalScope) else str(scope)
+    return SCOPE_LABELS.get(value, value)
 
 
 class Summarizer(str, enum.Enum):
@@ -84,11 +106,15 @@ class MemoryBudget:
 
 @dataclass(frozen=True)
 class RehearsalConfig:
-    """How one task is rehearsed. ``n_attempts=0`` is plain evaluation (no rehearsal, no memory)."""
+    """How one task is rehearsed. ``n_attempts=0`` is plain evaluation (no rehearsal, no memory).
+
+    Refused at construction: ``mode=parallel`` with ``n_attempts > 1`` and ``act_temperature == 0``
+    (N identical attempts; see the module docstring), and negative temperatures.
+    """
 
     n_attempts: int = 2
     mode: RehearsalMode = RehearsalMode.PARALLEL
-    scope: RehearsalScope = RehearsalScope.TASK
+    scope: RehearsalScope = RehearsalScope.TURN
     summarizer: Summarizer = Summarizer.POLICY
     max_steps_per_turn: int = 6
     act_max_new_tokens: int = 256
@@ -110,6 +136,25 @@ class RehearsalConfig:
         object.__setattr__(self, "mode", RehearsalMode(self.mode))
         object.__setattr__(self, "scope", RehearsalScope(self.scope))
         object.__setattr__(self, "summarizer", Summarizer(self.summarizer))
+        for name in ("act_temperature", "rehearse_temperature"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"RehearsalConfig.{name}={getattr(self, name)}: must be >= 0 (0 = greedy)")
+        problem = identical_attempts_problem(self.n_attempts, self.mode, self.act_temperature)
+        if problem:
+            raise ValueError(f"RehearsalConfig: {problem}")
+
+
+def identical_attempts_problem(n_attempts: int, mode: RehearsalMode | str, act_temperature: float) -> str | None:
+    """Why ``n_attempts`` attempts in ``mode`` at ``act_temperature`` would all be the same (None when
+    they would not): parallel attempts share one prompt, so at temperature 0 the policy decodes them
+    identically. The message names the config keys and how to fix it."""
+    if RehearsalMode(mode) is not RehearsalMode.PARALLEL or n_attempts <= 1 or act_temperature > 0:
+        return None
+    return (
+        f"rehearsal.act_temperature={act_temperature} with mode=parallel and n_attempts={n_attempts} gives "
+        f"{n_attempts} identical attempts (greedy decoding of the same prompt); set rehearsal.act_temperature "
+        "> 0 (default 0.7) or use mode=sequential"
+    )
 
 
 _CRITIQUE_SYSTEM = (
@@ -289,6 +334,8 @@ class RehearsalContext:
     first_turn_index: int = 0
     history: tuple[dict[str, Any], ...] = ()
     examples: tuple[tuple[ToolCall, Any], ...] = ()
+    # the ``history`` conversation as envace.core.rehearse_context events: what REHEARSE conditions on
+    events: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)

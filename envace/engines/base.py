@@ -34,6 +34,8 @@ from typing import (
 
 from envace.core.records import Role, ToolCall, Trajectory, TrajectoryStatus
 from envace.envs.base import Executor, Task
+from envace.envs.toolworld.bindings import MISSING as BINDING_MISSING
+from envace.envs.toolworld.bindings import CallCorrespondence
 
 logger = logging.getLogger(__name__)
 
@@ -208,41 +210,61 @@ class RewardFn(Protocol):
     def __call__(self, spec: EpisodeSpec, trajectory: Trajectory) -> RewardOutcome | tuple: ...
 
 
-def _call_key(call: ToolCall) -> str:
-    return json.dumps({"name": call.name, "arguments": call.arguments}, sort_keys=True, default=str)
+def _gold_calls_matched(spec: EpisodeSpec, trajectory: Trajectory) -> tuple[dict[int, int], dict[int, int]]:
+    """Per user turn: how many made calls were paired with a gold call of that turn, and how many calls were made.
 
-
-def _call_match_score(gold: Sequence[ToolCall], made: Sequence[ToolCall]) -> float:
-    """Multiset matches by name + arguments over max(#gold, #made): extra calls cost as much as missing ones."""
-    if not gold and not made:
-        return 1.0
-    remaining = [_call_key(c) for c in gold]
-    matched = 0
-    for call in made:
-        key = _call_key(call)
-        if key in remaining:
-            remaining.remove(key)
-            matched += 1
-    return matched / max(len(gold), len(made))
+    Pairing follows ``envace.envs.toolworld.bindings.CallCorrespondence`` over the whole trajectory, in
+    order: each made call takes the first still unpaired gold call of its user turn that it matches.
+    """
+    correspondence = CallCorrespondence(spec.meta.get("bindings") if spec.meta else None)
+    remaining = {t: [c for step in steps for c in step.calls] for t, steps in enumerate(spec.gold)}
+    matched: dict[int, int] = {}
+    made: dict[int, int] = {}
+    for turn in trajectory.turns:
+        accepted = []
+        for k, call in enumerate(turn.tool_calls):
+            made[turn.user_turn] = made.get(turn.user_turn, 0) + 1
+            candidates = remaining.get(turn.user_turn, [])
+            for i, gold in enumerate(candidates):
+                pairs = correspondence.match(gold, call)
+                if pairs is not None:
+                    correspondence.accept(pairs)
+                    accepted.append((gold, turn.responses[k] if k < len(turn.responses) else BINDING_MISSING))
+                    matched[turn.user_turn] = matched.get(turn.user_turn, 0) + 1
+                    del candidates[i]
+                    break
+        correspondence.end_step(accepted)
+    return matched, made
 
 
 def toolworld_verifiable_reward(spec: EpisodeSpec, trajectory: Trajectory) -> RewardOutcome:
-    """Built-in verifiable reward in [0, 1]: per user turn, the mean of (gold-call match score, fraction of
-    answer values present in the final reply); turns never reached score 0; the reward is the turn mean."""
-    calls: dict[int, list[ToolCall]] = {}
+    """Built-in verifiable reward in [0, 1], the mean over user turns of a turn score; turns never reached score 0.
+
+    A turn's score is the mean of its call score and, when the turn has answer values, the fraction of
+    them contained in its final reply (with no answer values, a turn without a final reply gets a 0 part).
+    Call score: paired calls / max(#gold calls, #made calls) of the turn (1 when both are 0), so an extra
+    call costs as much as a missing one. A made call is paired with a gold call when the name and the
+    argument names agree and every argument matches, where an argument that the gold took from an
+    earlier response (``spec.meta["bindings"]``) must hold the value that the *corresponding* earlier
+    call's response (real or rehearsed) returned at the same path, not the gold literal; renaming must be
+    one-to-one (the exact rule: ``envace.envs.toolworld.bindings``). So a trajectory that follows its own
+    responses' ids consistently scores as gold even though a rehearser cannot know the real ids.
+    """
+    matched, made = _gold_calls_matched(spec, trajectory)
     finals: dict[int, str] = {}
+    reached: set[int] = set()
     for turn in trajectory.turns:
-        if turn.tool_calls:
-            calls.setdefault(turn.user_turn, []).extend(turn.tool_calls)
-        else:
+        reached.add(turn.user_turn)
+        if not turn.tool_calls:
             finals[turn.user_turn] = turn.act_text
     scores = []
     for t in range(len(spec.user_turns)):
-        if t not in finals and t not in calls:
+        if t not in reached:
             scores.append(0.0)
             continue
-        gold_calls = [c for step in (spec.gold[t] if spec.gold else ()) for c in step.calls]
-        parts = [_call_match_score(gold_calls, calls.get(t, []))]
+        n_gold = sum(len(step.calls) for step in (spec.gold[t] if spec.gold else ()))
+        n_made = made.get(t, 0)
+        parts = [matched.get(t, 0) / max(n_gold, n_made) if n_gold or n_made else 1.0]
         values = spec.answer_values[t] if t < len(spec.answer_values) else ()
         if values:
             reply = finals.get(t, "")

@@ -132,6 +132,7 @@ class EnvironmentAdapter(BenchmarkAdapter):
         start = time.perf_counter()
         ledger = ledger if ledger is not None else GenerationLedger()
         responder = ExecutorResponder(self.env.make_executor(task))
+        ledger.count_real_execution()
         dialogue = Dialogue(task.task_id, task.system_prompt, tuple(task.tools), tuple(task.user_turns))
         loop = yield from run_act_loop(dialogue, responder, self.config, ledger, turn_hook=turn_hook)
         record = EpisodeRecord.unscored(

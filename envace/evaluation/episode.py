@@ -24,6 +24,7 @@ from typing import Any, Callable, Protocol
 
 from envace.core.prompts import DEFAULT_ROLE_PROMPTS, RolePrompts, act_messages, act_observation_messages
 from envace.core.records import Termination, ToolCall, Turn
+from envace.core.rehearse_context import Answered, Event, Said
 from envace.core.seeds import derive_seed
 from envace.core.wire import parse_tool_calls
 from envace.envs.base import Executor
@@ -53,7 +54,8 @@ class Dialogue:
     """What the ACT loop plays: the task's instructions, tools and the user turns to replay.
 
     ``first_turn_index`` / ``history``: start in the middle of a conversation (turn-scope rehearsal):
-    ``history`` are the messages after the system message that precede user turn ``first_turn_index``.
+    ``history`` are the messages after the system message that precede user turn ``first_turn_index``,
+    ``history_events`` the same conversation as REHEARSE-context events (``envace.core.rehearse_context``).
     """
 
     task_id: str
@@ -62,6 +64,7 @@ class Dialogue:
     user_turns: tuple[str, ...]
     first_turn_index: int = 0
     history: tuple[Message, ...] = ()
+    history_events: tuple[Event, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,12 +75,18 @@ class ResponseBatch:
     ok: bool = True
     error_codes: tuple[str, ...] = ()
     stand_ins: tuple[int, ...] = ()  # indices of responses made up in place of the real executor's (Turn.stand_ins)
+    texts: tuple[str | None, ...] = ()  # the rehearser's raw output per response (imagined responses only)
 
 
 class ToolResponder(Protocol):
+    """Answers one step's calls. ``history``: the conversation so far as REHEARSE-context events (user
+    turns, the agent's visible text, earlier calls with their responses) — what a rehearser conditions on."""
+
     rehearsed: bool  # True when responses are imagined (recorded on each Turn)
 
-    def respond(self, calls: tuple[ToolCall, ...], user_turn: int, user_text: str) -> Program[ResponseBatch]: ...
+    def respond(
+        self, calls: tuple[ToolCall, ...], user_turn: int, user_text: str, history: tuple[Event, ...] = ()
+    ) -> Program[ResponseBatch]: ...
 
 
 @dataclass(frozen=True)
@@ -87,6 +96,7 @@ class TurnView:
     turn_index: int
     conversation: tuple[Message, ...]  # messages after the system message
     examples: tuple[tuple[ToolCall, Any], ...]  # (call, response) pairs of earlier user turns
+    events: tuple[Event, ...] = ()  # the same conversation as REHEARSE-context events
 
 
 TurnHook = Callable[[TurnView], Program[tuple[Message, ...]]]
@@ -114,7 +124,9 @@ class ExecutorResponder:
         self.calls_made = 0
         self.seconds = 0.0
 
-    def respond(self, calls: tuple[ToolCall, ...], user_turn: int, user_text: str) -> Program[ResponseBatch]:
+    def respond(
+        self, calls: tuple[ToolCall, ...], user_turn: int, user_text: str, history: tuple[Event, ...] = ()
+    ) -> Program[ResponseBatch]:
         start = time.perf_counter()
         responses = []
         for call in calls:
@@ -145,6 +157,7 @@ class _LoopState:
     """Mutable bookkeeping of one loop run (local to ``run_act_loop``)."""
 
     messages: list[Message]
+    events: list[Event] = field(default_factory=list)  # REHEARSE-context view of the same conversation
     turns: list[Turn] = field(default_factory=list)
     answers: list[str] = field(default_factory=list)
     generations: int = 0
@@ -195,6 +208,8 @@ def _play_turn(
         output = yield from generate_one(GenerationCall(ACTOR, purpose, request), ledger)
         state.generations += 1
         parse = parse_tool_calls(output.text)
+        if parse.content.strip():
+            state.events.append(Said("assistant", parse.content))
         if parse.is_final:
             state.messages.append(_assistant_message(parse.content, ()))
             state.turns.append(Turn(act_text=output.text, rehearsed=responder.rehearsed, user_turn=turn))
@@ -206,7 +221,9 @@ def _play_turn(
             state.turns.append(Turn(act_text=output.text, rehearsed=responder.rehearsed, user_turn=turn))
             return Termination.ACT_PARSE_ERROR
         calls = _with_ids(parse.calls, turn, step)
-        batch = yield from responder.respond(calls, turn, user_text)
+        batch = yield from responder.respond(calls, turn, user_text, tuple(state.events))
+        texts = batch.texts or (None,) * len(batch.responses)
+        state.events.extend(Answered(c, r, x) for c, r, x in zip(calls, batch.responses, texts))
         state.turns.append(Turn(output.text, calls, batch.responses, rehearsed=responder.rehearsed, user_turn=turn,
                                 stand_ins=batch.stand_ins))
         if not batch.ok:
@@ -233,15 +250,17 @@ def run_act_loop(
     if not dialogue.user_turns:
         raise ValueError(f"task {dialogue.task_id!r} has no user turns; nothing to play")
     system = act_messages(config.role_prompts, dialogue.system_prompt, dialogue.user_turns[0])[0]
-    state = _LoopState(messages=[system, *dialogue.history])
+    state = _LoopState(messages=[system, *dialogue.history], events=list(dialogue.history_events))
     n_turns = len(dialogue.user_turns)
     for offset, user_text in enumerate(dialogue.user_turns):
         turn = dialogue.first_turn_index + offset
         if turn_hook is not None:
-            view = TurnView(turn, tuple(state.messages[1:]), state.examples_before(turn, given_examples))
+            view = TurnView(turn, tuple(state.messages[1:]), state.examples_before(turn, given_examples),
+                            tuple(state.events))
             notes = yield from turn_hook(view)
             state.messages.extend(notes)
         state.messages.append({"role": "user", "content": user_text})
+        state.events.append(Said("user", user_text))
         ended = yield from _play_turn(dialogue, responder, config, ledger, state, turn, purpose, seed_tag)
         if ended is not None:
             return state.result(ended, n_turns)

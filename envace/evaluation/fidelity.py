@@ -3,10 +3,11 @@
 For every call a policy made in real episodes (each recorded with its real response), the REHEARSE role
 (same backend or any other, REHEARSE role prompts) is asked for the response, teacher-forced:
 
-* the REHEARSE system message lists the task's tools and, as few-shot examples, the real (call,
-  response) pairs of *earlier user turns only* (no future ground truth, SPEC §1);
-* earlier calls of the same user turn appear as the stream's history with their *real* responses;
-* then the call itself, with the current user request as context.
+* the request is ``envace.core.rehearse_context.rehearse_context`` — the layout the REHEARSE role is
+  trained on — over the record's real history up to the call: the user turns so far, the agent's visible
+  text, and every earlier call of the record with its *real* response (nothing of later turns: no
+  future ground truth, SPEC §1);
+* then the call itself.
 
 Comparisons (real scalars are wrapped as ``{"result": v}`` first, as the rehearsal format requires):
 
@@ -25,21 +26,16 @@ A prediction that does not parse (or whose generation failed) scores 0 on all th
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
-from envace.core.prompts import (
-    DEFAULT_ROLE_PROMPTS,
-    RolePrompts,
-    rehearse_call_message,
-    rehearse_messages,
-    tool_function,
-)
+from envace.core.prompts import DEFAULT_ROLE_PROMPTS, RolePrompts
 from envace.core.records import ToolCall
+from envace.core.rehearse_context import DEFAULT_CONTEXT_TOKENS, conversation_events, rehearse_context
 from envace.core.seeds import derive_seed
-from envace.core.wire import as_result_object, parse_rehearsal, render_rehearsal
+from envace.core.wire import as_result_object, parse_rehearsal
 from envace.envs.base import Task
 from envace.evaluation.programs import REHEARSER, GenerationCall, dispatch
 from envace.evaluation.records import EpisodeRecord
@@ -168,33 +164,27 @@ class _Probe:
     request: ChatRequest
 
 
-def _schema_for(tools: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
-    return next((t for t in tools if tool_function(t).get("name") == name), None)
-
-
 def _record_probes(
-    record: EpisodeRecord, task: Task, prompts: RolePrompts, max_new_tokens: int, temperature: float, seed: int
+    record: EpisodeRecord, task: Task, prompts: RolePrompts, max_new_tokens: int, temperature: float, seed: int,
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS,
 ) -> list[_Probe]:
+    """One probe per real (non-stand-in) call of ``record``, in conversation order."""
     probes: list[_Probe] = []
-    pairs = [(t.user_turn, c, r) for t in record.turns
-             for i, (c, r) in enumerate(zip(t.tool_calls, t.responses)) if i not in t.stand_ins]
-    for index, (turn, call, real) in enumerate(pairs):
-        examples = [(c, as_result_object(r)) for u, c, r in pairs if u < turn]
-        context = task.user_turns[turn] if turn < len(task.user_turns) else ""
-        messages = list(rehearse_messages(prompts, task.tools, examples))
-        for u, c, r in pairs[:index]:
-            if u == turn:
-                messages.append(rehearse_call_message(prompts, c, _schema_for(task.tools, c.name), context))
-                messages.append({"role": "assistant", "content": render_rehearsal(as_result_object(r))})
-        messages.append(rehearse_call_message(prompts, call, _schema_for(task.tools, call.name), context))
-        request = ChatRequest(
-            messages=tuple(messages),
-            tools=None,
-            temperature=temperature,
-            max_new_tokens=max_new_tokens,
-            seed=derive_seed(seed, record.task_id, "fidelity", index),
-        )
-        probes.append(_Probe(record.task_id, call, real, request))
+    for k, turn in enumerate(record.turns):
+        for j, (call, real) in enumerate(zip(turn.tool_calls, turn.responses)):
+            if j in turn.stand_ins:
+                continue
+            partial = replace(turn, tool_calls=turn.tool_calls[:j], responses=turn.responses[:j])
+            history = conversation_events(task.user_turns, [*record.turns[:k], partial], upto_turn=turn.user_turn,
+                                          skip_stand_ins=True)
+            request = ChatRequest(
+                messages=tuple(rehearse_context(prompts, task.tools, history, call, context_tokens)),
+                tools=None,
+                temperature=temperature,
+                max_new_tokens=max_new_tokens,
+                seed=derive_seed(seed, record.task_id, "fidelity", len(probes)),
+            )
+            probes.append(_Probe(record.task_id, call, real, request))
     return probes
 
 
@@ -209,6 +199,7 @@ def measure_fidelity(
     seed: int = 0,
     batch_size: int = 16,
     progress: bool = True,
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS,
 ) -> FidelityReport:
     """Ask ``backend`` (REHEARSE role) for the response of every real call in ``records`` and compare."""
     by_id = {t.task_id: t for t in tasks}
@@ -218,7 +209,8 @@ def measure_fidelity(
             continue
         if record.task_id not in by_id:
             raise KeyError(f"measure_fidelity: record of task {record.task_id!r} has no matching task; pass its Task")
-        probes.extend(_record_probes(record, by_id[record.task_id], role_prompts, max_new_tokens, temperature, seed))
+        probes.extend(_record_probes(record, by_id[record.task_id], role_prompts, max_new_tokens, temperature, seed,
+                                     context_tokens))
     pairs: list[FidelityPair] = []
     for lo in tqdm(range(0, len(probes), batch_size), desc="fidelity", disable=not progress, leave=False):
         chunk = probes[lo : lo + batch_size]

@@ -82,10 +82,20 @@ class PurposeCost:
 
 
 class GenerationLedger:
-    """Mutable per-program accumulator of generation costs, keyed by purpose."""
+    """Mutable per-program accumulator of generation costs, keyed by purpose.
+
+    ``real_executions`` counts the real executions an episode program opened on this ledger: an adapter's
+    episode calls ``count_real_execution`` where it builds the episode's real executor (or, for a
+    benchmark without one, where it starts the real answer). Rehearse-then-commit reports it as
+    ``committed_executions``; private rehearsal never opens one.
+    """
 
     def __init__(self) -> None:
         self._costs: dict[str, PurposeCost] = {}
+        self.real_executions = 0
+
+    def count_real_execution(self) -> None:
+        self.real_executions += 1
 
     def add(self, call: GenerationCall, reply: GenerationReply) -> None:
         out = reply.output

@@ -9,15 +9,23 @@ engine ignores: the trajectory is excluded from the loss and counted.
 
 A response that is a JSON object with the key ``error_tool_call`` marks a tool-call error (CM2's
 convention, ``envace.core.checklist``); plain ``{"error": ...}`` tool answers are ordinary responses.
+
+``required_items_gate()`` enforces CM2's ``required_for_next_turn`` *during* a rollout (SPEC §2: the
+episode ends after a turn whose required item did not pass): at the end of user turn t the rule judge
+grades turn t's required items on the conversation so far (rehearsed or real responses, bound
+arguments resolved against them). It answers only when every required item of the turn is
+machine-checkable (the tool world writes a rule on each); otherwise it returns None and the rollout
+goes on — the judge's full score then reports ``terminated_after`` and the engine drops the outputs
+after that turn from the loss and the baselines (``truncate_after_turn``).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from envace.core.checklist import Checklist
-from envace.core.records import Trajectory, TrajectoryStatus
+from envace.core.checklist import Checklist, continue_after_turn
+from envace.core.records import Trajectory, TrajectoryStatus, Turn
 from envace.judges.base import ChecklistJudge, evaluate_checklist
 
 
@@ -78,3 +86,28 @@ def checklist_reward_fn(
         return (score.reward if score.reward is not None else 0.0), score.status, info
 
     return reward
+
+
+def required_items_gate(parse_pass_conditions: bool = True) -> Callable[[Any, Sequence[Turn], int], bool | None]:
+    """A rollout turn gate ``(spec, turns so far, finished turn) -> False | True | None`` (module docstring)."""
+    from envace.judges.rule import RuleJudge, item_rule  # the rule module registers itself on import
+
+    judge = RuleJudge(parse_pass_conditions=parse_pass_conditions)
+
+    def gate(spec: Any, turns: Sequence[Turn], turn: int) -> bool | None:
+        if not getattr(spec, "checklists", ()) and not isinstance(getattr(spec, "checklist", None), Checklist):
+            return None
+        checklist = spec_checklist(spec)
+        if turn >= checklist.n_turns:
+            return None
+        items = checklist.turns[turn]
+        required = [it for it in items if it.required_for_next_turn]
+        if not required:
+            return True
+        if any(item_rule(it, parse_pass_conditions) is None for it in required):
+            return None  # an LLM judge would be needed: decided after the episode instead
+        partial = Trajectory(prompt_id=str(getattr(spec, "task_id", "")), sample_index=0, turns=tuple(turns))
+        report = judge.judge(trajectory_messages(spec, partial), checklist, turns=[turn])
+        return continue_after_turn(items, report.step_verdicts)
+
+    return gate

@@ -10,9 +10,10 @@ that follow; calls written only inside the content are not calls, as in the CM2 
 * tool_call: some call has the rule's name, its arguments are a JSON object, every listed argument
   equals the expected value (JSON equality: 1 == 1.0, but true != 1 and "1" != 1) or, for a bound
   argument, the value at its path in the response of the call that passed the referenced item earlier
-  in this conversation, and - with ``require_success`` - its response is not an error object (a JSON
-  object with an ``error`` or ``error_tool_call`` key). The response of the passing call is remembered
-  for later bound arguments; steps are judged in conversation order.
+  in this conversation (the lenient check ``envace.envs.toolworld.bindings.bound_or_literal``, shared
+  with the tool world's checklist rules), and - with ``require_success`` - its response is not an
+  error object (a JSON object with an ``error`` or ``error_tool_call`` key). The response of the
+  passing call is remembered for later bound arguments; steps are judged in conversation order.
 * answer_contains: the step's user-visible reply (content without its ``<think>`` block) mentions
   every value: after case-folding, collapsing whitespace and dropping thousands separators on both
   sides, the value occurs with no letter, digit or underscore directly before or after it ("150"
@@ -36,6 +37,12 @@ from envace.core.checklist import (
     json_or_text,
     split_thinking,
 )
+from envace.envs.toolworld.bindings import (
+    MISSING,
+    bound_or_literal,
+    json_equal,  # noqa: F401  (re-exported: the judge's equality of JSON values)
+    lookup,
+)
 from envace.judges.base import (
     LLM_SETTING_NAMES,
     JudgeReport,
@@ -47,7 +54,7 @@ from envace.judges.base import (
 )
 from envace.judges.conditions import parse_pass_condition
 
-_MISSING = object()
+_MISSING = MISSING  # one sentinel with the shared binding checks
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 Matched = dict[tuple[int, str], Any]  # (turn, item id) -> response of the call that passed it
 
@@ -59,40 +66,13 @@ def item_rule(item: ChecklistItem, parse_conditions: bool = True) -> ItemRule | 
     return parse_pass_condition(item.pass_condition, item.focus_on) if parse_conditions else None
 
 
-def json_equal(a: Any, b: Any) -> bool:
-    """Equality of JSON values: numbers compare by value, booleans only with booleans."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return float(a) == float(b)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
-    return type(a) is type(b) and a == b
-
-
 def is_error_response(response: Any) -> bool:
     return isinstance(response, Mapping) and ("error" in response or TOOL_CALL_ERROR_KEY in response)
 
 
-def _path_step(value: Any, step: Any) -> Any:
-    if isinstance(step, Mapping):
-        items = value if isinstance(value, list) else []
-        hits = [v for v in items if isinstance(v, Mapping) and all(v.get(k) == x for k, x in step.items())]
-        return hits[0] if hits else _MISSING
-    if isinstance(step, int) and not isinstance(step, bool):
-        return value[step] if isinstance(value, list) and -len(value) <= step < len(value) else _MISSING
-    return value.get(step, _MISSING) if isinstance(value, Mapping) else _MISSING
-
-
 def resolve_path(value: Any, path: Iterable[Any]) -> Any:
     """Follow keys, indices and matchers (first list element with these fields); ``_MISSING`` if absent."""
-    for step in path:
-        value = _path_step(value, step)
-        if value is _MISSING:
-            return _MISSING
-    return value
+    return lookup(value, path)
 
 
 def _argument(arguments: Mapping[str, Any], path: str) -> Any:
@@ -104,15 +84,9 @@ def _argument(arguments: Mapping[str, Any], path: str) -> Any:
 def _arguments_match(args: Mapping[str, Any], rule: ItemRule, matched: Matched) -> bool:
     bound = dict(rule.bound_arguments)
     for path, expected in rule.arguments:
-        actual = _argument(args, path)
-        if actual is not _MISSING and json_equal(actual, expected):
-            continue
         src = bound.get(path)
         source = matched.get((src.turn, src.item), _MISSING) if src else _MISSING
-        if source is _MISSING or actual is _MISSING:
-            return False
-        value = resolve_path(source, src.path)
-        if value is _MISSING or not json_equal(actual, value):
+        if not bound_or_literal(_argument(args, path), expected, source, src.path if src else ()):
             return False
     return True
 

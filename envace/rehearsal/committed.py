@@ -7,12 +7,15 @@ real (call, response) pairs of earlier turns). The real executor is created insi
 episode program and never leaves it, so rehearsal cannot reach real state (tests prove it with a
 recording executor). With ``n_attempts == 0`` no hook is installed: the episode *is* plain evaluation.
 
-* scope ``task``: before user turn 0, rehearse the whole dialogue; inject the memory there.
-* scope ``turn``: before every user turn, rehearse that turn from the real conversation so far.
+* scope ``turn`` (default): before every user turn, rehearse that turn from the real conversation so far.
+* scope ``task``: before user turn 0, rehearse the whole dialogue and inject the memory there; its
+  rehearsal reads user turns the committed execution has not reached ("sees future turns").
 
 Costs per task land in ``record.info["rehearsal"]``: completion tokens generated in rehearsal (ACT,
 REHEARSE, critique and summary generations), rehearsal and committed wall time, real-environment calls
-and the number of committed executions (always 1).
+and the number of committed executions — counted, not assumed: the real executions the adapter's
+episode opened on the task's ledger (``GenerationLedger.real_executions``; one per real executor built),
+so an episode that committed twice would report 2.
 """
 
 from __future__ import annotations
@@ -54,7 +57,10 @@ def _memory_hook(
     return hook
 
 
-def rehearsal_costs(record: EpisodeRecord, outcomes: Sequence[RehearsalOutcome]) -> dict[str, Any]:
+def rehearsal_costs(
+    record: EpisodeRecord, outcomes: Sequence[RehearsalOutcome], ledger: GenerationLedger
+) -> dict[str, Any]:
+    """Per-task costs; ``committed_executions`` is the ledger's count of real executions opened."""
     rehearsal_wall = sum(o.wall_s for o in outcomes)
     return {
         "rehearsal_completion_tokens": record.completion_tokens(REHEARSAL_PURPOSES),
@@ -62,7 +68,7 @@ def rehearsal_costs(record: EpisodeRecord, outcomes: Sequence[RehearsalOutcome])
         "rehearsal_wall_s": rehearsal_wall,
         "committed_wall_s": max(0.0, record.wall_s - rehearsal_wall),
         "real_env_calls": record.real_calls,
-        "committed_executions": 1,
+        "committed_executions": ledger.real_executions,
     }
 
 
@@ -83,7 +89,7 @@ def rehearsed_episode(adapter: BenchmarkAdapter, task: Task, settings: Rehearsal
         "scope": cfg.scope.value,
         "prompts_version": settings.prompts.version,
         "outcomes": [o.to_json() for o in outcomes],
-        "costs": rehearsal_costs(record, outcomes),
+        "costs": rehearsal_costs(record, outcomes, ledger),
     }
     return replace(record, info={**record.info, "rehearsal": info})
 

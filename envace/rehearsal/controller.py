@@ -39,6 +39,7 @@ from envace.core.rehearsal import (
     structured_memory,
     summary_messages,
 )
+from envace.core.rehearse_context import DEFAULT_CONTEXT_TOKENS
 from envace.core.seeds import derive_seed
 from envace.evaluation.episode import ActLoopConfig, Dialogue, TurnView, run_act_loop
 from envace.evaluation.programs import ACTOR, GenerationCall, GenerationLedger, Program, gather, generate_one
@@ -74,6 +75,7 @@ class RehearsalSettings:
     prompts: RehearsalPrompts = RehearsalPrompts()
     role_prompts: RolePrompts = DEFAULT_ROLE_PROMPTS
     count_tokens: TokenCounter = count_approx_tokens
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS  # REHEARSE conversation per call message (as in training)
 
 
 def _attempt(
@@ -88,12 +90,12 @@ def _attempt(
     seed_parts = (cfg.seed, context.task_id, "attempt", context.first_turn_index, index)
     responder = RehearserResponder(
         context.tools,
-        context.examples,
         settings.role_prompts,
         ledger,
         max_new_tokens=cfg.rehearse_max_new_tokens,
         temperature=cfg.rehearse_temperature,
         seed_parts=seed_parts,
+        context_tokens=settings.context_tokens,
     )
     loop_config = ActLoopConfig(
         max_steps_per_turn=cfg.max_steps_per_turn,
@@ -115,6 +117,7 @@ def _attempt(
         context.user_turns,
         context.first_turn_index,
         context.history,
+        context.events,
     )
     loop = yield from run_act_loop(
         dialogue,
@@ -204,4 +207,5 @@ def context_for_turn(base: RehearsalContext, view: TurnView, whole_task: bool) -
         first_turn_index=view.turn_index,
         history=view.conversation,
         examples=base.examples + view.examples,
+        events=base.events + view.events,
     )

@@ -1,27 +1,25 @@
 """The imagined environment of a private rehearsal attempt: tool responses come from the REHEARSE role.
 
-``RehearserResponder`` implements the ACT loop's responder protocol without any executor: it keeps one
-REHEARSE stream per attempt (SPEC §1 rollout shape) — the REHEARSE system prompt with the tool schemas
-and the real (call, response) examples of earlier user turns, then for every call a user message with
-the call and the rehearser's own answer — and asks the ``REHEARSER`` seat for one response per call.
-A response that does not parse ends the attempt (``ResponseBatch.ok=False``), as in training.
+``RehearserResponder`` implements the ACT loop's responder protocol without any executor. Every call is
+answered by the ``REHEARSER`` seat from ``envace.core.rehearse_context.rehearse_context`` — the layout
+the REHEARSE role is trained on — over the history the ACT loop hands it: the real conversation the
+attempt started from (turn scope), then the attempt's own user turns, visible ACT text, and earlier
+calls with the rehearser's own answers. A response that does not parse ends the attempt
+(``ResponseBatch.ok=False``), as in training.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from envace.core.prompts import RolePrompts, rehearse_call_message, rehearse_messages, tool_function
+from envace.core.prompts import RolePrompts
 from envace.core.records import ToolCall
+from envace.core.rehearse_context import DEFAULT_CONTEXT_TOKENS, Answered, Event, rehearse_context
 from envace.core.seeds import derive_seed
-from envace.core.wire import as_result_object, parse_rehearsal
+from envace.core.wire import parse_rehearsal
 from envace.evaluation.episode import ResponseBatch
 from envace.evaluation.programs import REHEARSER, GenerationCall, GenerationLedger, Program, generate_one
 from envace.inference.base import ChatRequest
-
-
-def _schema_for(tools: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
-    return next((t for t in tools if tool_function(t).get("name") == name), None)
 
 
 class RehearserResponder:
@@ -32,30 +30,32 @@ class RehearserResponder:
     def __init__(
         self,
         tools: tuple[dict[str, Any], ...],
-        examples: tuple[tuple[ToolCall, Any], ...],
         role_prompts: RolePrompts,
         ledger: GenerationLedger,
         *,
         max_new_tokens: int,
         temperature: float,
         seed_parts: tuple[object, ...],
+        context_tokens: int = DEFAULT_CONTEXT_TOKENS,
     ) -> None:
-        shaped = [(c, as_result_object(r)) for c, r in examples]
         self._tools = tools
         self._prompts = role_prompts
         self._ledger = ledger
         self._max_new_tokens = max_new_tokens
         self._temperature = temperature
         self._seed_parts = seed_parts
-        self._stream: list[dict[str, Any]] = list(rehearse_messages(role_prompts, tools, shaped))
+        self._context_tokens = context_tokens
         self.answered = 0
 
-    def respond(self, calls: tuple[ToolCall, ...], user_turn: int, user_text: str) -> Program[ResponseBatch]:
+    def respond(
+        self, calls: tuple[ToolCall, ...], user_turn: int, user_text: str, history: tuple[Event, ...] = ()
+    ) -> Program[ResponseBatch]:
         responses: list[Any] = []
+        texts: list[str | None] = []
+        events = list(history)
         for call in calls:
-            message = rehearse_call_message(self._prompts, call, _schema_for(self._tools, call.name), user_text)
             request = ChatRequest(
-                messages=tuple([*self._stream, message]),
+                messages=tuple(rehearse_context(self._prompts, self._tools, events, call, self._context_tokens)),
                 tools=None,
                 temperature=self._temperature,
                 max_new_tokens=self._max_new_tokens,
@@ -65,7 +65,9 @@ class RehearserResponder:
             self.answered += 1
             parsed = parse_rehearsal(output.text)
             if not parsed.ok:
-                return ResponseBatch(tuple(responses), ok=False, error_codes=tuple(e.code.value for e in parsed.errors))
-            self._stream.extend([message, {"role": "assistant", "content": output.text}])
+                return ResponseBatch(tuple(responses), ok=False, error_codes=tuple(e.code.value for e in parsed.errors),
+                                     texts=tuple(texts))
+            events.append(Answered(call, parsed.result, output.text))
             responses.append(parsed.result)
-        return ResponseBatch(tuple(responses))
+            texts.append(output.text)
+        return ResponseBatch(tuple(responses), texts=tuple(texts))

@@ -4,6 +4,10 @@
 not depend on the mode or the rehearser, so it is run once and reported as a single cell with
 ``mode="none"`` and ``rehearser="none"`` — the shared baseline of every row of the table. Cells are
 returned in a fixed order: the baseline first, then by N, mode, rehearser name (as given).
+
+Every cell's ``RehearsalConfig`` is built before the first cell runs, so a grid holding a refused cell
+(``parallel`` with N > 1 at ``act_temperature`` 0) fails at once, not after the cells before it. Each
+cell records its scope (``"none"`` for N=0); ``scope_label`` marks task scope as "sees future turns".
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from envace.core.rehearsal import RehearsalMode
+from envace.core.rehearsal import RehearsalMode, scope_label
 from envace.envs.base import Task
 from envace.evaluation.base import BenchmarkAdapter
 from envace.evaluation.metrics import BenchmarkMetrics
@@ -45,16 +49,24 @@ class CellResult:
     metrics: BenchmarkMetrics
     costs: CellCosts
     records: tuple[EpisodeRecord, ...] = ()
+    scope: str = NONE  # "turn" | "task" | "none" (N=0)
 
     @property
     def key(self) -> str:
         return f"n{self.n_attempts}-{self.mode}-{self.rehearser}"
+
+    @property
+    def scope_label(self) -> str:
+        """``task (sees future turns)`` for task scope, else the scope itself."""
+        return scope_label(self.scope)
 
     def to_json(self, with_records: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
             "n_attempts": self.n_attempts,
             "mode": self.mode,
             "rehearser": self.rehearser,
+            "scope": self.scope,
+            "scope_label": self.scope_label,
             "metrics": self.metrics.to_json(),
             "costs": self.costs.to_json(),
         }
@@ -109,9 +121,12 @@ def run_rehearsal_sweep(
     settings = settings or RehearsalSettings()
     if any(n > 0 for n in n_values) and (not rehearsers or not modes):
         raise ValueError("run_rehearsal_sweep: N > 0 needs at least one rehearser and one mode")
+    grid = [
+        (n, mode, name, replace(settings.config, n_attempts=n, mode=settings.config.mode if mode == NONE else mode))
+        for n, mode, name in _cells(n_values, modes, list(rehearsers))
+    ]  # every cell's config is checked (RehearsalConfig.__post_init__) before the first cell runs
     results = []
-    for n, mode, name in _cells(n_values, modes, list(rehearsers)):
-        config = replace(settings.config, n_attempts=n, mode=settings.config.mode if mode == NONE else mode)
+    for n, mode, name, config in grid:
         run = evaluate_with_rehearsal(
             adapter,
             actor,
@@ -123,9 +138,9 @@ def run_rehearsal_sweep(
             progress=progress,
             label=f"rehearsal n{n} {mode} {name}",
         )
-        results.append(
-            CellResult(n, mode, name, run.metrics, cell_costs(run.records), run.records if keep_records else ())
-        )
+        scope = NONE if n == 0 else config.scope.value
+        records = run.records if keep_records else ()
+        results.append(CellResult(n, mode, name, run.metrics, cell_costs(run.records), records, scope))
         if on_cell is not None:
             on_cell(results[-1])
     return results

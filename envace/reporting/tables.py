@@ -13,6 +13,8 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
+from envace.core.rehearsal import scope_label
+
 PAPER_BENCHMARKS = ("bfcl", "tau2", "vitabench")  # the paper's Overall = their mean
 CONTENDERS = ("policy", "base")
 
@@ -99,11 +101,18 @@ def fidelity_table(m: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def testtime_table(m: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per rehearsal_sweep cell. ``scope`` shows the label of the cell's scope: task-scope rows read
+    "task (sees future turns)" (their rehearsal read user turns the committed run had not reached)."""
     cells = m.get("rehearsal_sweep", {}).get("cells", [])
-    cols = ["benchmark", "n_attempts", "mode", "rehearser", "success_rate", "gain_vs_none",
-            "cost/rehearsal_completion_tokens", "cost/rehearsal_wall_s", "cost/real_env_calls"]
+    cols = ["benchmark", "n_attempts", "mode", "rehearser", "scope", "success_rate", "gain_vs_none",
+            "cost/rehearsal_completion_tokens", "cost/rehearsal_wall_s", "cost/real_env_calls",
+            "cost/committed_executions"]
     frame = pd.DataFrame(cells)
-    return frame[[c for c in cols if c in frame.columns]] if not frame.empty else frame
+    if frame.empty:
+        return frame
+    if "scope" in frame.columns:
+        frame["scope"] = frame["scope"].map(lambda v: scope_label(v) if isinstance(v, str) else v)
+    return frame[[c for c in cols if c in frame.columns]]
 
 
 SUMMARY_KEYS = ("variant", "steps_done", "n_train_rows", "source", "n_raw", "n_train", "n_val", "n_rejected")

@@ -72,13 +72,13 @@ def evaluate_one(cfg: DictConfig, adapter: Any, subset: str, tasks: list[Any], a
     summary["context_overflows"] = getattr(actor, "context_overflows", 0) - overflows
     if ev.fidelity:
         report = measure_fidelity(rehearser, result.records, tasks, max_new_tokens=int(ev.rehearse_max_new_tokens),
-                                  seed=int(cfg.seed))
+                                  seed=int(cfg.seed), context_tokens=int(cfg.rollout.rehearse_context_tokens))
         write_json(out / f"{label}.fidelity.json", fidelity_json(report))
         summary["fidelity"] = report.overall.to_json()
         summary["fidelity_per_tool"] = {t: s.to_json() for t, s in sorted(report.per_tool.items())}
     if gold is not None:  # the same oracle calls for every model: comparable across checkpoints
         report = measure_fidelity(rehearser, gold.records, gold.tasks, max_new_tokens=int(ev.rehearse_max_new_tokens),
-                                  seed=int(cfg.seed))
+                                  seed=int(cfg.seed), context_tokens=int(cfg.rollout.rehearse_context_tokens))
         write_json(out / f"{label}.fidelity_gold.json", fidelity_json(report))
         summary["fidelity_gold"] = report.overall.to_json()
     return summary

@@ -6,8 +6,14 @@ trained model's REHEARSE role (``trained``) or the untrained base model (``base`
 control). N=0 (no rehearsal) is the shared baseline, run once. Rehearsal never reaches the real
 environment; only the committed execution does (envace.rehearsal enforces and tests it).
 
-Each cell is a nested MLflow run under the stage's run (params: benchmark, N, mode, rehearser; metrics:
-success and costs — rehearsal tokens, wall time, real-environment calls, committed executions).
+Each cell is a nested MLflow run under the stage's run (params: benchmark, N, mode, rehearser, scope;
+metrics: success and costs — rehearsal tokens, wall time, real-environment calls, committed executions).
+
+``rehearsal.scope`` is ``turn`` by default (rehearse user turn t from what is known at turn t); every row
+records its scope, and ``task`` scope rows carry the label "task (sees future turns)": their rehearsal
+read user turns the committed execution had not reached. The grid's temperatures are checked when the
+config loads (``envace.config``): a parallel cell with N > 1 at ``rehearsal.act_temperature`` 0 is
+refused there, before any cell runs.
 
 Outputs in ``paths.rehearsal/<benchmark>``: ``cells.json`` (metrics and costs per cell) and one
 ``<cell>.records.jsonl`` per cell; metrics (the grid over ``rehearsal.benchmarks``, with the gain over
@@ -39,13 +45,15 @@ def rehearsal_settings(cfg: DictConfig) -> Any:
     from envace.rehearsal import RehearsalSettings  # LIBRARY: envace.rehearsal
 
     r = cfg.rehearsal
+    # n_attempts=0: the base config of the grid; each cell sets its own N and mode
     return RehearsalSettings(config=RehearsalConfig(
-        scope=to_plain(r.scope), summarizer=to_plain(r.summarizer), max_steps_per_turn=int(r.max_steps_per_turn),
+        n_attempts=0, scope=to_plain(r.scope), summarizer=to_plain(r.summarizer),
+        max_steps_per_turn=int(r.max_steps_per_turn),
         act_max_new_tokens=int(r.act_max_new_tokens), rehearse_max_new_tokens=int(r.rehearse_max_new_tokens),
         critique_max_new_tokens=int(r.critique_max_new_tokens), summary_max_new_tokens=int(r.summary_max_new_tokens),
         act_temperature=float(r.act_temperature), rehearse_temperature=float(r.rehearse_temperature),
         seed=int(cfg.seed),
-    ))
+    ), context_tokens=int(cfg.rollout.rehearse_context_tokens))
 
 
 def cost_metrics(cell: Any) -> dict[str, float]:
@@ -58,7 +66,8 @@ def grid_rows(cells: list[Any], benchmark: str) -> list[dict[str, Any]]:
     rows = []
     for cell in cells:
         row = {"benchmark": benchmark, "cell": cell.key, "n_attempts": cell.n_attempts, "mode": cell.mode,
-               "rehearser": cell.rehearser, "success_rate": cell.metrics.success_rate,
+               "rehearser": cell.rehearser, "scope": cell.scope, "scope_label": cell.scope_label,
+               "success_rate": cell.metrics.success_rate,
                "mean_score": cell.metrics.mean_score, **cost_metrics(cell)}
         if baseline is not None:
             row["gain_vs_none"] = cell.metrics.success_rate - baseline
@@ -70,7 +79,7 @@ def log_cell(tracker: Tracker, benchmark: str, cell: Any) -> None:
     """One nested MLflow run per cell: its setting as params, its score and costs as metrics."""
     with tracker.nested(f"{benchmark}/{cell.key}", {"envace.cell": cell.key, "envace.benchmark": benchmark}) as run:
         run.log_params({"benchmark": benchmark, "n_attempts": cell.n_attempts, "mode": cell.mode,
-                        "rehearser": cell.rehearser})
+                        "rehearser": cell.rehearser, "scope": cell.scope})
         run.log_metrics({**cell.metrics.flat(), **cost_metrics(cell)})
 
 

@@ -94,6 +94,17 @@ TITLES = {"main": "Main table (success % of tasks)", "benchmarks": "Each benchma
           "testtime": "Test-time private rehearsal", "training": "Training", "data": "Data"}
 
 
+TESTTIME_NOTE = ("Scope `turn` rehearses user turn t from what is known at turn t. Rows with scope "
+                 "`task (sees future turns)` rehearsed every user turn before the first real call, so their "
+                 "rehearsal and the memory the committed run read saw requests revealed only later: not comparable "
+                 "with turn-scope rows. N=0 is the shared no-rehearsal baseline (scope `none`).")
+
+
+SFT_NOTE = ("The SFT warm-up's REHEARSE targets are real tool responses: when the train stage builds its episodes "
+            "it runs each gold call once on the real tool world (the analogue of CM2's recorded reference "
+            "conversations). Only the warm-up sees them; the GRPO steps of rehearsing variants make no real call.")
+
+
 def cross_run_note(cfg: DictConfig, what: str, collected: bool) -> str:
     source = f"`{cfg.paths.metrics}/{OUTPUT_NAME}`"
     if not collected:
@@ -109,7 +120,9 @@ def markdown(cfg: DictConfig, tables: dict[str, pd.DataFrame], plots: list[str],
              f"`{to_plain(cfg.engine.name)}`. Every number in the tables and plots was measured by this "
              "pipeline (this run and, in the ablation and scale tables, the collected DVC experiments)."), ""]
     notes = {"ablation": cross_run_note(cfg, "variant", collected), "scale": cross_run_note(cfg, "model", collected),
-             "main": overall_note(tables["main"], to_plain(cfg.eval.benchmarks))}
+             "main": overall_note(tables["main"], to_plain(cfg.eval.benchmarks)), "testtime": TESTTIME_NOTE}
+    if int(cfg.train.sft_epochs) > 0:
+        notes["training"] = SFT_NOTE
     body = []
     for key, title in TITLES.items():
         frame = tables[key]

@@ -1,8 +1,9 @@
 """Stage ``template_prompts``: validated rows → role-prompt records for both engines.
 
 Per row: one ACT record (role system prompt + first user turn, rendered with the row's tools) and one
-REHEARSE record per reference tool call (tool whitelist + examples from *earlier* user turns only +
-the call). Each record holds its chat messages, the rendered prompt's token length under the
+REHEARSE record per reference tool call: ``envace.core.rehearse_context.rehearse_context`` over the
+reference conversation up to that call (user turns, reference replies and earlier calls with their
+recorded responses — nothing later), the layout every REHEARSE path uses. Each record holds its chat messages, the rendered prompt's token length under the
 configured model's chat template, and where it came from. Records longer than
 ``rollout.max_prompt_tokens`` are filtered out, and so is the row they belong to (``kept_uuids.json``
 lists the rows training may use).
@@ -35,21 +36,23 @@ SPLITS = ("train", "val")
 
 def row_prompts(row: dict[str, Any], variant: int) -> list[dict[str, Any]]:
     """ACT and REHEARSE prompt messages of one CM2 row (no rendering yet)."""
-    from envace.core.prompts import (  # LIBRARY: envace.core.prompts
-        DEFAULT_ROLE_PROMPTS as P, act_messages, rehearse_call_message, rehearse_messages, tool_function)
-    from envace.core.wire import as_result_object  # LIBRARY: envace.core.wire
-    from envace.data.cm2 import cm2_row_to_episode_spec, rehearsal_examples  # LIBRARY: envace.data.cm2
+    from envace.core.prompts import DEFAULT_ROLE_PROMPTS as P, act_messages  # LIBRARY: envace.core.prompts
+    from envace.core.rehearse_context import Answered, Said, rehearse_context  # LIBRARY: envace.core
+    from envace.data.cm2 import cm2_row_to_episode_spec  # LIBRARY: envace.data.cm2
 
     spec = cm2_row_to_episode_spec(row, variant)
-    schemas = {tool_function(t).get("name"): t for t in spec.tools}
     out = [{"role": "ACT", "turn": 0, "index": 0, "tools": list(spec.tools),
             "messages": act_messages(P, spec.system_prompt, spec.user_turns[0])}]
+    history: list[Any] = []
     for turn, exchanges in enumerate(spec.exchanges):
-        examples = [(ex.call, as_result_object(ex.response)) for ex in rehearsal_examples(spec, turn)]
+        history.append(Said("user", spec.user_turns[turn]))
         for ex in exchanges:
-            call = rehearse_call_message(P, ex.call, schemas.get(ex.call.name), spec.user_turns[turn])
             out.append({"role": "REHEARSE", "turn": turn, "index": len(out), "tools": None,
-                        "messages": rehearse_messages(P, spec.tools, examples) + [call]})
+                        "messages": rehearse_context(P, spec.tools, history, ex.call)})
+            history.append(Answered(ex.call, ex.response))
+        reply = (spec.reference_replies[turn] if turn < len(spec.reference_replies) else "") or ""
+        if reply.strip():
+            history.append(Said("assistant", reply))
     return out
 
 

@@ -1,8 +1,8 @@
 """Stage ``train``: role-wise GRPO (or an ablation variant, ``algo.name``) with the engine ``engine.name``.
 
 Training rows are the prepared train rows whose prompts fit (``kept_uuids.json``); each becomes an episode
-spec (tool-world rows are rebuilt into tasks whose gold calls run on a real executor, so REHEARSE examples
-and SFT targets carry real responses). Step metrics go to MLflow (``step=``) and ``paths.plots/train_steps.csv``.
+spec (tool-world rows are rebuilt into tasks whose gold calls run once on a real executor, so the SFT
+warm-up's REHEARSE targets are real responses, as CM2's recorded ones are). Step metrics go to MLflow (``step=``) and ``paths.plots/train_steps.csv``.
 
 With ``train.fidelity_every`` = k > 0 (engine local, tool-world data) REHEARSE predicts the real responses
 of the oracle's calls on ``train.fidelity_tasks`` val tasks at step 0 (before any GRPO update), every k
@@ -92,15 +92,14 @@ def local_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> 
 
     r, a, t, e = cfg.rollout, cfg.algo, cfg.train, cfg.engine
     speed = {k: e[k] for k in ("share_prefix", "micro_batch_tokens", "grad_checkpointing", "logprob_check")}
+    keys = ("samples_per_prompt", "act_temperature", "rehearse_temperature", "max_steps_per_turn", "max_act_tokens",
+            "max_rehearse_tokens", "max_stream_tokens", "rehearse_context_tokens", "enforce_required_items")
     return LocalEngineConfig(
         model=model_spec(cfg), variant=to_plain(a.name), steps=int(t.steps), prompts_per_step=int(r.prompts_per_step),
         seed=int(cfg.seed), device=e.device, precision=str(e.precision), output_dir=str(output_dir),
         checkpoint_every=int(t.checkpoint_every), keep_checkpoints=int(t.keep_checkpoints), resume=bool(t.resume),
         grpo_responses=to_plain(a.grpo_responses), fidelity_every=probe_every(cfg), lora=lora_spec(a),
-        rollout=RolloutConfig(samples_per_prompt=r.samples_per_prompt, act_temperature=r.act_temperature,
-                              rehearse_temperature=r.rehearse_temperature, max_steps_per_turn=r.max_steps_per_turn,
-                              max_act_tokens=r.max_act_tokens, max_rehearse_tokens=r.max_rehearse_tokens,
-                              max_stream_tokens=r.max_stream_tokens),
+        rollout=RolloutConfig(**{k: r[k] for k in keys}),
         optim=OptimConfig(lr=a.lr, clip_ratio=a.clip_ratio, kl_coef=a.kl_coef, grad_clip=a.grad_clip,
                           ppo_epochs=a.ppo_epochs, baseline=to_plain(a.baseline), norm_by_std=a.norm_by_std, **speed),
         sft=SFTConfig(epochs=int(t.sft_epochs), lr=float(t.sft_lr)))

@@ -92,7 +92,7 @@ def test_rehearsed_transfer_never_reaches_the_real_bank(bank_task, mode, scope):
     env = RecordingToolWorldEnv()
     adapter = ToolWorldAdapter(ActLoopConfig(max_steps_per_turn=4), env=env)
     oracle = OracleBackend([bank_task], make_executor=ToolWorldExecutor)  # its own executors, not env's
-    settings = RehearsalSettings(RehearsalConfig(n_attempts=2, mode=mode, scope=scope, act_temperature=0.0))
+    settings = RehearsalSettings(RehearsalConfig(n_attempts=2, mode=mode, scope=scope, act_temperature=0.7))
     rec = evaluate_with_rehearsal(
         adapter, RehearsingActor(oracle), ConfirmingRehearser(), [bank_task], settings, progress=False
     ).records[0]

@@ -14,10 +14,9 @@ from envace.core.prompts import (
     act_messages,
     act_observation_messages,
     compact_json,
-    rehearse_answer_message,
-    rehearse_call_message,
-    rehearse_messages,
+    sft_rehearse_target,
 )
+from envace.core.rehearse_context import conversation_events, rehearse_context
 from envace.core.records import NO_ROLE, Role, Termination
 from envace.core.wire import as_result_object
 from envace.engines import (
@@ -85,31 +84,20 @@ def test_gold_replay_builds_the_chat_template_streams(world):
         assert len(reh_outputs) == len(calls)  # one REHEARSE generation per tool call
 
 
-def _example_messages(spec, turn):
-    out = []
-    for call, resp in spec.examples_of_turn(turn):
-        out += [rehearse_call_message(DEFAULT_ROLE_PROMPTS, call, spec.tool_schema(call.name), spec.user_turns[turn]),
-                rehearse_answer_message(as_result_object(resp))]
-    return out
-
-
-def test_rehearse_stream_has_only_earlier_turn_examples(world):
+def test_rehearse_stream_is_the_builder_over_its_own_history(world):
     fmt, spec = world["fmt"], world["specs"][0]
     traj = _gold_run(world).trajectories[0]
-    messages = rehearse_messages(DEFAULT_ROLE_PROMPTS, spec.tools, ())
-    pending, reached = [], 0
-    for turn in traj.turns:
-        while reached < turn.user_turn:  # a new user turn makes the previous turn's reference pairs available
-            pending += _example_messages(spec, reached)
-            reached += 1
-        for call, resp in zip(turn.tool_calls, turn.responses):
-            context = spec.user_turns[turn.user_turn]
-            messages += pending + [rehearse_call_message(DEFAULT_ROLE_PROMPTS, call, spec.tool_schema(call.name), context),
-                                   rehearse_answer_message(as_result_object(resp))]
-            pending = []
+    calls = [(k, j) for k, t in enumerate(traj.turns) for j in range(len(t.tool_calls))]
+    k, j = calls[-1]
+    turn = traj.turns[k]
+    history = conversation_events(spec.user_turns, [*traj.turns[:k], replace(turn, tool_calls=turn.tool_calls[:j],
+                                                                            responses=turn.responses[:j])],
+                                  upto_turn=turn.user_turn)
+    messages = rehearse_context(DEFAULT_ROLE_PROMPTS, spec.tools, history, turn.tool_calls[j])
+    messages.append({"role": "assistant", "content": sft_rehearse_target(as_result_object(turn.responses[j]))})
     stream = traj.stream(Role.REHEARSE)
     assert fmt.decode(stream.flat()["input_ids"]) + "\n" == fmt.render(messages, None, add_generation_prompt=False)
-    prompt = stream.segments[0].text  # shared by all turns: must hold no reference response at all
+    prompt = stream.segments[0].text  # the system prompt: must hold no reference response at all
     responses = [r for steps in spec.gold for st in steps for r in st.responses]
     assert responses and not any(json.dumps(r) in prompt or compact_json(r) in prompt for r in responses)
 

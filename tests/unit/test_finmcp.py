@@ -215,7 +215,9 @@ def test_unrecorded_calls_can_be_rehearsed_by_the_policy() -> None:
     rehearse_prompt = next(r for r in policy.requests if "execution backend" in r.messages[0]["content"])
     assert "MM0007" not in rehearse_prompt.messages[0]["content"]  # no examples from turn 0 (none) / future
     last = [r for r in policy.requests if "execution backend" in r.messages[0]["content"]][-1]
-    assert "Stillwater" in last.messages[0]["content"]  # earlier turns' recorded responses are examples
+    # earlier turns' recorded responses are the conversation so far (answered calls), not a system block
+    assert "Stillwater" not in last.messages[0]["content"]
+    assert any("Stillwater" in m["content"] for m in last.messages[1:] if m["role"] == "assistant")
     assert "rehearse_unrecorded" in record.costs
 
 

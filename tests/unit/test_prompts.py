@@ -16,13 +16,11 @@ from envace.core.prompts import (
     TemplateNotAppendOnlyError,
     act_messages,
     act_observation_messages,
-    rehearse_answer_message,
-    rehearse_call_message,
-    rehearse_messages,
     sft_act_target,
     sft_rehearse_target,
     template_renders_tools,
 )
+from envace.core.rehearse_context import Said, call_message, rehearse_context, rehearse_system_message
 from envace.core.records import ToolCall
 from envace.core.wire import parse_rehearsal, parse_tool_calls
 from envace.models import ModelSpec, build_tiny_tokenizer
@@ -196,39 +194,31 @@ def test_act_observation_messages_are_compact_json_per_call():
         act_observation_messages([PARIS, ROME], [{}])
 
 
-def test_rehearse_messages_list_tools_format_and_examples():
-    plain = rehearse_messages(DEFAULT_ROLE_PROMPTS, TOOLS)
-    assert len(plain) == 1 and plain[0]["role"] == "system"
-    system = plain[0]["content"]
-    assert '{"name":"get_weather","description":"Current weather of a city"' in system
-    assert '{"name":"book_hotel"' in system
-    assert "<execution_result>\n{JSON object or array}\n</execution_result>" in system
-    assert "Earlier calls" not in system
-    with_examples = rehearse_messages(DEFAULT_ROLE_PROMPTS, TOOLS, [(ROME, {"t": 25})])[0]["content"]
-    example = with_examples.split("Earlier calls of this session and their results:\n")[1].split("Answer each")[0]
-    assert parse_tool_calls(example.split("<execution_result>")[0]).calls == (ROME,)
-    assert parse_rehearsal(example).result == {"t": 25}
+def test_rehearse_system_message_lists_tools_and_format_only():
+    system = rehearse_system_message(DEFAULT_ROLE_PROMPTS, TOOLS)
+    assert system["role"] == "system"
+    text = system["content"]
+    assert '{"name":"get_weather","description":"Current weather of a city"' in text
+    assert '{"name":"book_hotel"' in text
+    assert "<execution_result>\n{JSON object or array}\n</execution_result>" in text
+    assert "Earlier calls" not in text  # no few-shot block: the history lives in the conversation
 
 
-def test_rehearse_call_and_answer_messages():
-    msg = rehearse_call_message(DEFAULT_ROLE_PROMPTS, BOOK, TOOLS[1], "User wants  a\nhotel.")
+def test_rehearse_call_message_carries_conversation_call_and_schema():
+    msg = call_message(DEFAULT_ROLE_PROMPTS, TOOLS, BOOK, [Said("user", "User wants  a\nhotel.")])
     assert msg["role"] == "user"
     lines = msg["content"].splitlines()
-    assert lines[0] == "Context: User wants a hotel."
+    assert lines[:2] == ["Conversation since the previous call:", "User: User wants a hotel."]
     assert "Call: book_hotel" in lines
     assert 'Arguments: {"city":"Paris","nights":2}' in lines
     assert any(line.startswith('Schema: {"name":"book_hotel"') for line in lines)
-    unknown = rehearse_call_message(DEFAULT_ROLE_PROMPTS, ToolCall("nope", {}), None, "")
-    assert "Schema: null" in unknown["content"] and "Context: (none)" in unknown["content"]
-    answer = rehearse_answer_message({"booking": "B-1"})
-    assert answer["role"] == "assistant" and parse_rehearsal(answer["content"]).result == {"booking": "B-1"}
+    unknown = call_message(DEFAULT_ROLE_PROMPTS, TOOLS, ToolCall("nope", {}), [])
+    assert "Schema: null" in unknown["content"] and "(no new messages)" in unknown["content"]
 
 
 def test_rehearse_stream_renders_without_tool_instructions(tiny_tokenizer):
     f = ChatFormatter(tiny_tokenizer)
-    call = rehearse_call_message(DEFAULT_ROLE_PROMPTS, PARIS, TOOLS[0], "q")
-    msgs = [*rehearse_messages(DEFAULT_ROLE_PROMPTS, TOOLS), call]
-    text = f.render(msgs)
+    text = f.render(rehearse_context(DEFAULT_ROLE_PROMPTS, TOOLS, [Said("user", "q")], PARIS))
     assert "<tools>" not in text and text.endswith("<|im_start|>assistant\n")
 
 
@@ -240,5 +230,5 @@ def test_sft_targets_round_trip_through_wire_parsers():
 
 def test_role_prompts_are_versioned_format_strings():
     assert isinstance(DEFAULT_ROLE_PROMPTS, RolePrompts) and DEFAULT_ROLE_PROMPTS.version
-    custom = RolePrompts("test", "{task_system}!", "T:{tools}{examples}", "{name}|{arguments}|{schema}|{context}")
-    assert rehearse_call_message(custom, PARIS, None, "c")["content"] == 'get_weather|{"city":"Paris"}|null|c'
+    custom = RolePrompts("test", "{task_system}!", "T:{tools}", "{name}|{arguments}|{schema}|{conversation}")
+    assert call_message(custom, (), PARIS, [Said("user", "c")])["content"] == 'get_weather|{"city":"Paris"}|null|User: c'

@@ -306,8 +306,8 @@ def test_unparseable_rehearsal_ends_the_attempt_only():
 
 def test_costs_per_task():
     adapter, _ = adapter_for(TASKS[:1])
-    rec = evaluate_with_rehearsal(
-        adapter, ScriptedPolicy(TASKS), ScriptedRehearser(), TASKS[:1], settings_for(2), progress=False
+    rec = evaluate_with_rehearsal(  # task scope: one rehearsal of both user turns
+        adapter, ScriptedPolicy(TASKS), ScriptedRehearser(), TASKS[:1], settings_for(2, scope="task"), progress=False
     ).records[0]
     costs = rec.info["rehearsal"]["costs"]
     # per attempt: 3 ACT generations (call, reply turn 1, reply turn 2) x4 tokens + 1 rehearse x2 + critique 4

@@ -112,6 +112,8 @@ def test_rehearsal_sweep_covers_the_grid(chain):
     assert {(c["mode"], c["rehearser"]) for c in cells if c["n_attempts"]} == {
         (m, r) for m in ("parallel", "sequential") for r in ("trained", "base")}
     assert {c["benchmark"] for c in cells} == {"toolworld"}
+    assert {c["scope"] for c in cells if c["n_attempts"]} == {"turn"}  # the default: no future user turns
+    assert all(c["cost/committed_executions"] == 1.0 for c in cells)
     assert len(json.loads((root / "rehearsal" / "toolworld" / "cells.json").read_text())) == len(cells)
 
 

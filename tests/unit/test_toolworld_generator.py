@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -222,3 +224,33 @@ def test_no_hold_out_configuration() -> None:
     splits = generate_tasks(n_train=40, n_val=10, n_test=10, held_out_domain=None, held_out_compositions=())
     assert {t.meta["held_out"] for ts in splits.values() for t in ts} == {None}
     assert {t.domain for t in splits["train"]} == set(DOMAINS)
+
+
+def _instruction(task: Task) -> tuple[str, ...]:
+    return tuple(task.user_turns)
+
+
+def _gold_sequence(task: Task) -> str:
+    return json.dumps([[[[c.name, c.arguments] for c in step] for step in turn] for turn in task.gold_calls],
+                      sort_keys=True)
+
+
+def test_splits_disjoint(splits: dict[str, list[Task]], caplog: pytest.LogCaptureFixture) -> None:
+    """At default sizes no val/test task repeats a train task's instruction or gold-call sequence; the
+    splits keep their sizes, the train draws redrawn for it are counted in the log, and val/test do not
+    depend on ``n_train``."""
+    config = ToolWorldConfig()
+    assert [len(splits[s]) for s in SPLITS] == [config.n_train, config.n_val, config.n_test]
+    texts = {_instruction(t) for t in splits["train"]}
+    calls = {_gold_sequence(t) for t in splits["train"]}
+    for split in ("val", "test"):
+        assert not [t.task_id for t in splits[split] if _instruction(t) in texts], split
+        assert not [t.task_id for t in splits[split] if _gold_sequence(t) in calls], split
+    with caplog.at_level(logging.INFO, logger="envace.envs.toolworld.generator"):
+        again = generate_tasks()
+    assert tasks_json(again) == tasks_json(splits)
+    found = (re.search(r"(\d+) train draws redrawn", r.getMessage()) for r in caplog.records)
+    redrawn = [int(m.group(1)) for m in found if m]
+    assert redrawn and redrawn[0] > 0
+    fewer = generate_tasks(n_train=50)
+    assert tasks_json({s: fewer[s] for s in ("val", "test")}) == tasks_json({s: splits[s] for s in ("val", "test")})

@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import json
+import re
+from typing import Any
 
 import pytest
 
-from envace.core.records import ToolCall, Turn
+from envace.core.records import ToolCall, Trajectory, Turn
+from envace.engines import (
+    EpisodeSpec,
+    GoldStep,
+    episode_spec_from_task,
+    toolworld_verifiable_reward,
+)
 from envace.envs.base import EpisodeResult, Executor, Task
 from envace.envs.toolworld import (
+    DOMAINS,
     SPLITS,
     ToolWorldConfig,
     ToolWorldEnv,
@@ -182,3 +192,145 @@ def test_report_helpers(default_splits: dict[str, list[Task]]) -> None:
     assert stats["test"]["by_held_out"]["domain"] == 25 and stats["train"]["n_parallel_steps"] > 0
     assert sum(stats["train"]["by_composition"].values()) == len(default_splits["train"])
     assert stats_markdown(default_splits).count("\n") == 1 + len(SPLITS)
+
+
+# ---- the built-in verifiable reward follows ids through the trajectory's own responses ----------
+_ID_LIKE = re.compile(r"^(?:[a-z]+_\d+|[a-z]+/[\w.-]+)$")  # counter ids (evt_3) and file paths (a/b.md)
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _renamed(value: Any, names: dict[str, str]) -> Any:
+    if isinstance(value, str):
+        return names.get(value, value)
+    if isinstance(value, dict):
+        return {k: _renamed(v, names) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_renamed(v, names) for v in value]
+    return value
+
+
+def _fresh(old: str, n: int) -> str:
+    if "/" in old:
+        folder, name = old.rsplit("/", 1)
+        return f"{folder}/renamed{n}_{name}"
+    return f"{old.rsplit('_', 1)[0]}_{700 + n}"
+
+
+def gold_trajectory(spec: EpisodeSpec, names: dict[str, str] | None = None) -> Trajectory:
+    """The gold conversation as a rollout: one ``Turn`` per gold step, then the gold reply. With
+    ``names`` (old id -> new id), ids are renamed in every response and in every *later* argument, as
+    a rehearser that invents its own ids and an actor that follows them would produce."""
+    names = names or {}
+    introduced: set[str] = set()  # renamed ids some earlier response has returned
+    turns = []
+    for t, steps in enumerate(spec.gold):
+        for step in steps:
+            visible = {k: v for k, v in names.items() if k in introduced}
+            calls = tuple(ToolCall(c.name, _renamed(c.arguments, visible), c.id) for c in step.calls)
+            turns.append(Turn("", calls, tuple(_renamed(r, names) for r in step.responses), True, t))
+            introduced |= {s for r in step.responses for s in _strings(r) if s in names}
+        turns.append(Turn(spec.gold_answers[t], user_turn=t))
+    return Trajectory(prompt_id=spec.task_id, sample_index=0, turns=tuple(turns))
+
+
+def response_ids(spec: EpisodeSpec) -> dict[str, str]:
+    """A consistent renaming of every id that first appears in a response (ids the user states are
+    kept: a replayed user turn would state them anyway)."""
+    users = " ".join(spec.user_turns)
+    known = {s for s in _strings([[r for st in steps for r in st.responses] for steps in spec.gold])
+             if re.search(rf"(?<![\w/]){re.escape(s)}(?![\w/])", users)}
+    names: dict[str, str] = {}
+    for steps in spec.gold:
+        for step in steps:
+            known |= {s for c in step.calls for s in _strings(c.arguments) if s not in names}
+            for s in (s for r in step.responses for s in _strings(r)):
+                if _ID_LIKE.match(s) and s not in known and s not in names:
+                    names[s] = _fresh(s, len(names))
+    return names
+
+
+def bound_tasks(tasks: list[Task], n: int) -> list[tuple[Task, EpisodeSpec]]:
+    """Up to ``n`` tasks whose gold calls take ids from earlier responses, domains taken in turn."""
+    by_domain: dict[str, list[Task]] = {}
+    for task in tasks:
+        if task.meta["bindings"]:
+            by_domain.setdefault(task.domain, []).append(task)
+    picked = [t for group in itertools.zip_longest(*by_domain.values()) for t in group if t is not None][:n]
+    return [(t, episode_spec_from_task(t, ToolWorldExecutor(t))) for t in picked]
+
+
+def _replace_bound_argument(traj: Trajectory, call_id: str, argument: str, value: Any) -> Trajectory:
+    turns = []
+    for turn in traj.turns:
+        calls = tuple(ToolCall(c.name, {**c.arguments, argument: value}, c.id) if c.id == call_id else c
+                      for c in turn.tool_calls)
+        turns.append(dataclasses.replace(turn, tool_calls=calls))
+    return dataclasses.replace(traj, turns=tuple(turns))
+
+
+def test_reward_binding_aware(default_splits: dict[str, list[Task]]) -> None:
+    pairs = bound_tasks(all_tasks(default_splits), 40)
+    assert {t.domain for t, _ in pairs} == set(DOMAINS)
+    checked = collided = swapped = 0
+    for task, spec in pairs:
+        gold = toolworld_verifiable_reward(spec, gold_trajectory(spec)).reward
+        assert gold == 1.0, task.task_id
+        names = response_ids(spec)
+        bound = [(cid, arg) for cid, args in task.meta["bindings"].items() for arg in args
+                 if value_of(task, cid, arg) in names]  # ids a user turn states are not renamed
+        assert bound or any(value_of(task, c, a) in " ".join(task.user_turns)
+                            for c, args in task.meta["bindings"].items() for a in args), task.task_id
+        renamed = gold_trajectory(spec, names)
+        assert toolworld_verifiable_reward(spec, renamed).reward == gold, task.task_id  # consistent: exactly gold
+        if not bound:
+            continue
+        checked += 1
+        cid, arg = bound[0]
+        for wrong in (value_of(task, cid, arg),  # the real id, which no response of this trajectory returned
+                      "zzz_999"):  # an id nobody returned
+            broken = _replace_bound_argument(renamed, cid, arg, wrong)
+            assert toolworld_verifiable_reward(spec, broken).reward < gold, (task.task_id, wrong)
+        olds = sorted({value_of(task, c, a) for c, a in bound})
+        if len(olds) > 1:  # two gold ids renamed to one id: the responses and the arguments agree, yet not gold
+            merged = gold_trajectory(spec, {**names, olds[1]: names[olds[0]]})
+            assert toolworld_verifiable_reward(spec, merged).reward < gold, task.task_id
+            collided += 1
+            # an id of the wrong earlier response / field: two bound arguments exchange their ids
+            other = next((c, a) for c, a in bound if value_of(task, c, a) != value_of(task, cid, arg))
+            exchanged = _replace_bound_argument(renamed, cid, arg, names[value_of(task, *other)])
+            exchanged = _replace_bound_argument(exchanged, other[0], other[1], names[value_of(task, cid, arg)])
+            assert toolworld_verifiable_reward(spec, exchanged).reward < gold, task.task_id
+            swapped += 1
+    assert checked >= 30 and collided >= 3 and swapped >= 3
+
+
+def value_of(task: Task, call_id: str, argument: str) -> Any:
+    """The gold literal of a bound argument."""
+    call = next(c for turn in task.gold_calls for step in turn for c in step if c.id == call_id)
+    return call.arguments[argument]
+
+
+def test_reward_bound_ids_come_from_earlier_steps_only() -> None:
+    """A call cannot use the response of a call issued in the same step; real ids still match as gold."""
+    spec = EpisodeSpec(
+        task_id="t", system_prompt="", user_turns=("Book it and invite Ann.",),
+        tools=({"type": "function", "function": {"name": "create_event"}},),
+        gold=((GoldStep((ToolCall("create_event", {"title": "x"}, "call_1"),), ({"event_id": "evt_1"},)),
+               GoldStep((ToolCall("add_attendee", {"event_id": "evt_1"}, "call_2"),), ({},))),),
+        meta={"bindings": {"call_2": {"event_id": {"call": "call_1", "path": ["event_id"]}}}},
+    )
+    create, invite = ToolCall("create_event", {"title": "x"}), ToolCall("add_attendee", {"event_id": "evt_9"})
+    reply = Turn("done", user_turn=0)
+    later = Trajectory("t", 0, turns=(Turn("", (create,), ({"event_id": "evt_9"},)), Turn("", (invite,), ({},)), reply))
+    same_step = Trajectory("t", 0, turns=(Turn("", (create, invite), ({"event_id": "evt_9"}, {})), reply))
+    assert toolworld_verifiable_reward(spec, later).reward == 1.0
+    assert toolworld_verifiable_reward(spec, same_step).reward == 0.5  # add_attendee is not paired

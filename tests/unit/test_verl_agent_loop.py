@@ -27,7 +27,8 @@ from envace.engines.verl.hf_server import HFServerManager, ScriptedGuide, gold_t
 from envace.engines.verl.rows import EXCLUDE_KEY, INFO_KEY, NUM_OUTPUTS_KEY, ROLE_IDS_KEY, ROLE_KEY, TRAJECTORY_KEY
 
 BUDGETS = ["rollout.max_act_tokens=160", "rollout.max_rehearse_tokens=160", "rollout.max_stream_tokens=4096",
-           "rollout.max_prompt_tokens=2048", "rollout.rehearse_temperature=0.5"]
+           "rollout.max_prompt_tokens=2048"]
+REHEARSE_TEMPERATURE = 0.5  # set on the loop directly: the config builder refuses it for trained REHEARSE rows
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
 
 
@@ -45,12 +46,16 @@ def build_world(out) -> dict:
     cfg = OmegaConf.to_container(compose(["profile=smoke", *BUDGETS]), resolve=True)
     overrides = build_overrides(cfg, train_files=[str(out / "t.parquet")], val_files=[str(out / "t.parquet")],
                                 output_dir=out, model_path=str(out / "model"))
+    # the loop samples each role at its own temperature; a REHEARSE one that differs is set on the loop itself
+    cfg["rollout"]["rehearse_temperature"] = REHEARSE_TEMPERATURE
+    verl_config = OmegaConf.merge(compose_verl_config(overrides),
+                                  {"envace": {"rehearse_temperature": REHEARSE_TEMPERATURE}})
     model, tokenizer = load_model_and_tokenizer(ModelSpec(kind="tiny"))
     tasks = generate_tasks(seed=0, n_train=12, n_val=0, n_test=0)["train"]
     task = next(t for t in tasks if len(t.user_turns) == 1 and len(t.gold_calls[0]) == 1)
     row = to_cm2_row(task, include_state=True)
     spec = spec_from_row(row, "toolworld")
-    return {"cfg": cfg, "verl": compose_verl_config(overrides), "model": model, "tokenizer": tokenizer,
+    return {"cfg": cfg, "verl": verl_config, "model": model, "tokenizer": tokenizer,
             "row": row, "spec": spec, "record": dataset_record(spec, 0, "train", "toolworld", row)}
 
 
@@ -111,7 +116,8 @@ def test_envace_rows_masks_role_ids_logprobs_and_reward(world: dict) -> None:
         assert all(r == NO_ROLE for r, m in zip(role_ids, mask) if m == 0)
         lps = torch.tensor(row.response_logprobs)
         assert torch.all(lps[torch.tensor(mask) == 0] == 0)
-        expected = recomputed_logprobs(world["model"], row, {int(Role.ACT): 1.0, int(Role.REHEARSE): 0.5})
+        temperatures = {int(Role.ACT): 1.0, int(Role.REHEARSE): REHEARSE_TEMPERATURE}
+        expected = recomputed_logprobs(world["model"], row, temperatures)
         assert torch.allclose(lps, expected, atol=1e-4), "row is not the context the tokens were sampled in"
         assert row.reward_score == 1.0 and row.extra_fields[EXCLUDE_KEY] is False
         assert row.extra_fields[TRAJECTORY_KEY] == "u_0"
@@ -124,7 +130,7 @@ def test_envace_rows_masks_role_ids_logprobs_and_reward(world: dict) -> None:
     assert act.extra_fields[INFO_KEY]["termination"] == "final_reply"
     assert act.extra_fields["reward_extra_info"]["envace_rehearse_outputs"] == 1.0
     temps = {r["request_id"].rsplit("-", 1)[1]: r["params"]["temperature"] for r in server.requests}
-    assert temps == {"act": 1.0, "rehearse": 0.5}  # per-role temperatures replace verl's during training
+    assert temps == {"act": 1.0, "rehearse": REHEARSE_TEMPERATURE}  # per-role temperatures replace verl's
 
 
 def test_reward_follows_the_trajectory(world: dict) -> None:
@@ -219,6 +225,7 @@ def test_grpo_takes_responses_from_a_frozen_simulator(world: dict, monkeypatch: 
     assert len(rows) == 1 and {r["request_id"].rsplit("-", 1)[1] for r in server.requests} == {"act"}
     (request,) = simulator.requests
     assert request.messages[0]["role"] == "system" and "execution backend" in request.messages[0]["content"]
-    assert spec.gold[0][0].calls[0].name in request.messages[-1]["content"] and request.temperature == 0.5
+    assert spec.gold[0][0].calls[0].name in request.messages[-1]["content"]
+    assert request.temperature == REHEARSE_TEMPERATURE
     scaffold = loop.formatter.decode([t for t, m in zip(rows[0].response_ids, rows[0].response_mask) if m == 0])
     assert json.dumps(spec.gold[0][0].responses[0], separators=(",", ":"))[:20] in scaffold

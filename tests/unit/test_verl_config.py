@@ -90,6 +90,37 @@ def test_unsupported_configurations_say_what_to_change(tmp_path: Path) -> None:
         plan_launch(plain_cfg("profile=smoke"), output_dir=tmp_path, dry_run=True)  # tiny: no directory
 
 
+@pytest.mark.parametrize("algo", ["envace", "frozen_act"])
+def test_trained_rehearse_rows_need_the_act_temperature(tmp_path: Path, algo: str) -> None:
+    """verl scores every row at the ACT temperature: a different REHEARSE one is refused when REHEARSE trains."""
+    cfg = plain_cfg("profile=smoke", f"algo={algo}", "rollout.act_temperature=1.0",
+                    "rollout.rehearse_temperature=0.5")
+    with pytest.raises(VerlConfigError) as info:
+        overrides_for(cfg, tmp_path)
+    message = str(info.value)
+    assert "rollout.rehearse_temperature=0.5" in message and "rollout.act_temperature=1.0" in message
+    assert "engine=local" in message
+    with pytest.raises(VerlConfigError, match="rollout.rehearse_temperature"):
+        plan_launch(cfg, output_dir=tmp_path, dry_run=True)
+
+
+def test_rehearse_temperature_may_differ_where_rehearse_rows_do_not_train(tmp_path: Path) -> None:
+    """grpo / frozen_rehearse train no REHEARSE rows: the REHEARSE temperature only sets how responses are sampled."""
+    for algo in ("grpo", "frozen_rehearse"):
+        cfg = plain_cfg("profile=smoke", f"algo={algo}", "rollout.rehearse_temperature=0.5")
+        vc = compose_verl_config(overrides_for(cfg, tmp_path))
+        assert vc.envace.rehearse_temperature == 0.5 and vc.actor_rollout_ref.rollout.temperature == 1.0
+
+
+def test_default_temperatures_pass_on_every_shipped_recipe(tmp_path: Path) -> None:
+    """The shipped defaults (1.0 / 1.0, SPEC §3) do not trip the temperature check on any variant verl runs."""
+    for profile in ("smoke", "cpu", "paper"):
+        for algo in ("envace", "grpo", "frozen_act", "frozen_rehearse"):
+            cfg = plain_cfg(f"profile={profile}", f"algo={algo}", "engine=verl")
+            assert cfg["rollout"]["act_temperature"] == cfg["rollout"]["rehearse_temperature"]
+            overrides_for(cfg, tmp_path)
+
+
 def test_hydra_values_round_trip_through_compose(tmp_path: Path) -> None:
     weird = "it's a \"model\", with ${braces} and spaces: http://h:1/v1"
     cfg = plain_cfg("profile=smoke", f"judge.model={hydra_value(weird)}", "judge.name=llm")

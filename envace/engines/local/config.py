@@ -28,7 +28,10 @@ class RolloutConfig:
     max_act_tokens: int = 256
     max_rehearse_tokens: int = 256
     max_stream_tokens: int = 4096
-    rehearse_examples: bool = True  # earlier-turn reference (call, response) pairs in the REHEARSE stream
+    # conversation shown per REHEARSE call message (envace.core.rehearse_context; ≈ 4 characters a token)
+    rehearse_context_tokens: int = 512
+    # end a trajectory at a user turn whose required checklist item failed (where the rule judge can tell)
+    enforce_required_items: bool = True
     reuse_kv: bool = True
 
     def temperature(self, role: Role) -> float:

@@ -18,8 +18,12 @@ SFT warm-up (a history row with ``step`` 0), after every k-th step and after the
   after SFT, or ``simulator_model``).
 
 Deviation: data are visited in a seeded permutation per epoch, ``prompts_per_step`` prompts a step;
-sampling seeds derive from (seed, step, example, sample), so a resumed run replays the exact same
-batches as an uninterrupted one (the resume test asserts identical weights).
+sampling seeds derive from (seed, step, example, position in the step, sample) — the rollout names each
+chosen example ``"<data index>@<position>"`` (``step_names``). The position is there because a step that
+straddles two epochs (``n_data % prompts_per_step != 0``) can hold the same example twice; keyed by the
+example alone, its two groups would sample identical trajectories. Everything in a name is a function
+of (seed, step), so a resumed run replays the exact same batches as an uninterrupted one (the resume
+test asserts identical weights). A ``guide`` still sees the data index as ``OutputKey.example``.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import torch
 from tqdm.auto import tqdm
 
 from envace.core.prompts import DEFAULT_ROLE_PROMPTS, ChatFormatter, RolePrompts
-from envace.core.records import Role, Trajectory
+from envace.core.records import Role, Trajectory, truncate_after_turn
 from envace.engines.base import (
     Engine,
     EpisodeSpec,
@@ -55,7 +59,7 @@ from envace.engines.local.batching import build_rows
 from envace.engines.local.checkpoint import load_latest, save_checkpoint
 from envace.engines.local.config import LocalEngineConfig
 from envace.core.seeds import derive_seed
-from envace.engines.local.decode import DecodeGuide
+from envace.engines.local.decode import DecodeGuide, OutputKey
 from envace.engines.local.fidelity import FidelityProbe, probe_due
 from envace.engines.local.lora import add_lora, lora_record, merged_copy, unwrap
 from envace.engines.local.metrics import rollout_metrics
@@ -69,6 +73,7 @@ from envace.engines.local.trainer import (
     make_optimizer,
 )
 from envace.evaluation.probes import ProbeSet
+from envace.judges.reward import required_items_gate
 from envace.models import load_model_and_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -83,6 +88,26 @@ def step_examples(step: int, n_data: int, per_step: int, seed: int) -> list[int]
         random.Random(derive_seed(seed, "data", epoch)).shuffle(order)
         out.append(order[offset])
     return out
+
+
+def step_names(indices: Sequence[int]) -> list[str]:
+    """The rollout's name (seed key) of each example of one step: ``"<data index>@<position in the step>"``.
+
+    Unique within a step even when an example appears twice in it (a step across an epoch boundary).
+    """
+    return [f"{index}@{position}" for position, index in enumerate(indices)]
+
+
+def _guide_by_index(guide: DecodeGuide | None, names: Sequence[str], indices: Sequence[int]) -> DecodeGuide | None:
+    """``guide`` looked up by data index (its key), for a rollout whose examples are named by ``step_names``."""
+    if guide is None:
+        return None
+    index_of = dict(zip(names, indices))
+
+    def targets(key: OutputKey):
+        return guide.targets(replace(key, example=index_of.get(key.example, key.example)))
+
+    return DecodeGuide(targets, strength=guide.strength)
 
 
 def _frozen(model: torch.nn.Module) -> torch.nn.Module:
@@ -194,22 +219,33 @@ class LocalEngine(Engine):
         return history
 
     # ---- one RL step ---------------------------------------------------------------------------
-    def _score(self, specs: Sequence[EpisodeSpec], trajs: Sequence[Trajectory]) -> list[Trajectory]:
+    def _score(self, specs: Sequence[EpisodeSpec], trajs: Sequence[Trajectory],
+               enforce: bool = True) -> list[Trajectory]:
+        """Rewards; with ``enforce``, a judge's ``terminated_after`` (a required item that failed in a turn
+        the rollout's rule gate could not decide) drops the later turns' outputs (``truncate_after_turn``)."""
         scored = []
         for traj, spec in zip(trajs, specs):
             reward, status, info = RewardOutcome(*self.reward_fn(spec, traj))
-            scored.append(replace(traj, reward=float(reward), status=status, info={**traj.info, "reward_info": info}))
+            traj = replace(traj, reward=float(reward), status=status, info={**traj.info, "reward_info": info})
+            after = info.get("terminated_after") if enforce else None
+            if after is not None and any(t.user_turn > after for t in traj.turns):
+                traj = truncate_after_turn(traj, int(after))
+            scored.append(traj)
         return scored
 
     def _rl_step(self, cfg: LocalEngineConfig, specs: Sequence[EpisodeSpec], step: int) -> dict[str, float]:
         t0 = time.perf_counter()
         idx = step_examples(step, len(specs), cfg.prompts_per_step, cfg.seed)
-        chosen = [specs[i] for i in idx]
-        runner = RolloutRunner(self.formatter, cfg.rollout, self.role_prompts, self.guide, precision=self.precision)
+        chosen, names = [specs[i] for i in idx], step_names(idx)
+        guide = _guide_by_index(self.guide, names, idx)
+        gate = required_items_gate() if cfg.rollout.enforce_required_items else None
+        runner = RolloutRunner(self.formatter, cfg.rollout, self.role_prompts, guide, precision=self.precision,
+                               turn_gate=gate)
         act_model = self.models.get("act", self.models.get("policy"))
-        batch = runner.run(chosen, act_model, self._response_source(), seed=cfg.seed, step=step, examples=idx)
+        batch = runner.run(chosen, act_model, self._response_source(), seed=cfg.seed, step=step, examples=names)
         k = cfg.rollout.samples_per_prompt
-        trajs = self._score([s for s in chosen for _ in range(k)], batch.trajectories)
+        trajs = self._score([s for s in chosen for _ in range(k)], batch.trajectories,
+                            cfg.rollout.enforce_required_items)
         groups = [j // k for j in range(len(trajs))]
         adv = compute_output_advantages(trajs, groups, self.variant, cfg.optim)
         metrics = rollout_metrics(batch, trajs, adv)
@@ -274,7 +310,8 @@ class LocalEngine(Engine):
             raise ValueError(f"fidelity_every={cfg.fidelity_every} needs LocalEngine(fidelity_probe_set=...) (e.g. "
                              "envace.evaluation.oracle_probe_set on validation tasks); or set fidelity_every=0")
         return FidelityProbe(self.fidelity_probe_set, max_new_tokens=cfg.rollout.max_rehearse_tokens,
-                             seed=cfg.seed, progress=cfg.progress, precision=self.precision)
+                             seed=cfg.seed, progress=cfg.progress, precision=self.precision,
+                             context_tokens=cfg.rollout.rehearse_context_tokens)
 
     def _probe(self, probe: FidelityProbe | None, cfg: LocalEngineConfig, step: int) -> dict[str, float]:
         """``fidelity/*`` metrics of the REHEARSE model after ``step`` updates when a probe is due, else {}."""

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from envace.core.prompts import ChatFormatter
+from envace.core.rehearse_context import DEFAULT_CONTEXT_TOKENS
 from envace.engines.local.checkpoint import rng_state, set_rng_state
 from envace.evaluation.fidelity import measure_fidelity
 from envace.evaluation.probes import ProbeSet
@@ -46,7 +47,7 @@ class FidelityProbe:
     """Scores a REHEARSE model on a fixed ``ProbeSet`` (see the module docstring)."""
 
     def __init__(self, probe_set: ProbeSet, *, max_new_tokens: int, seed: int, batch_size: int = 8,
-                 progress: bool = False, precision: str = "fp32") -> None:
+                 progress: bool = False, precision: str = "fp32", context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> None:
         if probe_set.n_calls == 0:
             raise ValueError("FidelityProbe: the probe set has no real calls; build it with "
                              "envace.evaluation.oracle_probe_set on tasks with gold calls")
@@ -56,6 +57,7 @@ class FidelityProbe:
         self.batch_size = batch_size
         self.progress = progress
         self.precision = precision  # the engine's (resolved) precision
+        self.context_tokens = context_tokens  # the rollout's REHEARSE conversation budget (same layout)
 
     def measure(self, model: torch.nn.Module, tokenizer: Any, formatter: ChatFormatter) -> dict[str, float]:
         """``fidelity/*`` metrics of ``model`` in the REHEARSE role; training state is left as found."""
@@ -69,7 +71,7 @@ class FidelityProbe:
                                                          precision=self.precision)
                 report = measure_fidelity(backend, self.probe_set.records, self.probe_set.tasks,
                                           max_new_tokens=self.max_new_tokens, temperature=0.0, seed=self.seed,
-                                          progress=self.progress)
+                                          progress=self.progress, context_tokens=self.context_tokens)
         finally:
             model.train(was_training)
             set_rng_state(saved_rng)

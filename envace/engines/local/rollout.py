@@ -16,8 +16,14 @@ Deviations / choices:
 - A generation that hits its token budget without an end-of-turn token ends the trajectory
   (``Termination.MAX_TOKENS``); its text is not parsed (a chat could not continue after it).
 - Any parse error in an ACT message ends the trajectory, even when other call blocks were fine.
-- REHEARSE few-shot examples: reference (call, response) pairs of earlier user turns are appended to the
-  REHEARSE stream (as answered call messages) when a later turn starts; turn 0 has none (no leak).
+- The REHEARSE stream is laid out by ``envace.core.rehearse_context`` (the one builder every path uses):
+  each call message carries the conversation messages since the previous call (user turns, the ACT's
+  visible text), then the call; the answers are the rehearser's own outputs. No reference pairs of the
+  turns the trajectory plays itself are shown (they would contradict its own answers).
+- Required checklist items (CM2 ``required_for_next_turn``) are enforced at the end of every user turn
+  but the last by ``turn_gate`` when one is given (the engine builds it from the rule judge; it answers
+  only where every required item of the turn is machine-checkable): a failed one ends the trajectory
+  (``Termination.REQUIRED_ITEM_FAILED``).
 - Responses from a frozen simulator or a real executor are recorded as non-trainable (``Turn.rehearsed``
   is False; simulator segments carry no role).
 """
@@ -38,10 +44,8 @@ from envace.core.prompts import (
     RolePrompts,
     act_messages,
     act_observation_messages,
-    rehearse_answer_message,
-    rehearse_call_message,
-    rehearse_messages,
 )
+from envace.core.rehearse_context import Answered, Event, Said, next_call_message, rehearse_system_message
 from envace.core.records import (
     Role,
     Segment,
@@ -51,7 +55,7 @@ from envace.core.records import (
     Trajectory,
     Turn,
 )
-from envace.core.wire import as_result_object, parse_rehearsal, parse_tool_calls
+from envace.core.wire import parse_rehearsal, parse_tool_calls
 from envace.core.seeds import derive_seed
 from envace.engines.base import EpisodeSpec
 from envace.engines.local.config import RolloutConfig
@@ -67,6 +71,8 @@ from envace.envs.base import Executor
 logger = logging.getLogger(__name__)
 
 ExecutorFactory = Callable[[EpisodeSpec], Executor]
+# (spec, turns so far, finished user turn) -> False: a required item failed, stop; True / None: go on
+TurnGate = Callable[[EpisodeSpec, Sequence[Turn], int], "bool | None"]
 
 
 @dataclass(frozen=True)
@@ -96,7 +102,7 @@ class _Episode:
     reh: list[int] = field(default_factory=list)
     reh_segments: list[Segment] = field(default_factory=list)
     reh_generated: bool = False  # the REHEARSE stream ends with a generation (continuations apply)
-    reh_pending: list[dict[str, Any]] = field(default_factory=list)  # example messages not yet appended
+    reh_history: list[Event] = field(default_factory=list)  # the REHEARSE context's events so far
     user_turn: int = 0
     steps_in_turn: int = 0
     act_text: str = ""
@@ -134,8 +140,10 @@ class RolloutRunner:
         prompts: RolePrompts = DEFAULT_ROLE_PROMPTS,
         guide: DecodeGuide | None = None,
         precision: str = "fp32",
+        turn_gate: TurnGate | None = None,
     ):
         self.precision = precision  # resolved ("bf16" | "fp32"): the caches' forwards run under it
+        self.turn_gate = turn_gate
         self.fmt = formatter
         self.cfg = config
         self.prompts = prompts
@@ -189,6 +197,7 @@ class RolloutRunner:
                 ep = _Episode(key=i * k + s, spec=spec, example=name, sample=s, generator=gen)
                 ep.act = list(act_prompt)
                 ep.act_segments.append(Segment(tuple(act_prompt), text=act_text))
+                ep.reh_history.append(Said("user", spec.user_turns[0]))
                 if reh_prompt:
                     ep.reh = list(reh_prompt)
                     ep.reh_segments.append(Segment(tuple(reh_prompt), text=reh_text))
@@ -198,7 +207,7 @@ class RolloutRunner:
         return episodes
 
     def _rehearse_base(self, spec: EpisodeSpec) -> str:
-        return self.fmt.render(rehearse_messages(self.prompts, spec.tools, ()), None, add_generation_prompt=False)
+        return self.fmt.render([rehearse_system_message(self.prompts, spec.tools)], None, add_generation_prompt=False)
 
     def _prefill(self, specs, episodes, act_model, responses: ResponseSource) -> dict[Any, Any]:
         """One cache per role; with ``reuse_kv`` each prompt is prefilled once and expanded K times."""
@@ -283,6 +292,8 @@ class RolloutRunner:
                 ep.termination = Termination.ACT_PARSE_ERROR
                 continue
             ep.act_text = parsed.content
+            if parsed.content.strip():
+                ep.reh_history.append(Said("assistant", parsed.content))
             ep.calls = tuple(
                 ToolCall(c.name, c.arguments, id=f"call_{ep.user_turn}_{ep.steps_in_turn}_{j}")
                 for j, c in enumerate(parsed.calls)
@@ -308,24 +319,21 @@ class RolloutRunner:
                     ep.termination = Termination.REHEARSE_PARSE_ERROR
                     continue
                 ep.responses.append(parsed.result)
+                ep.reh_history.append(Answered(ep.calls[len(ep.responses) - 1], parsed.result, text))
 
     def _append_call_message(self, ep: _Episode, call: ToolCall) -> None:
-        """Append (pending earlier-turn examples +) the call message and the generation prompt."""
-        message = rehearse_call_message(
-            self.prompts, call, ep.spec.tool_schema(call.name), ep.spec.user_turns[ep.user_turn]
-        )
-        messages = [*ep.reh_pending, message]
+        """Append the call message (``rehearse_context.next_call_message``) and the generation prompt."""
+        message = next_call_message(self.prompts, ep.spec.tools, ep.reh_history, call, self.cfg.rehearse_context_tokens)
         if ep.reh_generated:
-            text = self.fmt.continuation(messages)
+            text = self.fmt.continuation([message])
         else:  # the stream still ends with the system prompt: cut the rendered difference
-            base = rehearse_messages(self.prompts, ep.spec.tools, ())
+            base = [rehearse_system_message(self.prompts, ep.spec.tools)]
             before = self.fmt.render(base, None, add_generation_prompt=False)
-            after = self.fmt.render([*base, *messages], None, add_generation_prompt=True)
+            after = self.fmt.render([*base, message], None, add_generation_prompt=True)
             if not after.startswith(before):
                 raise ValueError(f"chat template of {self.fmt.name} rewrites the REHEARSE system prompt")
             text = after[len(before) :]
         self._append(ep, Role.REHEARSE, text)
-        ep.reh_pending = []
 
     def _append(self, ep: _Episode, role: Role, text: str) -> None:
         tokens = self.fmt.encode(text)
@@ -350,23 +358,17 @@ class RolloutRunner:
             if ep.user_turn + 1 >= len(ep.spec.user_turns):
                 ep.termination = Termination.FINAL_REPLY
                 continue
+            if self.turn_gate is not None and self.turn_gate(ep.spec, ep.turns, ep.user_turn) is False:
+                ep.termination = Termination.REQUIRED_ITEM_FAILED
+                continue
             ep.user_turn += 1
             ep.steps_in_turn = 0
             user = {"role": "user", "content": ep.spec.user_turns[ep.user_turn]}
             self._append(ep, Role.ACT, self.fmt.continuation([user], ep.spec.tools))
-            if self.cfg.rehearse_examples and source.model is not None:
-                ep.reh_pending.extend(self._example_messages(ep.spec, ep.user_turn - 1))
+            ep.reh_history.append(Said("user", ep.spec.user_turns[ep.user_turn]))
         for ep in episodes:
             if not ep.done and len(ep.act) >= self.cfg.max_stream_tokens:
                 ep.termination = Termination.MAX_TOKENS
-
-    def _example_messages(self, spec: EpisodeSpec, turn: int) -> list[dict[str, Any]]:
-        """Answered call messages for the reference (call, response) pairs of one finished turn."""
-        messages = []
-        for call, response in spec.examples_of_turn(turn):
-            messages.append(rehearse_call_message(self.prompts, call, spec.tool_schema(call.name), spec.user_turns[turn]))
-            messages.append(rehearse_answer_message(as_result_object(response)))
-        return messages
 
     # ---- output --------------------------------------------------------------------------------
     def _trajectory(self, ep: _Episode, source: ResponseSource) -> Trajectory:

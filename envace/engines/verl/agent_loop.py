@@ -30,7 +30,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from verl.utils.profiler import simple_timer
 
 from envace.core.prompts import CHATML_TOOL_TEMPLATE, DEFAULT_ROLE_PROMPTS, ChatFormatter, TemplateNotAppendOnlyError
-from envace.core.records import NO_ROLE, Role, TrajectoryStatus
+from envace.core.records import NO_ROLE, Role, TrajectoryStatus, outputs_through_turn
 from envace.engines.base import EpisodeSpec, RewardOutcome
 from envace.engines.verl.episode import EpisodeOutcome, EpisodeRunner, Generation, RoleStream
 from envace.engines.verl.episodes import EPISODE_COLUMN, ROW_COLUMN, spec_from_json
@@ -43,6 +43,7 @@ from envace.engines.verl.rows import (
     TRAJECTORY_KEY,
 )
 from envace.engines.verl.settings import AGENT_LOOP_NAME, SETTINGS_NODE, LoopSettings
+from envace.judges.reward import required_items_gate
 from envace.engines.verl.sources import cached, make_executor, reward_function, score_trajectory, simulator_backend
 
 logger = logging.getLogger(__name__)
@@ -107,8 +108,9 @@ class ActRehearseAgentLoop(AgentLoopBase):
             return await self._generate(role, prompt_ids, max_new, temperature, sampling_params,
                                         f"{trajectory_id}-{role.name.lower()}", kwargs.get("priority"))
 
+        gate = required_items_gate() if settings.enforce_required_items else None
         runner = EpisodeRunner(spec, settings, self.formatter, DEFAULT_ROLE_PROMPTS, generate,
-                               sample_index=session, executor=executor, simulator=simulator)
+                               sample_index=session, executor=executor, simulator=simulator, turn_gate=gate)
         timing: dict[str, float] = {}
         with simple_timer("generate_sequences", timing):
             outcome = await runner.run()
@@ -116,6 +118,11 @@ class ActRehearseAgentLoop(AgentLoopBase):
         with simple_timer("compute_score", timing):
             reward = await asyncio.get_running_loop().run_in_executor(
                 None, score_trajectory, reward_fn, spec, outcome.trajectory)
+        after = reward.info.get("terminated_after") if settings.enforce_required_items else None
+        if after is not None:  # a required item failed where the online gate could not tell: later outputs out
+            for role, n in outputs_through_turn(outcome.trajectory.turns, int(after)).items():
+                if role in outcome.streams:
+                    outcome.streams[role].drop_outputs_after(n)
         fallback_step = int(kwargs.get("global_steps", 0) or 0)
         return self.rows(outcome, reward, trajectory_id, timing, fallback_step)
 

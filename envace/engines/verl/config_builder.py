@@ -16,9 +16,13 @@ job starts). The mapping, section by section:
   fine-tuning, verl's default), and when it is > 0 ``lora_alpha`` and ``target_modules`` (verl's FSDP
   peft keys; verl then gives vLLM the adapter and uses the adapter-disabled actor as KL reference).
   verl's FSDP LoRA has no dropout: ``algo.lora_dropout`` > 0 is refused.
-- rollout: K = ``rollout.n``, temperature = ACT temperature (verl scores every row at one temperature;
-  a different REHEARSE temperature is sampled by the agent loop but scored at this one — a warning
-  says so), per-stream length budget = ``max_model_len``, log-probs returned, our agent loop.
+- rollout: K = ``rollout.n``, temperature = ACT temperature, per-stream length budget = ``max_model_len``,
+  log-probs returned, our agent loop. verl recomputes the log-probs of every row at this one temperature,
+  so a variant that trains REHEARSE rows must sample them at it too: ``rollout.rehearse_temperature`` ≠
+  ``rollout.act_temperature`` is refused for such variants (``check_supported``; the local engine scores
+  each role at its own temperature). Where REHEARSE rows are not trained (``grpo``, ``frozen_rehearse``)
+  the REHEARSE temperature only sets how responses are sampled (the policy's or a frozen simulator's),
+  and it may differ.
 - data: the verl parquet written by ``launcher.prepare_verl_data``, ``prompt`` column, batch =
   ``prompts_per_step`` instructions.
 - trainer: the ``envace`` trainer mode (v1), loggers console + mlflow, steps, nodes × GPUs,
@@ -129,7 +133,7 @@ def rows_per_trajectory(variant_name: str) -> int:
 
 
 def check_supported(cfg: Mapping[str, Any]) -> None:
-    """Refuse configurations the verl engine cannot run, saying what to change."""
+    """Refuse configurations the verl engine cannot run or would train wrongly, saying what to change."""
     variant = get_variant(plain(cfg["algo"]["name"]))
     if variant.separate_models:
         raise VerlConfigError(f"algo.name={variant.name}: one model per role needs two actors; the verl engine "
@@ -140,6 +144,14 @@ def check_supported(cfg: Mapping[str, Any]) -> None:
                               f"rollout.max_prompt_tokens={rollout['max_prompt_tokens']} (room for responses)")
     if int(cfg["train"]["steps"]) < 1:
         raise VerlConfigError("train.steps must be >= 1 for engine=verl (0 = no RL: use engine=local)")
+    act_t, rehearse_t = float(rollout["act_temperature"]), float(rollout["rehearse_temperature"])
+    if rows_per_trajectory(variant.name) == 2 and rehearse_t != act_t:
+        raise VerlConfigError(
+            f"rollout.rehearse_temperature={rehearse_t} differs from rollout.act_temperature={act_t}, but verl "
+            f"scores every row at one temperature (the ACT one), so algo.name={variant.name}'s REHEARSE rows "
+            f"would be trained on log-probs of a temperature they were not sampled at. Set "
+            f"rollout.rehearse_temperature={act_t} (equal to rollout.act_temperature), or run engine=local, "
+            "which scores each role at its own temperature")
 
 
 def loop_settings(cfg: Mapping[str, Any]) -> LoopSettings:
@@ -156,6 +168,8 @@ def loop_settings(cfg: Mapping[str, Any]) -> LoopSettings:
         act_temperature=float(rollout["act_temperature"]), rehearse_temperature=float(rollout["rehearse_temperature"]),
         max_steps_per_turn=int(rollout["max_steps_per_turn"]), max_act_tokens=int(rollout["max_act_tokens"]),
         max_rehearse_tokens=int(rollout["max_rehearse_tokens"]), max_stream_tokens=int(rollout["max_stream_tokens"]),
+        rehearse_context_tokens=int(rollout.get("rehearse_context_tokens", 512)),
+        enforce_required_items=bool(rollout.get("enforce_required_items", True)),
         chat_template=str(engine_options(cfg)["chat_template"]), seed=int(cfg.get("seed", 0)),
         judge=EndpointSettings(base_url=judge.get("base_url"), model=judge.get("model"),
                                api_key_env=judge.get("api_key_env"), max_retries=int(judge.get("max_retries", 3)),
@@ -217,10 +231,6 @@ def _lora(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 def _rollout(cfg: Mapping[str, Any]) -> dict[str, Any]:
     rollout, options = plain(cfg["rollout"]), engine_options(cfg)
-    if float(rollout["rehearse_temperature"]) != float(rollout["act_temperature"]):
-        logger.warning("rollout.rehearse_temperature=%s differs from act_temperature=%s: verl scores every row at "
-                       "one temperature (the ACT one), so REHEARSE log-probs are scored at a temperature they "
-                       "were not sampled at", rollout["rehearse_temperature"], rollout["act_temperature"])
     stream, prompt = int(rollout["max_stream_tokens"]), int(rollout["max_prompt_tokens"])
     prefix = "actor_rollout_ref.rollout."
     return {

@@ -7,7 +7,8 @@ it, or anything token-in/token-out) and keeps one append-only token stream per r
 
 - ACT stream: ``render(act_messages, tools)`` + ACT outputs + ``ChatFormatter.continuation`` pieces
   (tool responses, the next replayed user turn).
-- REHEARSE stream: the REHEARSE system prompt + per call: the call message, then one REHEARSE output.
+- REHEARSE stream: the REHEARSE system prompt + per call: the call message, then one REHEARSE output
+  (laid out by ``envace.core.rehearse_context``, the builder every REHEARSE path uses).
 
 The loop: ACT generates → its calls are parsed (``envace.core.wire``) → each call is answered (a
 REHEARSE generation, a real executor or a frozen simulator endpoint) → the responses go back into the
@@ -17,8 +18,8 @@ so both engines train on the same trajectories; differences:
 
 - A server that stops on an end-of-turn token but does not return it (the budget was not used up) gets
   the token appended as scaffold (mask 0): the stream must end with it before the next message.
-- REHEARSE few-shot examples (reference pairs of *earlier* user turns only) are appended to the
-  REHEARSE stream when a later user turn starts, as in the local engine.
+- Required checklist items are enforced at the end of each user turn by ``turn_gate`` when given, as
+  in the local engine (``Termination.REQUIRED_ITEM_FAILED``).
 - Scaffold text (tool responses, user turns, call messages) that would push a stream past
   ``max_stream_tokens`` ends the episode (MAX_TOKENS) *before* it is appended, so every row verl trains
   on stays within the configured length (the local engine appends it, then stops).
@@ -32,17 +33,17 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from envace.core.prompts import (
-    ChatFormatter,
-    RolePrompts,
-    act_messages,
-    act_observation_messages,
-    rehearse_answer_message,
-    rehearse_call_message,
-    rehearse_messages,
+from envace.core.prompts import ChatFormatter, RolePrompts, act_messages, act_observation_messages
+from envace.core.rehearse_context import (
+    Answered,
+    Event,
+    Said,
+    next_call_message,
+    rehearse_context,
+    rehearse_system_message,
 )
 from envace.core.records import NO_ROLE, Role, Segment, Stream, Termination, ToolCall, Trajectory, Turn
-from envace.core.wire import as_result_object, parse_rehearsal, parse_tool_calls
+from envace.core.wire import parse_rehearsal, parse_tool_calls
 from envace.engines.base import EpisodeSpec
 from envace.engines.verl.settings import LoopSettings
 
@@ -65,6 +66,8 @@ class Generation:
 
 
 GenerateFn = Callable[[Role, list[int], int, float], Awaitable[Generation]]
+# (spec, turns so far, finished user turn) -> False: a required item failed, stop; True / None: go on
+TurnGate = Callable[[EpisodeSpec, Sequence[Turn], int], "bool | None"]
 
 
 @dataclass
@@ -114,6 +117,18 @@ class RoleStream:
                                          logprobs=tuple(lps) if trainable else None, text=text))
         self.ends_with_generation = True
 
+    def drop_outputs_after(self, n: int) -> None:
+        """Take every output after the first ``n`` (and the scaffold between them) out of the loss."""
+        offset, seen = 0, 0
+        for seg in self.segments[1:]:  # the first segment is the prompt
+            if seg.role is self.role:
+                if seen == n:
+                    self.mask[offset:] = [0] * (len(self.mask) - offset)
+                    self.role_ids[offset:] = [NO_ROLE] * (len(self.role_ids) - offset)
+                    return
+                seen += 1
+            offset += len(seg.token_ids)
+
     def record(self) -> Stream:
         return Stream(self.role, tuple(self.segments))
 
@@ -158,7 +173,8 @@ class EpisodeRunner:
     """Plays one trajectory of ``spec`` (see the module docstring)."""
 
     def __init__(self, spec: EpisodeSpec, settings: LoopSettings, formatter: ChatFormatter, prompts: RolePrompts,
-                 generate: GenerateFn, *, sample_index: int = 0, executor: Any = None, simulator: Any = None):
+                 generate: GenerateFn, *, sample_index: int = 0, executor: Any = None, simulator: Any = None,
+                 turn_gate: TurnGate | None = None):
         self.spec = spec
         self.settings = settings
         self.fmt = formatter
@@ -170,10 +186,10 @@ class EpisodeRunner:
         self.stop_ids = frozenset(formatter.end_of_turn_token_ids)
         self.trainable = settings.trainable_roles
         self.streams: dict[Role, RoleStream] = {}
-        self.sim_messages: list[dict[str, Any]] = []
+        self.turn_gate = turn_gate
+        self.history: list[Event] = []  # the REHEARSE context's events (envace.core.rehearse_context)
         self.turns: list[Turn] = []
         self.parse_errors: list[tuple[str, str]] = []
-        self.pending_examples: list[dict[str, Any]] = []
         self.user_turn = 0
         self.steps_in_turn = 0
         self.termination: Termination | None = None
@@ -184,11 +200,11 @@ class EpisodeRunner:
         spec = self.spec
         act_text = self.fmt.render(act_messages(self.prompts, spec.system_prompt, spec.user_turns[0]), spec.tools)
         self.streams[Role.ACT] = RoleStream(Role.ACT, self.fmt.encode(act_text), act_text)
-        base = rehearse_messages(self.prompts, spec.tools, ())
         if self.settings.responses == "policy":
+            base = [rehearse_system_message(self.prompts, spec.tools)]
             text = self.fmt.render(base, None, add_generation_prompt=False)
             self.streams[Role.REHEARSE] = RoleStream(Role.REHEARSE, self.fmt.encode(text), text)
-        self.sim_messages = list(base)
+        self.history = [Said("user", spec.user_turns[0])]
 
     async def run(self) -> EpisodeOutcome:
         self._start()
@@ -239,6 +255,8 @@ class EpisodeRunner:
             self.parse_errors.extend((Role.ACT.name, e.code.value) for e in parsed.errors)
             self.termination = Termination.ACT_PARSE_ERROR
             return
+        if parsed.content.strip():
+            self.history.append(Said("assistant", parsed.content))
         if not parsed.calls:
             self._final_reply(parsed.content)
             return
@@ -263,46 +281,40 @@ class EpisodeRunner:
         if self.user_turn + 1 >= len(self.spec.user_turns):
             self.termination = Termination.FINAL_REPLY
             return
-        if self.settings.rehearse_examples:
-            self.pending_examples.extend(self._example_messages(self.user_turn))
+        if self.turn_gate is not None and self.turn_gate(self.spec, self.turns, self.user_turn) is False:
+            self.termination = Termination.REQUIRED_ITEM_FAILED
+            return
         self.user_turn += 1
         self.steps_in_turn = 0
         user = {"role": "user", "content": self.spec.user_turns[self.user_turn]}
         self._append(Role.ACT, self.fmt.continuation([user], self.spec.tools))
-
-    def _example_messages(self, turn: int) -> list[dict[str, Any]]:
-        """Answered call messages for the reference (call, response) pairs of a finished user turn."""
-        messages: list[dict[str, Any]] = []
-        for call, response in self.spec.examples_of_turn(turn):
-            messages.append(rehearse_call_message(self.prompts, call, self.spec.tool_schema(call.name),
-                                                  self.spec.user_turns[turn]))
-            messages.append(rehearse_answer_message(as_result_object(response)))
-        return messages
+        self.history.append(Said("user", self.spec.user_turns[self.user_turn]))
 
     # ---- REHEARSE / simulator ------------------------------------------------------------------
-    def _call_messages(self, call: ToolCall) -> list[dict[str, Any]]:
-        message = rehearse_call_message(self.prompts, call, self.spec.tool_schema(call.name),
-                                        self.spec.user_turns[self.user_turn])
-        messages, self.pending_examples = [*self.pending_examples, message], []
-        return messages
-
     async def rehearse(self, call: ToolCall) -> Any:
         """The policy's REHEARSE output for ``call`` (None and a termination when unusable)."""
         stream = self.streams[Role.REHEARSE]
-        messages = self._call_messages(call)
+        message = next_call_message(self.prompts, self.spec.tools, self.history, call,
+                                    self.settings.rehearse_context_tokens)
         if stream.ends_with_generation:
-            text = self.fmt.continuation(messages)
+            text = self.fmt.continuation([message])
         else:  # still only the system prompt: cut the rendered difference
-            base = rehearse_messages(self.prompts, self.spec.tools, ())
+            base = [rehearse_system_message(self.prompts, self.spec.tools)]
             before = self.fmt.render(base, None, add_generation_prompt=False)
-            after = self.fmt.render([*base, *messages], None, add_generation_prompt=True)
+            after = self.fmt.render([*base, message], None, add_generation_prompt=True)
             if not after.startswith(before):
                 raise ValueError(f"chat template of {self.fmt.name} rewrites the REHEARSE system prompt")
             text = after[len(before):]
         if not self._append(Role.REHEARSE, text):
             return None
         output = await self._generate(Role.REHEARSE)
-        return None if output is None else self._parsed_result(output)
+        return None if output is None else self._answered(call, output)
+
+    def _answered(self, call: ToolCall, text: str) -> Any:
+        result = self._parsed_result(text)
+        if result is not None:
+            self.history.append(Answered(call, result, text))
+        return result
 
     async def simulate(self, call: ToolCall) -> Any:
         """A frozen simulator's answer for ``call`` (same REHEARSE prompt, through a chat endpoint)."""
@@ -310,13 +322,13 @@ class EpisodeRunner:
 
         if self.simulator is None:
             raise ValueError("responses='simulator' but no simulator backend was given to EpisodeRunner")
-        self.sim_messages.extend(self._call_messages(call))
-        request = ChatRequest(messages=tuple(self.sim_messages), temperature=self.settings.rehearse_temperature,
+        messages = rehearse_context(self.prompts, self.spec.tools, self.history, call,
+                                    self.settings.rehearse_context_tokens)
+        request = ChatRequest(messages=tuple(messages), temperature=self.settings.rehearse_temperature,
                               max_new_tokens=self.settings.max_rehearse_tokens)
         loop = asyncio.get_running_loop()
         output = (await loop.run_in_executor(None, self.simulator.generate, [request]))[0]
-        self.sim_messages.append({"role": "assistant", "content": output.text})
-        return self._parsed_result(output.text)
+        return self._answered(call, output.text)
 
     def _parsed_result(self, text: str) -> Any:
         parsed = parse_rehearsal(text)

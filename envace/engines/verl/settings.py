@@ -55,7 +55,8 @@ class LoopSettings:
     max_act_tokens: int = 256
     max_rehearse_tokens: int = 256
     max_stream_tokens: int = 4096
-    rehearse_examples: bool = True
+    rehearse_context_tokens: int = 512  # conversation per REHEARSE call message (envace.core.rehearse_context)
+    enforce_required_items: bool = True  # end at a user turn whose required checklist item failed
     chat_template: str = "auto"
     seed: int = 0
     judge: EndpointSettings = field(default_factory=EndpointSettings)

@@ -200,6 +200,7 @@ class BfclAdapter(BenchmarkAdapter):
         trial = int(task.meta.get("trial", 0))
         seed_tag = (task.task_id, trial)
         if entry.spec.kind in SINGLE_TURN_KINDS:
+            ledger.count_real_execution()  # no executor: the one real answer
             t = yield from single_turn_program(entry.prompt["question"], task.tools, self.config, ledger, seed_tag, turn_hook)
             return self._record(task, entry, t, ledger, start, {}, {})
         extra: dict[str, Any] = {}
@@ -208,6 +209,7 @@ class BfclAdapter(BenchmarkAdapter):
             root = yield from self._memory_root(entry, trial, ledger)
             extra["memory_snapshot"] = str(root)
         raw, executor = self._executor(entry.prompt, entry.category, root)
+        ledger.count_real_execution()
         try:
             question = memory_question(entry.prompt, entry.category, raw) if root else entry.prompt["question"]
             t = yield from conversation_program(

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from envace.core.records import Termination
+from envace.core.rehearse_context import events_from_messages
 from envace.envs.base import Task
 from envace.envs.finmcp.data import FinMCPSample, infer_tool_schemas, load_samples, load_tool_schemas
 from envace.envs.finmcp.replay import ReplayConfig, ReplayExecutor, ReplayResponder, UnrecordedMode
@@ -160,8 +161,9 @@ class FinMCPAdapter(BenchmarkAdapter):
                    turn_hook: TurnHook | None) -> Program[list[LoopResult]]:
         loops = []
         for turn, text in enumerate(task.user_turns):
+            history = sample.history_before(turn)
             dialogue = Dialogue(task.task_id, task.system_prompt, task.tools, (text,), first_turn_index=turn,
-                                history=sample.history_before(turn))
+                                history=history, history_events=tuple(events_from_messages(history)))
             examples = tuple((r.call, r.response) for r in sample.recorded if r.turn < turn and r.has_response)
             loop = yield from run_act_loop(dialogue, responder, self.config, ledger, turn_hook=turn_hook,
                                            given_examples=examples)
@@ -176,6 +178,7 @@ class FinMCPAdapter(BenchmarkAdapter):
         sample = sample_of(task)
         responder = ReplayResponder(task.task_id, sample.recorded, task.tools, self.replay, ledger,
                                     self.fallback_backend, executor=self.real_executor(task))
+        ledger.count_real_execution()
         if self.history == "gold":
             loops = yield from self._gold_mode(task, sample, responder, ledger, turn_hook)
         else:

@@ -32,15 +32,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from envace.core.prompts import (
-    DEFAULT_ROLE_PROMPTS,
-    RolePrompts,
-    compact_json,
-    rehearse_call_message,
-    rehearse_messages,
-    tool_function,
-)
+from envace.core.prompts import DEFAULT_ROLE_PROMPTS, RolePrompts, compact_json, tool_function
 from envace.core.records import ToolCall
+from envace.core.rehearse_context import Answered, Event, rehearse_context
 from envace.core.rehearsal import derive_seed
 from envace.core.wire import as_result_object, parse_rehearsal
 from envace.envs.finmcp.data import RecordedCall
@@ -184,14 +178,12 @@ class ReplayResponder:
         return [(c, as_result_object(r)) for c, r in earlier + self._history]
 
     # ---- fallbacks ----
-    def _fallback_request(self, call: ToolCall, turn: int, user_text: str) -> ChatRequest:
+    def _fallback_request(self, call: ToolCall, turn: int, user_text: str, history: Sequence[Event]) -> ChatRequest:
         cfg = self._config
-        schema = self._tools.get(call.name)
-        examples = self._examples(turn)
-        if cfg.unrecorded is UnrecordedMode.REHEARSE:
-            messages = [*rehearse_messages(cfg.role_prompts, list(self._tools.values()), examples),
-                        rehearse_call_message(cfg.role_prompts, call, schema, user_text)]
+        if cfg.unrecorded is UnrecordedMode.REHEARSE:  # the REHEARSE layout, over the conversation so far
+            messages = rehearse_context(cfg.role_prompts, list(self._tools.values()), history, call)
         else:
+            examples = self._examples(turn)
             tools = "\n".join(compact_json(dict(tool_function(t))) for t in self._tools.values())
             shown = "".join(f"Call {c.name} {compact_json(c.arguments)} -> {compact_json(r)}\n" for c, r in examples)
             system = SIMULATOR_SYSTEM_PROMPT.format(tools=tools, examples=("Earlier calls:\n" + shown) if shown else "")
@@ -213,8 +205,8 @@ class ReplayResponder:
         return output
         yield []  # pragma: no cover - makes this method a generator
 
-    def _fallback(self, call: ToolCall, turn: int, user_text: str) -> Program[Any]:
-        request = self._fallback_request(call, turn, user_text)
+    def _fallback(self, call: ToolCall, turn: int, user_text: str, history: Sequence[Event]) -> Program[Any]:
+        request = self._fallback_request(call, turn, user_text, history)
         if self._backend is None:  # REHEARSE role played by the policy itself
             output = yield from generate_one(GenerationCall(ACTOR, "rehearse_unrecorded", request), self._ledger)
         else:
@@ -237,8 +229,11 @@ class ReplayResponder:
             value["error"].get("code") == "NOT_RECORDED"
         return ("missing", None) if missing else ("replayed", value)
 
-    def respond(self, calls: tuple[ToolCall, ...], user_turn: int, user_text: str) -> Program[ResponseBatch]:
+    def respond(
+        self, calls: tuple[ToolCall, ...], user_turn: int, user_text: str, history: tuple[Event, ...] = ()
+    ) -> Program[ResponseBatch]:
         responses, stand_ins = [], []
+        events = list(history)
         for index, call in enumerate(calls):
             status = "unknown_tool"
             if call.name not in self._tools:
@@ -256,9 +251,10 @@ class ReplayResponder:
                         "replays recorded MCP responses only", call.name)
                 else:
                     self.stats["unrecorded"] += 1
-                    response = yield from self._fallback(call, user_turn, user_text)
+                    response = yield from self._fallback(call, user_turn, user_text, events)
             if status not in ("replayed", "repeated"):  # made up here, not a recorded server response
                 stand_ins.append(index)
             self._history.append((call, response))
+            events.append(Answered(call, response))
             responses.append(response)
         return ResponseBatch(tuple(responses), stand_ins=tuple(stand_ins))

@@ -104,6 +104,7 @@ class Tau2Adapter(BenchmarkAdapter):
         environment = make_environment(task.domain, solo)
         raw = Tau2Executor(environment)
         executor = self.executor_wrapper(raw) if self.executor_wrapper else raw
+        ledger.count_real_execution()
         agent = make_agent(task.domain, mode, inner)
         user = make_user(config, inner, user_tools(environment))
         orch = tau2().orchestrator.Orchestrator(

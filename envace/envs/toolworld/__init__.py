@@ -8,7 +8,7 @@ checklists, split into train / val / test with a held-out domain and held-out to
 
 Entry points:
 - ``ToolWorldEnv`` (``Environment``, name ``toolworld``), ``ToolWorldExecutor`` (``Executor``);
-- ``generate_tasks(config=None, **overrides)``, ``ToolWorldConfig``;
+- ``generate_tasks(config=None, **overrides)``, ``ToolWorldConfig``, ``split_overlaps`` (val/test vs train);
 - ``score`` / ``score_breakdown`` (verifiable scorer), ``run_oracle`` (gold replay);
 - ``to_cm2_row`` / ``task_from_cm2_row`` (raw CM2 rows for the data stage);
 - ``evaluate_checklists`` / ``checklist_score`` (rule-checking the CM2 items);
@@ -24,7 +24,7 @@ from envace.envs.toolworld.checklist import (
 from envace.envs.toolworld.cm2 import gold_messages, task_from_cm2_row, to_cm2_row
 from envace.envs.toolworld.env import ToolWorldEnv
 from envace.envs.toolworld.executor import ToolWorldExecutor
-from envace.envs.toolworld.generator import SPLITS, ToolWorldConfig, generate_tasks
+from envace.envs.toolworld.generator import SPLITS, ToolWorldConfig, generate_tasks, split_overlaps
 from envace.envs.toolworld.oracle import oracle_transcript, run_oracle
 from envace.envs.toolworld.registry import DOMAINS, TOOLS, get_domain, get_tool
 from envace.envs.toolworld.schema import ToolError, error_response, is_error
@@ -60,6 +60,7 @@ __all__ = [
     "run_oracle",
     "score",
     "score_breakdown",
+    "split_overlaps",
     "split_stats",
     "stats_markdown",
     "task_from_cm2_row",

@@ -8,8 +8,8 @@ weight, required_for_next_turn, dependence}`` plus a machine-checkable ``rule``:
   "path"}}}`` — some call of that turn has name N, succeeded (its response is not an error, as CM2
   auto-fails tool items whose step errored) and, for each listed argument, the value equals the
   gold value **or**, for a bound argument, the value found at ``path`` in the response of the call
-  that passed item ``item`` of turn ``turn`` (ids the agent's own execution produced). Arguments not
-  listed are not checked.
+  that passed item ``item`` of turn ``turn`` (ids the agent's own execution produced; the lenient
+  check of ``bindings``, shared with the rule judge). Arguments not listed are not checked.
 - ``{"kind": "answer_contains", "values": [v], "text": v}`` — one item per key value of the turn:
   the final reply mentions ``v`` (``scoring.mentions``). ``text`` repeats the value for the shared
   rule parser (``envace.core.checklist.ItemRule`` reads ``text``); ``values`` is the list form.
@@ -32,13 +32,12 @@ from typing import Any
 
 from envace.core.records import ToolCall, Turn
 from envace.envs.base import Task
+from envace.envs.toolworld.bindings import MISSING, bound_or_literal
 from envace.envs.toolworld.gold import RealizedTurn
-from envace.envs.toolworld.planning import resolve_path
 from envace.envs.toolworld.schema import is_error
 from envace.envs.toolworld.scoring import mentions
 
 ANSWER_WEIGHT = 0.3
-_MISSING = object()
 
 
 def turn_message_positions(step_sizes: Sequence[int]) -> tuple[list[int], int]:
@@ -155,26 +154,13 @@ def transcripts_from_turns(turns: Sequence[Turn], final_answers: Sequence[str]) 
     return tuple(out)
 
 
-def _same(actual: Any, expected: Any) -> bool:
-    if isinstance(actual, bool) != isinstance(expected, bool):
-        return False
-    return actual == expected
-
-
 def _arguments_pass(call: ToolCall, rule: dict[str, Any], matched: dict[tuple[int, str], Any]) -> bool:
     args = call.arguments if isinstance(call.arguments, dict) else {}
     for name, expected in rule["arguments"].items():
-        actual = args.get(name, _MISSING)
-        if _same(actual, expected):
-            continue
         bound = rule.get("bound_arguments", {}).get(name)
-        source = matched.get((bound["turn"], bound["item"]), _MISSING) if bound else _MISSING
-        try:
-            if source is not _MISSING and _same(actual, resolve_path(source, bound["path"])):
-                continue
-        except LookupError:
-            pass
-        return False
+        source = matched.get((bound["turn"], bound["item"]), MISSING) if bound else MISSING
+        if not bound_or_literal(args.get(name, MISSING), expected, source, bound["path"] if bound else ()):
+            return False
     return True
 
 

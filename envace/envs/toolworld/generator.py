@@ -15,8 +15,15 @@ Hold-outs, to measure transfer:
 
 Determinism: every random draw comes from ``random.Random(zlib.crc32(key))`` with keys built from
 (seed, split, task index, attempt) — never ``hash()``. Splits are generated test → val → train and
-no task (domain, user turns, initial state) appears twice anywhere, so val/test never contain a
-train task and the test set does not change when ``n_train`` does.
+no task (domain, user turns, initial state) appears twice anywhere, so the test set does not change
+when ``n_train`` does.
+
+Disjoint splits: a train draw whose instruction (its user turns, word for word) or gold-call sequence
+(names and arguments of every gold call in order, call ids aside) equals that of a val or test task is
+rejected and redrawn with the next attempt, as is a draw that repeats a task. So no val/test task
+shares an instruction or a gold-call sequence with a train task, every split keeps its requested
+size, and val/test stay exactly what they would be without the check. The number of rejected train
+draws is logged; ``split_overlaps`` counts what is shared (all zeros for generated splits).
 """
 
 from __future__ import annotations
@@ -256,7 +263,35 @@ def _fingerprint(task: Task) -> str:
     return json.dumps([task.domain, task.user_turns, task.initial_state], sort_keys=True)
 
 
-def _make_task(config: ToolWorldConfig, split: str, index: int, slot: Slot, seen: set[str]) -> Task:
+def instruction_key(task: Task) -> str:
+    """A task's instruction: its user turns, word for word."""
+    return json.dumps(list(task.user_turns))
+
+
+def gold_calls_key(task: Task) -> str:
+    """A task's gold-call sequence: per turn, per step, (name, arguments) of each call; ids left out."""
+    return json.dumps([[[[c.name, c.arguments] for c in step] for step in turn] for turn in task.gold_calls],
+                      sort_keys=True)
+
+
+@dataclass
+class _Reserved:
+    """Instructions and gold-call sequences of val/test tasks, which train draws must not repeat."""
+
+    instructions: set[str] = dataclasses.field(default_factory=set)
+    gold_calls: set[str] = dataclasses.field(default_factory=set)
+    rejected: int = 0
+
+    def add(self, task: Task) -> None:
+        self.instructions.add(instruction_key(task))
+        self.gold_calls.add(gold_calls_key(task))
+
+    def repeats(self, task: Task) -> bool:
+        return instruction_key(task) in self.instructions or gold_calls_key(task) in self.gold_calls
+
+
+def _make_task(config: ToolWorldConfig, split: str, index: int, slot: Slot, seen: set[str],
+               reserved: _Reserved | None = None) -> Task:
     domain = get_domain(slot.domain)
     for attempt in range(MAX_ATTEMPTS):
         rng = random.Random(zlib.crc32(f"toolworld|{config.seed}|{split}|{index}|{attempt}".encode()))
@@ -267,11 +302,31 @@ def _make_task(config: ToolWorldConfig, split: str, index: int, slot: Slot, seen
         task = assemble_task(f"toolworld-s{config.seed}-{split}-{index:04d}", split, domain, recipe, slot, realized,
                              config.seed)
         fingerprint = _fingerprint(task)
-        if fingerprint not in seen:
-            seen.add(fingerprint)
-            return task
+        if fingerprint in seen:
+            continue
+        if reserved is not None and reserved.repeats(task):
+            reserved.rejected += 1
+            continue
+        seen.add(fingerprint)
+        return task
     raise RuntimeError(f"toolworld: no new task for {split}[{index}] ({slot}) after {MAX_ATTEMPTS} attempts; "
                        "lower the split sizes or add scenarios")
+
+
+def split_overlaps(splits: dict[str, list[Task]]) -> dict[str, dict[str, int]]:
+    """Per split other than train: how many of its tasks repeat a train task's instruction, gold-call
+    sequence, or either."""
+    train = splits.get("train", [])
+    instructions, gold = {instruction_key(t) for t in train}, {gold_calls_key(t) for t in train}
+    out = {}
+    for split, tasks in splits.items():
+        if split == "train":
+            continue
+        same_text = [instruction_key(t) in instructions for t in tasks]
+        same_calls = [gold_calls_key(t) in gold for t in tasks]
+        out[split] = {"instruction": sum(same_text), "gold_calls": sum(same_calls),
+                      "either": sum(a or b for a, b in zip(same_text, same_calls))}
+    return out
 
 
 def generate_tasks(config: ToolWorldConfig | None = None, **overrides: Any) -> dict[str, list[Task]]:
@@ -281,8 +336,15 @@ def generate_tasks(config: ToolWorldConfig | None = None, **overrides: Any) -> d
     """
     config = dataclasses.replace(config or ToolWorldConfig(), **overrides)
     seen: set[str] = set()
+    reserved = _Reserved()
     out: dict[str, list[Task]] = {}
     for split in ("test", "val", "train"):
-        out[split] = [_make_task(config, split, i, slot, seen) for i, slot in enumerate(plan_slots(config, split))]
-    logger.info("toolworld: generated %s tasks (seed %d)", {s: len(out[s]) for s in SPLITS}, config.seed)
+        avoid = reserved if split == "train" else None
+        slots = plan_slots(config, split)
+        out[split] = [_make_task(config, split, i, slot, seen, avoid) for i, slot in enumerate(slots)]
+        if split != "train":
+            for task in out[split]:
+                reserved.add(task)
+    logger.info("toolworld: generated %s tasks (seed %d); %d train draws redrawn for repeating a val/test "
+                "instruction or gold-call sequence", {s: len(out[s]) for s in SPLITS}, config.seed, reserved.rejected)
     return {split: out[split] for split in SPLITS}
