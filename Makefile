@@ -27,8 +27,16 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 .DEFAULT_GOAL := help
 .PHONY: help install test test-e2e pipeline params ablation scale serve stop ui
 
+# variables whose $(NAME) in a target's `## ...` text `make help` shows expanded (their values now)
+HELP_VARS := VENV PY PROFILE OVERRIDES ARGS VARIANTS HOME_VARIANT MODELS PREFECT_PORT MLFLOW_PORT PREFECT_API_URL
+
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk -v vars='$(foreach v,$(HELP_VARS),$(v)=$($(v))|)' 'BEGIN {FS = ":.*## "; \
+	  n = split(vars, kv, "|"); for (i = 1; i <= n; i++) if (sub(/^ +/, "", kv[i]) >= 0 && (j = index(kv[i], "=")) > 0) \
+	    val["$$(" substr(kv[i], 1, j - 1) ")"] = substr(kv[i], j + 1)} \
+	  /^[a-zA-Z0-9_-]+:.*## / {text = $$2; for (k in val) while ((p = index(text, k)) > 0) \
+	    text = substr(text, 1, p - 1) val[k] substr(text, p + length(k)); printf "  %-10s %s\n", $$1, text}' \
+	  $(MAKEFILE_LIST)
 	@echo "  variables: VENV=$(VENV) PROFILE=$(PROFILE) OVERRIDES='$(OVERRIDES)'"
 
 install: ## create/refresh the venv ($(VENV)): torch first, then the resolved set (scripts/install.sh)
@@ -87,5 +95,6 @@ stop: ## stop the processes `make serve` started (by PID)
 	$(PY) -m flows.server stop
 
 ui: ## browse MLflow runs: http://127.0.0.1:$(MLFLOW_PORT)
+	@echo "MLflow UI: http://127.0.0.1:$(MLFLOW_PORT)/#/experiments?workflowType=machine_learning (Model training view)"
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db \
 		--host 127.0.0.1 --port $(MLFLOW_PORT) --workers 1

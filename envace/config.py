@@ -337,6 +337,14 @@ class TrackingConfig:
     backend: TrackingBackend = TrackingBackend.mlflow
     experiment: str = "envace"
     log_artifacts: bool = True
+    # envace.mlflow_logging: the final checkpoint as an MLflow transformers model when its weights total at
+    # most model_max_bytes (else the manifest only, tagged model.skipped); rollout rows per RL step
+    # (mlflow.log_table); episode traces per stage run; MLflow's system metrics (system/*) on the train run
+    log_model: bool = True
+    model_max_bytes: int = 1_000_000_000
+    rollout_rows_per_step: int = 8
+    max_traces: int = 20
+    system_metrics: bool = True
 
 
 @dataclass

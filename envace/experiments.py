@@ -168,17 +168,30 @@ def read_curves(root: Path, rev: str, params: dict[str, Any]) -> tuple[dict[str,
     """A revision's per-step curves and where they came from (train.json, train_steps.csv or None)."""
     metrics_dir = _dotted(params, "paths.metrics") or "metrics"
     plots_dir = _dotted(params, "paths.plots") or "plots"
-    text = read_revision_file(root, rev, f"{metrics_dir}/train.json")
-    if text:
-        try:
-            curves = json.loads(text).get("curves")
-        except (json.JSONDecodeError, AttributeError):
-            curves = None
-        if isinstance(curves, dict) and curves.get("step"):
-            return curves, "train.json"
+    # train.details.json (the runner's non-numeric half, where lists live), else train.json (older runs)
+    for name in ("train.details.json", "train.json"):
+        text = read_revision_file(root, rev, f"{metrics_dir}/{name}")
+        if text:
+            try:
+                curves = json.loads(text).get("curves")
+            except (json.JSONDecodeError, AttributeError):
+                curves = None
+            if isinstance(curves, dict) and curves.get("step"):
+                return curves, "train.json"
     text = read_revision_file(root, rev, f"{plots_dir}/train_steps.csv")
     curves = curves_from_steps_csv(text) if text else None
     return curves, ("train_steps.csv" if curves else None)
+
+
+def read_variant(root: Path, rev: str, params: dict[str, Any]) -> str | None:
+    """train's ``variant`` (a string: in ``train.details.json``, which ``dvc exp show`` does not read)."""
+    metrics_dir = _dotted(params, "paths.metrics") or "metrics"
+    text = read_revision_file(root, rev, f"{metrics_dir}/train.details.json")
+    try:
+        variant = json.loads(text).get("variant") if text else None
+    except (json.JSONDecodeError, AttributeError):
+        variant = None
+    return variant if isinstance(variant, str) else None
 
 
 def parse_row(root: Path, row: dict[str, Any], kind: str, baseline: str | None) -> dict[str, Any] | None:
@@ -192,6 +205,8 @@ def parse_row(root: Path, row: dict[str, Any], kind: str, baseline: str | None) 
         return None
     params = _params(data)
     rev = str(row.get("rev"))
+    if train is not None and train.get("variant") is None:
+        train["variant"] = read_variant(root, rev, params)
     curves, source = read_curves(root, rev, params)
     return {"kind": kind, "name": row.get("name") or (rev if kind == "workspace" else rev[:7]), "rev": rev,
             "baseline": baseline, "timestamp": data.get("timestamp"),

@@ -14,6 +14,14 @@ How a stage finds its parent run:
    parent run. Such an auto-created parent carries the status of the latest stage.
 3. A stage started by hand (no ``dvc`` ancestor) gets a parent run of its own.
 
+Metric names are stable: ``stable_metric_key`` renames keys with spaces, parentheses or other display
+characters (with a warning); labels and model names belong in params/tags. A stage's summary (what it
+logs without a step: the runner's flattened metrics) is mirrored on the pipeline run as ``<stage>/<key>``
+(``evaluate@toolworld`` -> ``evaluate.toolworld/…``). The experiment is tagged
+``mlflow.experimentKind=custom_model_development`` so the UI opens on its runs, not the GenAI overview.
+``runs_table(group_by=…)`` / ``compare_runs`` put variants or seeds side by side on the same metric names.
+Rollout tables, data-set inputs, the model, system metrics and episode traces: ``envace.mlflow_logging``.
+
 Store: ``MLFLOW_TRACKING_URI`` when set, else ``sqlite:///<root>/mlflow.db`` with artifacts under
 ``<root>/mlartifacts``, where root is ``DVC_ROOT`` (queued DVC experiments run in a temp copy but log
 to the main repo) or the working directory.
@@ -32,7 +40,7 @@ import subprocess
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +52,10 @@ STAGE_TAG = "envace.stage"
 KIND_TAG = "envace.kind"  # "pipeline" | "stage" | "cell" (a sweep cell under a stage)
 _MAX_PARAM_CHARS = 6000
 _BATCH = 100
+_MAX_SUMMARY = 1000  # metrics one stage mirrors on the pipeline run
+# the MLflow UI opens an experiment on its runs (not the GenAI overview) for this kind
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 
 
 # ---- the interface -----------------------------------------------------------------------------------
@@ -98,25 +110,48 @@ class NullTracker(Tracker):
 NULL_TRACKER = NullTracker()
 
 
+_UNSTABLE_KEY = re.compile(r"[^A-Za-z0-9_\-./]+")
+_warned_keys: set[str] = set()
+
+
 def _metric_key(key: str) -> str:
+    """An MLflow-safe key: characters MLflow refuses become ``_``."""
     return re.sub(r"[^\w\-. /]", "_", str(key))
 
 
+def stable_metric_key(key: str) -> str:
+    """A stable metric name: ``[A-Za-z0-9_-./]`` only. A key with spaces, parentheses or other display
+    characters (e.g. a table label such as ``overall.envace (smollm2-135m)``) is renamed with a warning:
+    labels and model names belong in params/tags, metric names must not change with them."""
+    key = str(key)
+    fixed = _UNSTABLE_KEY.sub("_", key)
+    fixed = (fixed.strip("_") or "_") if fixed != key else key
+    if fixed != key and key not in _warned_keys:
+        _warned_keys.add(key)
+        logger.warning("MLflow metric key %r is not a stable name (spaces/parentheses/labels); logged as %r. "
+                       "Put display labels and model names in params or tags.", key, fixed)
+    return fixed
+
+
 def numeric_items(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The finite numeric (incl. bool) entries of a mapping, as floats, with MLflow-safe keys."""
+    """The finite numeric (incl. bool) entries of a mapping, as floats, with stable keys
+    (``stable_metric_key``)."""
     out = {}
     for key, value in metrics.items():
         if isinstance(value, (bool, int, float)) and math.isfinite(float(value)):
-            out[_metric_key(key)] = float(value)
+            out[stable_metric_key(key)] = float(value)
     return out
 
 
 class MlflowTracker(Tracker):
     """Logs into one existing MLflow run through an explicit client (no global fluent state)."""
 
-    def __init__(self, client: Any, run_id: str) -> None:
+    def __init__(self, client: Any, run_id: str, parent_run_id: str | None = None, summary_prefix: str = "") -> None:
         self.client = client
         self.run_id = run_id
+        # a stage run mirrors its summary (metrics logged without a step) on the pipeline run, prefixed
+        self.parent_run_id = parent_run_id
+        self.summary_prefix = summary_prefix
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
@@ -129,9 +164,14 @@ class MlflowTracker(Tracker):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(k, v, now, step or 0) for k, v in numeric_items(metrics).items()]
+        numeric = numeric_items(metrics)
+        items = [Metric(k, v, now, step or 0) for k, v in numeric.items()]
         for i in range(0, len(items), _BATCH):
             self.client.log_batch(self.run_id, metrics=items[i : i + _BATCH])
+        if step is None and self.parent_run_id:
+            summary = [Metric(f"{self.summary_prefix}{k}"[:250], v, now, 0) for k, v in numeric.items()]
+            for i in range(0, min(len(summary), _MAX_SUMMARY), _BATCH):
+                self.client.log_batch(self.parent_run_id, metrics=summary[i : min(i + _BATCH, _MAX_SUMMARY)])
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         path = Path(path)
@@ -197,7 +237,19 @@ class MlflowStore:
     def _experiment_id(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)
         if found is not None:
+            if EXPERIMENT_KIND_TAG not in found.tags:
+                self._set_kind(found.experiment_id)
             return found.experiment_id
+        return self._set_kind(self._create_experiment(name))
+
+    def _set_kind(self, experiment_id: str) -> str:
+        try:
+            self.client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        except Exception:  # cosmetic (the UI's default view): never fail a stage on it
+            logger.warning("could not tag experiment %s with %s", experiment_id, EXPERIMENT_KIND_TAG, exc_info=True)
+        return experiment_id
+
+    def _create_experiment(self, name: str) -> str:
         location = None
         if self.tracking_uri.startswith("sqlite:///"):
             db = Path(self.tracking_uri[len("sqlite:///") :])
@@ -210,12 +262,16 @@ class MlflowStore:
                 raise
             return found.experiment_id
 
-    def start_run(self, name: str, tags: Mapping[str, Any], parent_run_id: str | None = None) -> MlflowTracker:
+    def start_run(self, name: str, tags: Mapping[str, Any], parent_run_id: str | None = None,
+                  summary_prefix: str | None = None) -> MlflowTracker:
+        """A new run; with ``summary_prefix`` (a stage run) its step-less metrics are mirrored on the parent
+        as ``<prefix><key>``."""
         all_tags = {"mlflow.runName": name, **{k: str(v) for k, v in tags.items()}}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
         run = self.client.create_run(self.experiment_id, tags=all_tags, run_name=name)
-        return MlflowTracker(self.client, run.info.run_id)
+        mirror = parent_run_id if summary_prefix is not None else None
+        return MlflowTracker(self.client, run.info.run_id, mirror, summary_prefix or "")
 
     def set_status(self, run_id: str, status: str) -> None:
         """``RUNNING`` reopens a run; ``FINISHED``/``FAILED``/``KILLED`` end it now."""
@@ -320,7 +376,7 @@ def stage_run(
     shared = pipeline_tags(profile)
     tags = {k: v for k, v in shared.items() if k != "envace.overrides"}
     tags.update({KIND_TAG: "stage", STAGE_TAG: stage})
-    run = store.start_run(stage, tags, parent_run_id=parent_id)
+    run = store.start_run(stage, tags, parent_run_id=parent_id, summary_prefix=summary_prefix(stage))
     run.log_params(params)
     logger.info("MLflow: stage run %s (parent %s) in %s", run.run_id, parent_id, store.tracking_uri)
     try:
@@ -334,6 +390,12 @@ def stage_run(
     store.set_status(run.run_id, "FINISHED")
     if owns_parent:
         store.set_status(parent_id, "FINISHED")
+
+
+def summary_prefix(stage: str) -> str:
+    """Prefix of a stage's summary metrics on the pipeline run: ``train/``, ``evaluate.toolworld/`` (a DVC
+    ``foreach`` stage id ``evaluate@toolworld``)."""
+    return stable_metric_key(stage.replace("@", ".")) + "/"
 
 
 def _record_failure(run: Tracker, exc: BaseException) -> str:
@@ -350,10 +412,16 @@ def _record_failure(run: Tracker, exc: BaseException) -> str:
 def runs_table(
     experiment: str = "envace", *, parent_run_id: str | None = None, stage: str | None = None,
     kind: str | None = None, filter_string: str = "", tracking_uri: str | None = None,
-    include_params: bool = False, max_results: int = 1000,
+    include_params: bool = False, max_results: int = 1000, group_by: str | Sequence[str] | None = None,
+    metrics: Sequence[str] | None = None,
 ):
     """One row per run (newest first): ids, names, status, stage, parent, times, ``metrics.*`` and
-    optionally ``params.*`` columns. Filters combine with AND."""
+    optionally ``params.*`` columns (also ``tags.*`` when grouping by a tag). Filters combine with AND.
+
+    ``group_by`` (columns such as ``"params.algo.name"``, ``"params.seed"``, ``"stage"``; params/tags
+    columns are added for it) turns it into a comparison: one row per group, for each metric (``metrics``,
+    default: all) ``<metric>.mean``, ``<metric>.std`` and ``<metric>.n`` side by side, plus ``n_runs``.
+    E.g. ``runs_table(stage="train", group_by="params.algo.name", metrics=["final/reward_mean"])``."""
     import pandas as pd
     from mlflow.tracking import MlflowClient
 
@@ -371,10 +439,43 @@ def runs_table(
     runs = client.search_runs(
         [exp.experiment_id], " and ".join(clauses), max_results=max_results, order_by=["attributes.start_time DESC"]
     )
-    return pd.DataFrame([_run_row(run, include_params) for run in runs])
+    keys = [group_by] if isinstance(group_by, str) else list(group_by or [])
+    with_params = include_params or any(k.startswith("params.") for k in keys)
+    with_tags = any(k.startswith("tags.") for k in keys)
+    table = pd.DataFrame([_run_row(run, with_params, with_tags) for run in runs])
+    return compare(table, keys, metrics) if keys else table
 
 
-def _run_row(run: Any, include_params: bool) -> dict[str, Any]:
+def compare(table: Any, by: Sequence[str], metrics: Sequence[str] | None = None) -> Any:
+    """Group a ``runs_table`` frame by columns ``by``: ``n_runs`` and per metric ``.mean``/``.std``/``.n``."""
+    import pandas as pd
+
+    missing = [k for k in by if k not in table.columns]
+    if table.empty or missing:
+        if missing and not table.empty:
+            logger.warning("runs_table: no column %s to group by (runs have columns %s)", missing,
+                           sorted(c for c in table.columns if not c.startswith("metrics."))[:40])
+        return pd.DataFrame(columns=[*by, "n_runs"])
+    names = [m if m.startswith("metrics.") else f"metrics.{m}" for m in metrics] if metrics else \
+        sorted(c for c in table.columns if c.startswith("metrics."))
+    for name in names:
+        if name not in table.columns:
+            table[name] = float("nan")
+    groups = table.groupby(list(by), dropna=False)
+    out = groups.size().rename("n_runs").to_frame()
+    for name in names:
+        col = groups[name]
+        short = name[len("metrics.") :]
+        out[f"{short}.mean"], out[f"{short}.std"], out[f"{short}.n"] = col.mean(), col.std(), col.count()
+    return out.reset_index()
+
+
+def compare_runs(metrics: str | Sequence[str], by: str | Sequence[str] = "params.algo.name", **filters: Any):
+    """``runs_table(group_by=by, metrics=…)``: the same metric names side by side per variant/seed/…"""
+    return runs_table(group_by=by, metrics=[metrics] if isinstance(metrics, str) else list(metrics), **filters)
+
+
+def _run_row(run: Any, include_params: bool, include_tags: bool = False) -> dict[str, Any]:
     info, tags = run.info, run.data.tags
     end = info.end_time
     row: dict[str, Any] = {
@@ -391,4 +492,6 @@ def _run_row(run: Any, include_params: bool) -> dict[str, Any]:
     row.update({f"metrics.{k}": v for k, v in run.data.metrics.items()})
     if include_params:
         row.update({f"params.{k}": v for k, v in run.data.params.items()})
+    if include_tags:
+        row.update({f"tags.{k}": v for k, v in tags.items()})
     return row

@@ -6,7 +6,14 @@ DVC decides what is up to date; Prefect adds retries, parameters and a UI. The f
 parent run and hands its id to every stage through ``ENVACE_PARENT_RUN_ID``.
 
 Note: like ``dvc exp run -S`` in the workspace, a run with overrides leaves params.yaml changed;
-``make params`` restores the default.
+``make params`` restores the default. Two runs at once in one workspace would both rewrite params.yaml,
+so the deployment admits one run at a time (``DEPLOYMENT_CONCURRENCY``: a Prefect deployment concurrency
+limit of 1 with the ENQUEUE strategy): a second run waits in ``AwaitingConcurrencySlot`` until the first
+ends, then runs.
+
+After the report stage the flow publishes the report as artifacts of the run (``tasks.stages.publish_report``:
+``report.md`` as markdown, the main tables as tables). Each stage task has a timeout
+(``tasks.stages.TIMEOUT_SECONDS``); ``timeouts={"train": 7200}`` sets others per stage.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import os
 from pathlib import Path
 
 from prefect import flow, get_run_logger
+from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.runtime import flow_run
 
 from envace.config import PARAMS_FILE, load_params, to_plain
@@ -27,7 +35,11 @@ from envace.tracking import (
     default_tracking_uri,
     start_pipeline_run,
 )
-from tasks.stages import STAGE_TASKS, compose_params, stage_order
+from tasks.stages import STAGE_TASKS, compose_params, publish_report, stage_order, with_timeout
+
+DEPLOYMENT_NAME = "full-pipeline"
+# one run of the deployment at a time (a workspace has one params.yaml); later runs queue, none is dropped
+DEPLOYMENT_CONCURRENCY = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE)
 
 
 def project_root() -> Path:
@@ -49,10 +61,23 @@ def select_stages(order: list[str], only: list[str] | None) -> list[str]:
     return picked
 
 
+def stage_task(stage: str, timeouts: dict[str, float] | None):
+    """The Prefect task of a dvc.yaml stage, with its timeout from ``timeouts`` (``evaluate@bfcl`` or
+    ``evaluate``) when given there."""
+    name = stage.split("@")[0]
+    task = STAGE_TASKS[name]
+    for key in (stage, name):
+        if timeouts and key in timeouts:
+            return with_timeout(task, timeouts[key])
+    return task
+
+
 @flow(name="envace", log_prints=True)
-def envace_flow(overrides: list[str] | None = None, stages: list[str] | None = None) -> dict:
+def envace_flow(overrides: list[str] | None = None, stages: list[str] | None = None,
+                timeouts: dict[str, float] | None = None) -> dict:
     """Run the pipeline. ``overrides`` mean what ``dvc exp run -S`` means (``["profile=smoke"]``);
-    ``stages`` optionally limits the run to some stages (upstream stages DVC finds stale still run)."""
+    ``stages`` optionally limits the run to some stages (upstream stages DVC finds stale still run);
+    ``timeouts`` sets per-stage task timeouts in seconds (``{"train": 7200}``; default TIMEOUT_SECONDS)."""
     logger = get_run_logger()
     root = project_root()
     overrides = list(overrides or [])
@@ -68,9 +93,16 @@ def envace_flow(overrides: list[str] | None = None, stages: list[str] | None = N
     status = "FAILED"
     try:
         for stage in order:
-            STAGE_TASKS[stage.split("@")[0]](stage, str(root), env)
+            stage_task(stage, timeouts)(stage, str(root), env)
+        if "report" in order:
+            publish_report(str(root), str(cfg.paths.reports))
         status = "FINISHED"
     finally:
         if store is not None:
             store.set_status(env[ENV_PARENT_RUN_ID], status)
     return {"stages": order, "parent_run_id": env.get(ENV_PARENT_RUN_ID), "overrides": overrides}
+
+
+def serve(name: str = DEPLOYMENT_NAME) -> None:
+    """Serve the flow as deployment ``envace/<name>``, one run at a time (``DEPLOYMENT_CONCURRENCY``)."""
+    envace_flow.serve(name=name, global_limit=DEPLOYMENT_CONCURRENCY)

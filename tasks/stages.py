@@ -2,17 +2,25 @@
 one DAG definition and DVC decides what is up to date (``cache_policy=NO_CACHE`` here).
 
 Stages that may call network endpoints (an LLM judge or user simulator behind an OpenAI-compatible
-server: ``evaluate``, ``rehearsal_sweep``) retry; the others fail fast.
+server: ``evaluate``, ``rehearsal_sweep``) retry; the others fail fast. Every stage task has a timeout
+(``TIMEOUT_SECONDS``: generous for the cpu profile, seconds for the smoke one); the flow's ``timeouts``
+parameter sets others per stage (``task.with_options(timeout_seconds=...)``, seconds > 0).
+
+``publish_report`` turns the report stage's outputs into artifacts of the flow run (the Prefect UI's
+Artifacts tab): ``reports/report.md`` as a markdown artifact, the main tables (``TABLE_ARTIFACTS``) as
+table artifacts.
 """
 
 from __future__ import annotations
 
+import csv
+import math
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -67,8 +75,21 @@ def stage_order(root: str) -> list[str]:
     return [line.strip() for line in out.stdout.splitlines() if line.strip()]
 
 
+# Default timeout per stage task, seconds (one attempt; a retry gets its own). The cpu profile's
+# measured times (README) are minutes to ~50 min for train; these leave room for a slower machine.
+TIMEOUT_SECONDS = {
+    "prepare_data": 10 * 60,
+    "template_prompts": 20 * 60,
+    "train": 6 * 3600,
+    "evaluate": 3 * 3600,
+    "rehearsal_sweep": 3 * 3600,
+    "report": 10 * 60,
+}
+
+
 def _stage_task(name: str, retries: int = 0) -> Callable[..., None]:
-    @task(name=name, task_run_name="{stage}", cache_policy=NO_CACHE, retries=retries, retry_delay_seconds=30)
+    @task(name=name, task_run_name="{stage}", cache_policy=NO_CACHE, retries=retries, retry_delay_seconds=30,
+          timeout_seconds=TIMEOUT_SECONDS[name])
     def run_stage(stage: str, root: str, env: dict[str, str] | None = None) -> None:
         dvc_repro(stage, root, env)
 
@@ -81,6 +102,68 @@ train = _stage_task("train")
 evaluate = _stage_task("evaluate", retries=2)
 rehearsal_sweep = _stage_task("rehearsal_sweep", retries=2)
 report = _stage_task("report")
+
+
+def with_timeout(stage_task: Any, seconds: float) -> Any:
+    """The task with another timeout, in seconds (> 0)."""
+    if not seconds or seconds <= 0:
+        raise ValueError(f"task timeout must be a positive number of seconds, got {seconds!r}")
+    return stage_task.with_options(timeout_seconds=seconds)
+
+
+# (report file, artifact key, description): the tables published as table artifacts
+TABLE_ARTIFACTS = (
+    ("main.csv", "envace-main-table", "Main table: success % per method × benchmark (reports/main.csv)"),
+    ("testtime.csv", "envace-testtime-table", "Test-time rehearsal: N × mode × rehearser (reports/testtime.csv)"),
+    ("fidelity.csv", "envace-fidelity-table", "World-model fidelity of REHEARSE (reports/fidelity.csv)"),
+    ("ablation.csv", "envace-ablation-table", "Ablation: training variant × benchmark (reports/ablation.csv)"),
+)
+REPORT_ARTIFACT = "envace-report"
+
+
+def _cell(text: str) -> Any:
+    """A CSV cell for a table artifact: a number when it is one (NaN/empty as None), else the text."""
+    if text == "":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    if not math.isfinite(value):
+        return None
+    return int(value) if value.is_integer() and "." not in text else value
+
+
+def csv_rows(path: Path) -> list[dict[str, Any]]:
+    with open(path, newline="", encoding="utf-8") as fh:
+        return [{k: _cell(v or "") for k, v in row.items()} for row in csv.DictReader(fh)]
+
+
+@task(name="publish_report", cache_policy=NO_CACHE)
+def publish_report(root: str, reports_dir: str = "reports") -> dict[str, str]:
+    """The report as artifacts of this flow run: ``report.md`` (markdown) and ``TABLE_ARTIFACTS`` (tables,
+    those the report wrote). Returns {artifact key: its id}; missing files are logged and skipped."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    logger = get_run_logger()
+    reports = Path(root) / reports_dir
+    made: dict[str, str] = {}
+    report_md = reports / "report.md"
+    if report_md.is_file():
+        made[REPORT_ARTIFACT] = str(create_markdown_artifact(
+            markdown=report_md.read_text(encoding="utf-8"), key=REPORT_ARTIFACT,
+            description=f"envace report ({report_md})"))
+    else:
+        logger.warning("no %s: the report stage wrote nothing to publish", report_md)
+    for name, key, description in TABLE_ARTIFACTS:
+        path = reports / name
+        rows = csv_rows(path) if path.is_file() else []
+        if rows:
+            made[key] = str(create_table_artifact(table=rows, key=key, description=description))
+        else:
+            logger.info("table artifact %s skipped: %s is missing or empty", key, path)
+    logger.info("published artifacts: %s", ", ".join(made) or "none")
+    return made
 
 # dvc.yaml stage name (before any "@item") -> its task
 STAGE_TASKS = {

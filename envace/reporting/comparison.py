@@ -1,24 +1,30 @@
 """Cross-run tables of the report: the **ablation** (training variant × benchmark) and the **scale**
 (model × benchmark) tables — success % of the trained policy per benchmark, the two Overall columns
-(paper benchmarks that ran / all that ran; ``envace.reporting.tables``), and the run's final training reward (``final/reward/mean``).
+(paper benchmarks that ran / all that ran; ``envace.reporting.tables``), the run's final training reward
+(``final/reward/mean``) and the paper's reference column (``envace.reporting.reference``).
 
 Rows: among the runs collected in ``experiments.json`` (``python -m envace.experiments collect``)
 that share the current run's profile and model (ablation) or profile and variant (scale), the latest
-per variant (per model); plus the current run from its own metrics, which replaces any collected run
-of its own variant/model — so a table is never empty and always describes the workspace. Only
-measured numbers: a benchmark a run did not evaluate stays empty.
+per (variant, seed) (per (model, seed)); plus the current run from its own metrics, which replaces any
+collected run of its own variant/model and seed — so a table is never empty and always describes the
+workspace. A row with several seeds shows the mean over them with a bootstrap-over-seeds interval
+(n = seeds); a one-seed row the run's Wilson interval over its tasks (n = episodes; ``n=?`` for a
+collected run whose counts experiments.json lacks). Only measured numbers: a benchmark a run did not
+evaluate stays empty.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
 from envace.experiments import SCHEMA_VERSION
-from envace.reporting.tables import overall_columns
+from envace.reporting.intervals import bootstrap_over_seeds
+from envace.reporting.reference import REFERENCE_COLUMN, ablation_reference, scale_reference
+from envace.reporting.tables import PAPER_BENCHMARKS, Score, overall_columns, overall_score, rate_score
 
 ALGO_ORDER = ("grpo", "per_role", "frozen_act", "frozen_rehearse", "envace")  # the paper's ablation rows
 CURRENT_RUN = "workspace"
@@ -34,6 +40,7 @@ class RunResult:
     success: Mapping[str, float | None]
     final_reward: float | None = None
     timestamp: str = ""
+    n: Mapping[str, int] = field(default_factory=dict)  # episodes per benchmark, where recorded
     curves: Mapping[str, Sequence[Any]] | None = field(default=None, compare=False)
 
 
@@ -52,30 +59,65 @@ def collected_runs(doc: Mapping[str, Any] | None) -> list[RunResult]:
         success = {bench: rates.get("policy") for bench, rates in (entry.get("success_rate") or {}).items()}
         runs.append(RunResult(run=entry["name"], params=entry.get("params") or {}, success=success,
                               final_reward=(entry.get("train") or {}).get("final_reward"),
-                              timestamp=entry.get("timestamp") or "", curves=entry.get("curves")))
+                              timestamp=entry.get("timestamp") or "", curves=entry.get("curves"),
+                              n=entry.get("n_tasks") or {}))
     return runs
 
 
 def latest_per(runs: Sequence[RunResult], current: RunResult, *, vary: str, same: Sequence[str]) -> list[RunResult]:
-    """The latest run per value of ``vary`` among ``runs`` equal to ``current`` on every ``same`` key;
-    ``current`` replaces the run of its own value."""
+    """The latest run per (value of ``vary``, seed) among ``runs`` equal to ``current`` on every ``same``
+    key; ``current`` replaces the run of its own value and seed."""
     chosen: dict[Any, RunResult] = {}
     for run in sorted(runs, key=lambda r: (r.timestamp, r.run)):
         if run.params.get(vary) is not None and all(run.params.get(k) == current.params.get(k) for k in same):
-            chosen[run.params[vary]] = run
-    chosen[current.params.get(vary)] = current
+            chosen[run.params[vary], run.params.get("seed")] = run
+    chosen[current.params.get(vary), current.params.get("seed")] = current
     return list(chosen.values())
 
 
-def comparison_table(runs: Sequence[RunResult], *, vary: str, label: str, benchmarks: Sequence[str]) -> pd.DataFrame:
-    """Columns: ``label`` (the varied param), run, success % per benchmark, the two Overall columns
-    (``envace.reporting.tables.overall_columns``), final_reward."""
-    rows = []
+def _by_value(runs: Sequence[RunResult], vary: str) -> list[list[RunResult]]:
+    """``runs`` grouped by their ``vary`` value, first-seen order (one group = one table row)."""
+    groups: dict[Any, list[RunResult]] = {}
     for run in runs:
-        scores = {b: None if run.success.get(b) is None else 100 * run.success[b] for b in benchmarks}
-        rows.append({label: run.params.get(vary), "run": run.run, **scores, **overall_columns(scores),
-                     "final_reward": run.final_reward})
-    return pd.DataFrame(rows, columns=[label, "run", *benchmarks, "Overall", "Overall (all)", "final_reward"])
+        groups.setdefault(run.params.get(vary), []).append(run)
+    return list(groups.values())
+
+
+def _seed_score(values: Sequence[float | None]) -> Score:
+    measured = [v for v in values if v is not None]
+    if not measured:
+        return Score(None, 0)
+    return Score(sum(measured) / len(measured), len(measured), bootstrap_over_seeds(measured), unit="seeds")
+
+
+def row_scores(group: Sequence[RunResult], benchmarks: Sequence[str]) -> dict[str, Any]:
+    """One row's cells: per benchmark and the two Overall columns, over the group's seeds."""
+    if len(group) == 1:
+        run = group[0]
+        scores = {b: rate_score(run.success.get(b), run.n.get(b)) for b in benchmarks}
+        cells = {k: v for b, s in scores.items() for k, v in s.columns(b).items()}
+        return {**cells, **overall_columns(scores)}
+    per_seed = [{b: rate_score(r.success.get(b), r.n.get(b)) for b in benchmarks} for r in group]
+    cells = {k: v for b in benchmarks for k, v in _seed_score([s[b].value for s in per_seed]).columns(b).items()}
+    for name, subset in (("Overall", PAPER_BENCHMARKS), ("Overall (all)", None)):
+        cells.update(_seed_score([overall_score(s, subset).value for s in per_seed]).columns(name))
+    return cells
+
+
+def comparison_table(runs: Sequence[RunResult], *, vary: str, label: str, benchmarks: Sequence[str],
+                     reference: Callable[[RunResult], str | None] = lambda run: None) -> pd.DataFrame:
+    """Columns: ``label`` (the varied param), run(s), seeds, success % per benchmark and the two Overall
+    columns (each with /n, /ci_low, /ci_high; ``envace.reporting.tables``), final_reward (mean over
+    seeds), the paper's reference column."""
+    rows = []
+    for group in _by_value(runs, vary):
+        rewards = [r.final_reward for r in group if r.final_reward is not None]
+        rows.append({label: group[0].params.get(vary), "run": ", ".join(r.run for r in group),
+                     "seeds": ", ".join(str(r.params.get("seed")) for r in group),
+                     **row_scores(group, benchmarks),
+                     "final_reward": sum(rewards) / len(rewards) if rewards else None,
+                     REFERENCE_COLUMN: reference(group[0])})
+    return pd.DataFrame(rows)
 
 
 def _algo_rank(run: RunResult) -> tuple[int, str]:
@@ -95,11 +137,16 @@ def model_size(name: str) -> float:
 def ablation_table(runs: Sequence[RunResult], current: RunResult, benchmarks: Sequence[str]):
     """(table, runs in row order): one row per training variant, same profile and model as ``current``."""
     chosen = sorted(latest_per(runs, current, vary="algo.name", same=("profile", "model.name")), key=_algo_rank)
-    return comparison_table(chosen, vary="algo.name", label="variant", benchmarks=benchmarks), chosen
+    table = comparison_table(chosen, vary="algo.name", label="variant", benchmarks=benchmarks,
+                             reference=lambda r: ablation_reference(str(r.params.get("algo.name"))))
+    return table, chosen
 
 
 def scale_table(runs: Sequence[RunResult], current: RunResult, benchmarks: Sequence[str]):
     """(table, runs in row order): one row per model, same profile and variant as ``current``, by size."""
     chosen = latest_per(runs, current, vary="model.name", same=("profile", "algo.name"))
     chosen.sort(key=lambda r: (model_size(str(r.params.get("model.name"))), str(r.params.get("model.name"))))
-    return comparison_table(chosen, vary="model.name", label="model", benchmarks=benchmarks), chosen
+    table = comparison_table(chosen, vary="model.name", label="model", benchmarks=benchmarks,
+                             reference=lambda r: scale_reference(str(r.params.get("model.name")),
+                                                                 str(r.params.get("algo.name"))))
+    return table, chosen

@@ -60,12 +60,16 @@ def fidelity_json(report: Any) -> dict[str, Any]:
 
 
 def evaluate_one(cfg: DictConfig, adapter: Any, subset: str, tasks: list[Any], actor: Any, rehearser: Any,
-                 out: Path, label: str, gold: Any = None) -> dict[str, Any]:
+                 out: Path, label: str, gold: Any = None, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     from envace.evaluation import evaluate, measure_fidelity  # LIBRARY: envace.evaluation
+    from envace.mlflow_logging import trace_episodes
 
     ev = cfg.eval
     overflows = getattr(actor, "context_overflows", 0)
     result = evaluate(adapter, actor, tasks, concurrency=int(ev.concurrency))
+    # a bounded sample of the episodes as MLflow traces (tracking.max_traces per stage run, shared by the models)
+    trace_episodes(cfg, tracker, result.records, share=2 if ev.compare_base else 1, stage="evaluate", policy=label,
+                   benchmark=adapter.name, split=subset)
     write_jsonl(out / f"{label}.predictions.jsonl", result.predictions())
     summary: dict[str, Any] = {**result.metrics.to_json(), **adapter.summarize(subset, result.records)}
     # ACT requests refused because the prompt exceeds the model's context window (local backends)
@@ -108,7 +112,8 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     with atomic_dir(out) as tmp:
         for label, (actor, rehearser) in models.items():
             logger.info("evaluate %s: %s on %d tasks", benchmark, label, len(tasks))
-            results[label] = evaluate_one(cfg, adapters[label], suite.split, tasks, actor, rehearser, tmp, label, gold)
+            results[label] = evaluate_one(cfg, adapters[label], suite.split, tasks, actor, rehearser, tmp, label, gold,
+                                          tracker)
     tracker.log_artifact(out, f"evaluation/{benchmark}")
     metrics: dict[str, Any] = {"benchmark": benchmark, "split": suite.split, "n_tasks": len(tasks),
                                "trials": suite.trials, "not_runnable": skipped, **results,

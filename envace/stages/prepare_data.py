@@ -18,6 +18,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig
 
 from envace.config import to_plain
+from envace.reporting.plots import data_stats_figure, save_figure
 from envace.stages.common import toolworld_config
 from envace.stages.runner import NULL_TRACKER, Tracker, stage_main
 from envace.utils.io import atomic_dir, atomic_path, write_json, write_jsonl
@@ -76,23 +77,13 @@ def validate_and_split(cfg: DictConfig, raw: dict[str, list[Any]]) -> tuple[dict
 
 
 def plot_stats(stats: dict[str, Any], path: Path) -> None:
-    """Bar charts of the shape distributions of the training rows."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = [k for k in ("user_turns", "calls_per_turn", "items_per_turn") if k in stats]
-    fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(4 * max(1, len(keys)), 3))
-    for ax, key in zip(list(getattr(axes, "flat", [axes])), keys, strict=False):
-        hist = stats[key].get("histogram", [])
-        ax.bar([float(v) for v, _ in hist], [n for _, n in hist], color="#4c72b0")
-        ax.set_title(key.replace("_", " "))
-        ax.set_ylabel("count")
-    fig.tight_layout()
+    """Histograms of the training rows' shape statistics (``envace.reporting.plots.data_stats_figure``)."""
+    figure = data_stats_figure(stats)
+    if isinstance(figure, str):
+        logger.warning("prepare_data: %s not drawn: %s", path, figure)
+        return
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
+        save_figure(figure, tmp)
 
 
 def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:

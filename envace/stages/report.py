@@ -5,15 +5,21 @@ main (method × benchmark + Overall, success %), ablation (training variant × b
 (model × benchmark) across DVC experiments (``paths.metrics/experiments.json``, written by
 ``python -m envace.experiments collect``; envace.reporting.comparison), per-domain and held-out
 transfer, world-model fidelity, test-time rehearsal (N × mode × rehearser, gain over N=0), training
-and data summaries. Plots (envace.reporting.plots): reward per step, reward per variant, per-role
-advantage statistics, world-model fidelity over training, success vs rehearsal attempts; one whose
-data is absent is listed as not drawn, with the reason. Numbers are what *this* pipeline measured;
-the paper's numbers appear only in the section labelled as reference (``PAPER_REFERENCE``).
+and data summaries. Plots (envace.reporting.plots): reward per step and per variant, per-role advantage
+spread and training diagnostics, fidelity over training, success vs rehearsal attempts N and vs rehearsal
+cost (95% intervals); a plot lacking data is listed as not drawn, with why. Numbers are what *this* pipeline measured;
+the paper's numbers appear only in the column labelled ``paper (Qwen3-8B, reference)`` of the main,
+ablation, scale and test-time tables (``envace.reporting.reference``), never in our columns. The report
+opens with its provenance (commit, profile, overrides, model, seeds, date) and marks inputs produced by
+older code as stale (``envace.reporting.provenance``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -23,34 +29,45 @@ from omegaconf import DictConfig
 from envace.config import to_plain
 from envace.experiments import OUTPUT_NAME
 from envace.reporting.comparison import CURRENT_RUN, RunResult, ablation_table, collected_runs, scale_table
-from envace.reporting.plots import curves_frame, merge_curves, save_plots
+from envace.reporting.layout import (
+    FIDELITY_NOTE,
+    FRACTION_TABLES,
+    REFERENCE_NOTE,
+    REFERENCE_TITLE,
+    SFT_NOTE,
+    TABLE_INPUTS,
+    TESTTIME_NOTE,
+    TITLES,
+)
+from envace.reporting.plots import curves_frame, merge_curves, save_plots, sweep_cells
+from envace.reporting.provenance import InputState, head_state, header_lines, input_states, repo_root, stale_note
 from envace.reporting.tables import (
     benchmark_table,
     domain_table,
     fidelity_table,
     main_table,
     overall_note,
+    render_markdown,
+    stable_metrics,
     summary_table,
     testtime_table,
 )
-from envace.stages.runner import NULL_TRACKER, Tracker, stage_main
+from envace.stages.runner import NULL_TRACKER, Tracker, read_metrics, stage_main
+from envace.tracking import ENV_OVERRIDES
 from envace.utils.io import atomic_dir, read_json, write_text
 
 logger = logging.getLogger(__name__)
 
-PAPER_REFERENCE = (
-    "Paper reference (Qwen3-8B, arXiv 2608.06197; not measured here): EnvACE-8B Overall 32.91 "
-    "(BFCL-v4 46.04, τ² 36.7, VitaBench 16.0); ablation τ²: GRPO 31.2 → EnvACE 36.7, per-role 35.5; "
-    "test-time N=2: none 36.7, parallel+EnvACE rehearser 40.9, sequential+EnvACE 38.5, "
-    "parallel+base 36.8, sequential+base 34.9."
-)
-
-
 def load_metrics(cfg: DictConfig) -> dict[str, Any]:
+    """What each stage returned: ``<stage>.json`` merged with ``<stage>.details.json`` (runner.read_metrics);
+    the rehearsal grid's cells, keyed by name on disk, as the list of rows (rehearsal_sweep.with_cell_rows)."""
+    from envace.stages.rehearsal_sweep import with_cell_rows
+
     root = Path(cfg.paths.metrics)
     names = ["prepare_data", "template_prompts", "train", "rehearsal_sweep"]
     names += [f"evaluate_{b}" for b in to_plain(cfg.eval.benchmarks)]
-    return {n: read_json(root / f"{n}.json") for n in names if (root / f"{n}.json").exists()}
+    loaded = {n: read_metrics(root / f"{n}.json") for n in names if (root / f"{n}.json").exists()}
+    return {n: with_cell_rows(m, cfg) if n == "rehearsal_sweep" else m for n, m in loaded.items()}
 
 
 def load_experiments(cfg: DictConfig) -> dict[str, Any] | None:
@@ -71,8 +88,9 @@ def current_run(cfg: DictConfig, m: dict[str, Any]) -> RunResult:
               "engine.name": to_plain(cfg.engine.name), "seed": cfg.seed}
     success = {b: (m.get(f"evaluate_{b}", {}).get("policy") or {}).get("success_rate")
                for b in to_plain(cfg.eval.benchmarks)}
+    n = {b: (m.get(f"evaluate_{b}", {}).get("policy") or {}).get("n_tasks") for b in to_plain(cfg.eval.benchmarks)}
     return RunResult(run=CURRENT_RUN, params=params, success=success,
-                     final_reward=m.get("train", {}).get("final/reward/mean"))
+                     final_reward=m.get("train", {}).get("final/reward/mean"), n=n)
 
 
 def comparisons(cfg: DictConfig, m: dict[str, Any], curves: pd.DataFrame):
@@ -87,50 +105,49 @@ def comparisons(cfg: DictConfig, m: dict[str, Any], curves: pd.DataFrame):
     return ablation, scale, reward
 
 
-TITLES = {"main": "Main table (success % of tasks)", "benchmarks": "Each benchmark's own aggregates",
-          "ablation": "Ablation: training variant (success %, same profile and model)",
-          "scale": "Scale: model (success %, same profile and training variant)",
-          "domains": "Per domain and held-out transfer", "fidelity": "World-model fidelity (REHEARSE vs real execution)",
-          "testtime": "Test-time private rehearsal", "training": "Training", "data": "Data"}
-
-
-TESTTIME_NOTE = ("Scope `turn` rehearses user turn t from what is known at turn t. Rows with scope "
-                 "`task (sees future turns)` rehearsed every user turn before the first real call, so their "
-                 "rehearsal and the memory the committed run read saw requests revealed only later: not comparable "
-                 "with turn-scope rows. N=0 is the shared no-rehearsal baseline (scope `none`).")
-
-
-SFT_NOTE = ("The SFT warm-up's REHEARSE targets are real tool responses: when the train stage builds its episodes "
-            "it runs each gold call once on the real tool world (the analogue of CM2's recorded reference "
-            "conversations). Only the warm-up sees them; the GRPO steps of rehearsing variants make no real call.")
-
-
 def cross_run_note(cfg: DictConfig, what: str, collected: bool) -> str:
     source = f"`{cfg.paths.metrics}/{OUTPUT_NAME}`"
     if not collected:
         return (f"Only this run (`{CURRENT_RUN}`): no {source} yet. Run `make ablation`, or `dvc exp run -S "
-                "algo=grpo` (`-S model=...` for scale), then `python -m envace.experiments collect && dvc repro report`.")
+                "algo=grpo` (`-S model=...` for scale), then "
+                "`python -m envace.experiments collect && dvc repro report`.")
     return f"Rows: this run (`{CURRENT_RUN}`) and the latest experiment per {what} in {source} (`run` names it)."
 
 
+def provenance(cfg: DictConfig, tables: dict[str, pd.DataFrame], inputs: list[InputState]) -> list[str]:
+    where = repo_root(Path.cwd())
+    commit, dirty = head_state(where) if where else ("unknown", False)
+    seeds = {int(cfg.seed)} | {int(s) for key in ("ablation", "scale") if "seeds" in tables[key]
+                               for cell in tables[key]["seeds"] for s in str(cell).split(", ") if s.isdigit()}
+    overrides = json.loads(os.environ.get(ENV_OVERRIDES) or "[]")
+    return header_lines(commit=commit, dirty=dirty, profile=to_plain(cfg.profile), overrides=list(overrides),
+                        model=cfg.model.name, variant=to_plain(cfg.algo.name), seeds=sorted(seeds),
+                        date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), inputs=inputs)
+
+
 def markdown(cfg: DictConfig, tables: dict[str, pd.DataFrame], plots: list[str], skipped: dict[str, str],
-             collected: bool) -> str:
-    head = [f"# envace report — profile `{to_plain(cfg.profile)}`, experiment `{cfg.experiment_name}`",
+             collected: bool, inputs: list[InputState] | None = None) -> str:
+    inputs = inputs or []
+    head = [f"# envace report — profile `{to_plain(cfg.profile)}`, experiment `{cfg.experiment_name}`", "",
+            *provenance(cfg, tables, inputs),
             (f"Model `{cfg.model.name}`, training variant `{to_plain(cfg.algo.name)}`, engine "
-             f"`{to_plain(cfg.engine.name)}`. Every number in the tables and plots was measured by this "
-             "pipeline (this run and, in the ablation and scale tables, the collected DVC experiments)."), ""]
+             f"`{to_plain(cfg.engine.name)}`. Every number in our columns was measured by this pipeline (this run "
+             "and, in the ablation and scale tables, the collected DVC experiments); the paper's numbers appear "
+             "only in the column `paper (Qwen3-8B, reference)`."), ""]
     notes = {"ablation": cross_run_note(cfg, "variant", collected), "scale": cross_run_note(cfg, "model", collected),
-             "main": overall_note(tables["main"], to_plain(cfg.eval.benchmarks)), "testtime": TESTTIME_NOTE}
+             "main": overall_note(tables["main"], to_plain(cfg.eval.benchmarks)), "testtime": TESTTIME_NOTE,
+             "fidelity": FIDELITY_NOTE}
     if int(cfg.train.sft_epochs) > 0:
         notes["training"] = SFT_NOTE
     body = []
     for key, title in TITLES.items():
-        frame = tables[key]
-        body += [f"## {title}", "", *([notes[key], ""] if key in notes else []),
-                 frame.to_markdown(index=False, floatfmt=".3g") if not frame.empty else "_no data_", ""]
+        stale = stale_note(TABLE_INPUTS.get(key, []), inputs)
+        body += [f"## {title}", "", *([stale, ""] if stale else []), *([notes[key], ""] if key in notes else []),
+                 render_markdown(tables[key].drop(columns=["contender"], errors="ignore"),
+                                 3 if key in FRACTION_TABLES else 1), ""]
     body += ["## Plots", "", *[f"![{p}]({p})" for p in plots], ""]
     body += [f"- `{name}` not drawn: {why}." for name, why in skipped.items()]
-    return "\n".join(head + body + ["", "## Reference (paper numbers, not measured here)", "", PAPER_REFERENCE, ""])
+    return "\n".join(head + body + ["", f"## {REFERENCE_TITLE}", "", REFERENCE_NOTE, ""])
 
 
 def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
@@ -139,7 +156,8 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     curves = merge_curves(curves_frame(m.get("train", {}).get("curves")), steps)
     ablation, scale, reward = comparisons(cfg, m, curves)
     labels = {"base": f"{cfg.model.name} (base)", "policy": f"{to_plain(cfg.algo.name)} ({cfg.model.name})"}
-    tables = {"main": main_table(to_plain(cfg.eval.benchmarks), labels, m), "benchmarks": benchmark_table(m),
+    tables = {"main": main_table(to_plain(cfg.eval.benchmarks), labels, m, to_plain(cfg.algo.name)),
+              "benchmarks": benchmark_table(m),
               "ablation": ablation, "scale": scale, "domains": domain_table(m),
               "fidelity": fidelity_table(m), "testtime": testtime_table(m),
               "training": summary_table(m.get("train", {})), "data": summary_table(m.get("prepare_data", {}))}
@@ -148,13 +166,16 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     with atomic_dir(out) as tmp:
         for key, frame in tables.items():
             frame.to_csv(tmp / f"{key}.csv", index=False)
-        plots, skipped = save_plots(tmp, steps=steps, curves=curves, variants=reward, testtime=tables["testtime"])
-        write_text(tmp / "report.md", markdown(cfg, tables, plots, skipped, collected))
+        plots, skipped = save_plots(tmp, steps=steps, curves=curves, variants=reward,
+                                    testtime=sweep_cells(m.get("rehearsal_sweep")))
+        inputs = input_states(Path(cfg.paths.metrics), str(cfg.paths.metrics), sorted(m))
+        write_text(tmp / "report.md", markdown(cfg, tables, plots, skipped, collected, inputs))
     tracker.log_artifact(out, "report")
-    overall = tables["main"].set_index("method")["Overall"].to_dict()
+    tracker.set_tags({f"report.label.{key}": label for key, label in labels.items()})
     logger.info("report: %s (tables %s, plots %s, not drawn %s)", out / "report.md", sorted(tables), plots,
                 sorted(skipped))
-    return {"tables": sorted(tables), "plots": plots, "skipped_plots": skipped, "overall": overall,
+    return {"tables": sorted(tables), "plots": plots, "skipped_plots": skipped, **stable_metrics(tables["main"]),
+            "stale_inputs": sum(s.state == "stale" for s in inputs), "labels": labels,
             "ablation_runs": ablation["run"].tolist(), "scale_runs": scale["run"].tolist()}
 
 

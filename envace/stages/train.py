@@ -2,7 +2,8 @@
 
 Training rows are the prepared train rows whose prompts fit (``kept_uuids.json``); each becomes an episode
 spec (tool-world rows are rebuilt into tasks whose gold calls run once on a real executor, so the SFT
-warm-up's REHEARSE targets are real responses, as CM2's recorded ones are). Step metrics go to MLflow (``step=``) and ``paths.plots/train_steps.csv``.
+warm-up's REHEARSE targets are real responses, as CM2's recorded ones are). Step metrics go to MLflow (``step=``)
+and ``paths.plots/train_steps.csv``; ``envace.mlflow_logging`` logs rollout tables, data sets, system metrics, model.
 
 With ``train.fidelity_every`` = k > 0 (engine local, tool-world data) REHEARSE predicts the real responses
 of the oracle's calls on ``train.fidelity_tasks`` val tasks at step 0 (before any GRPO update), every k
@@ -28,6 +29,7 @@ from omegaconf import DictConfig
 from envace.config import flatten, to_plain
 from envace.stages.common import MANIFEST, PROBE_SETS, model_spec
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
+from envace.mlflow_logging import train_logging
 from envace.tracking import default_tracking_uri
 from envace.utils.io import atomic_dir, atomic_path, read_json, read_jsonl, write_json
 
@@ -179,15 +181,14 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
 
     engine = get_engine(name, reward_fn=REWARDS[to_plain(cfg.judge.name)](cfg), executor_factory=executor_factory,
                         fidelity_probe_set=probe_set)
-    result = engine.train(engine_config, specs, callbacks=[on_step])
-    history = [dict(h) for h in result.history if "step" in h]  # with the rows a resumed run restored:
-    for row in (h for h in history if int(h["step"]) not in logged):  # MLflow gets the whole curve too
-        tracker.log_metrics(row, step=int(row["step"]))
-    write_step_csv(Path(cfg.paths.plots) / "train_steps.csv", history)
-    manifest = export_checkpoint(result, work, cfg, digest)
+    with train_logging(cfg, tracker, engine):  # then logs manifest, train_steps.csv and the model to MLflow
+        result = engine.train(engine_config, specs, callbacks=[on_step])
+        history = [dict(h) for h in result.history if "step" in h]  # with the rows a resumed run restored:
+        for row in (h for h in history if int(h["step"]) not in logged):  # MLflow gets the whole curve too
+            tracker.log_metrics(row, step=int(row["step"]))
+        write_step_csv(Path(cfg.paths.plots) / "train_steps.csv", history)
+        manifest = export_checkpoint(result, work, cfg, digest)
     shutil.rmtree(work, ignore_errors=True)
-    tracker.log_artifact(Path(cfg.paths.checkpoints) / MANIFEST, "checkpoint")
-    tracker.log_artifact(Path(cfg.paths.plots) / "train_steps.csv", "train")
     final = {f"final/{k}": v for k, v in result.final_metrics.items() if isinstance(v, (int, float)) and k != "step"}
     return {"steps_done": result.steps_done, "n_train_rows": len(specs), "variant": manifest["variant"], **final,
             "curves": training_curves(history, result.steps_done)}

@@ -1,9 +1,13 @@
 """The report stage on synthetic metrics dirs: ablation and scale rows (filtering, latest per variant,
 the current run winning for its own variant), Overall over the benchmarks present, missing data, every
-plot drawn (or listed as not drawn), the paper's numbers only in the reference section."""
+plot drawn (or listed as not drawn); n and a 95% interval in every scored cell, "—" where n = 0, context
+overflows and not-runnable benchmarks flagged, the paper's numbers only in the reference column,
+the provenance header and stale inputs, stable MLflow metric keys."""
 
 from __future__ import annotations
 
+import re
+import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -11,13 +15,17 @@ import pytest
 
 from envace.config import compose
 from envace.experiments import SCHEMA_VERSION
-from envace.reporting.comparison import RunResult, collected_runs, latest_per, model_size
+from envace.reporting.comparison import RunResult, ablation_table, collected_runs, latest_per, model_size
+from envace.reporting.intervals import bootstrap_over_seeds, bootstrap_overall, wilson
 from envace.reporting.plots import curves_frame, merge_curves, plot_reward_per_variant
+from envace.reporting.provenance import CURRENT, STALE, header_lines, input_state, input_states, stale_note
+from envace.reporting.reference import REFERENCE_COLUMN
+from envace.reporting.tables import NOT_RUNNABLE, fidelity_table, main_table, render_markdown
 from envace.stages import report
 from envace.utils.io import write_json
 
-ALL_PLOTS = ["training_curve.png", "reward_per_variant.png", "advantages_per_role.png",
-             "fidelity_over_training.png", "testtime.png"]
+ALL_PLOTS = ["training_curve.png", "training_per_role.png", "reward_per_variant.png", "advantages_per_role.png",
+             "fidelity_over_training.png", "testtime.png", "testtime_cost.png"]
 
 
 def _entry(name, algo, model="tiny", profile="smoke", ts="2026-01-01T00:00:00", rates=None, reward=0.1,
@@ -45,8 +53,9 @@ EXPERIMENTS = [
 
 def _metrics_dir(root: Path, *, curves: bool = True, fidelity: bool = True, experiments: bool = True) -> None:
     metrics, plots = root / "metrics", root / "plots"
-    write_json(metrics / "evaluate_toolworld.json", {"benchmark": "toolworld", "policy": {"success_rate": 0.375},
-                                                     "base": {"success_rate": 0.125}})
+    write_json(metrics / "evaluate_toolworld.json", {"benchmark": "toolworld", "n_tasks": 8,
+                                                     "policy": {"success_rate": 0.375, "n_tasks": 8},
+                                                     "base": {"success_rate": 0.125, "n_tasks": 8}})
     train = {"final/reward/mean": 0.5, "steps_done": 2, "variant": "envace"}
     if curves:
         train["curves"] = {"step": [0, 1, 2], "reward/mean": [None, 0.25, 0.5],
@@ -57,11 +66,12 @@ def _metrics_dir(root: Path, *, curves: bool = True, fidelity: bool = True, expe
     write_json(metrics / "train.json", train)
     write_json(metrics / "rehearsal_sweep.json", {"cells": [
         {"n_attempts": 0, "mode": "none", "rehearser": "none", "success_rate": 0.25, "gain_vs_none": 0.0},
-        {"n_attempts": 1, "mode": "parallel", "rehearser": "trained", "success_rate": 0.5, "gain_vs_none": 0.25}]})
+        {"n_attempts": 1, "mode": "parallel", "rehearser": "trained", "success_rate": 0.5, "gain_vs_none": 0.25,
+         "cost/rehearsal_completion_tokens": 120.0}]})
     plots.mkdir(parents=True, exist_ok=True)
     pd.DataFrame({"step": [1.0, 2.0], "reward/mean": [0.25, 0.5], "adv/act/mean": [0.0, 0.1],
                   "adv/act/std": [0.5, 0.4], "adv/act/abs_mean": [0.4, 0.3], "adv/rehearse/mean": [0.0, -0.1],
-                  "adv/rehearse/std": [0.3, 0.2]}).to_csv(plots / "train_steps.csv", index=False)
+                  "adv/rehearse/std": [0.3, 0.2], "loss": [0.1, 0.05]}).to_csv(plots / "train_steps.csv", index=False)
     if experiments:
         write_json(metrics / "experiments.json", {"schema_version": SCHEMA_VERSION, "experiments": EXPERIMENTS})
 
@@ -80,7 +90,8 @@ def make_report(tmp_path, paths_under):
 def test_ablation_rows_latest_per_variant_same_profile_and_model_current_run_wins(make_report):
     out, summary = make_report()
     table = pd.read_csv(out / "ablation.csv")
-    assert list(table.columns) == ["variant", "run", "toolworld", "Overall", "Overall (all)", "final_reward"]
+    assert [c for c in table.columns if "/" not in c] == ["variant", "run", "seeds", "toolworld", "Overall",
+                                                          "Overall (all)", "final_reward", REFERENCE_COLUMN]
     assert table["variant"].tolist() == ["grpo", "per_role", "envace"]
     assert table["run"].tolist() == ["grpo-new", "per-role", "workspace"] == summary["ablation_runs"]
     assert table["toolworld"].tolist() == [25.0, 50.0, 37.5]
@@ -138,13 +149,22 @@ def test_without_curves_the_current_run_is_plotted_from_train_steps_csv(make_rep
     assert "fidelity_over_training.png" in summary["skipped_plots"]
 
 
-def test_tables_hold_only_measured_numbers_and_the_paper_stays_in_the_reference_section(make_report):
+def test_the_paper_numbers_stay_in_their_labelled_reference_column(make_report):
     out, _ = make_report()
-    for csv in out.glob("*.csv"):
-        assert "32.91" not in csv.read_text() and "36.7" not in csv.read_text(), csv.name
+    for csv in (p for p in out.glob("*.csv") if p.read_text().strip()):
+        frame = pd.read_csv(csv)
+        ours = frame.drop(columns=[REFERENCE_COLUMN], errors="ignore").to_csv(index=False)
+        assert "32.91" not in ours and "36.7" not in ours, csv.name
+    main = pd.read_csv(out / "main.csv").set_index("contender")
+    assert main.loc["policy", REFERENCE_COLUMN].startswith("EnvACE-8B: Overall 32.91")  # variant envace
+    assert main.loc["base", REFERENCE_COLUMN].startswith("Qwen3-8B: Overall 28.48")
+    ablation = pd.read_csv(out / "ablation.csv").set_index("variant")[REFERENCE_COLUMN]
+    assert ablation["grpo"] == "τ² 31.2" and ablation["envace"] == "τ² 36.7"
+    testtime = pd.read_csv(out / "testtime.csv")
+    assert testtime[REFERENCE_COLUMN].iloc[0].startswith("no rehearsal: Overall 36.7")
+    assert pd.isna(testtime[REFERENCE_COLUMN].iloc[1])  # N=1: the paper reports only N=2
     text = (out / "report.md").read_text()
-    measured, reference = text.split("## Reference (paper numbers, not measured here)")
-    assert "32.91" not in measured and report.PAPER_REFERENCE in reference
+    assert f"| {REFERENCE_COLUMN}" in text and report.REFERENCE_TITLE in text
 
 
 def test_reward_per_variant_uses_each_variants_curves(tmp_path):
@@ -192,7 +212,8 @@ def test_dvc_yaml_declares_every_report_figure_and_with_no_data_none_is_drawn(tm
     made, skipped = save_plots(tmp_path, steps=empty, curves=empty, variants={}, testtime=empty)
     assert made == [] and list(skipped) == ALL_PLOTS and not list(tmp_path.iterdir())
     dvc_yaml = yaml.safe_load((Path(__file__).resolve().parents[2] / "dvc.yaml").read_text())
-    assert dvc_yaml["plots"] == [f"${{paths.reports}}/{name}" for name in ALL_PLOTS]
+    images = [entry for entry in dvc_yaml["plots"] if isinstance(entry, str)]
+    assert images == [f"${{paths.reports}}/{name}" for name in ALL_PLOTS]
 
 
 def test_benchmark_table_lists_each_benchmarks_own_aggregates():
@@ -220,3 +241,144 @@ def test_benchmark_table_lists_each_benchmarks_own_aggregates():
     main = main_table(["bfcl", "tau2", "toolworld"], {"policy": "envace"}, m)
     assert main.loc[0, "Overall"] == pytest.approx(37.5) and main.loc[0, "Overall (all)"] == pytest.approx(37.5)
     assert "bfcl, tau2" in overall_note(main, ["bfcl", "tau2", "toolworld"])
+
+
+# ---- n, intervals, flags ----------------------------------------------------------------------------
+CELL = re.compile(r"^-?\d+\.\d \[\d+\.\d, \d+\.\d\] \(n=\d+")
+
+
+def test_every_scored_cell_carries_n_and_a_95_interval(make_report):
+    out, _ = make_report()
+    main = pd.read_csv(out / "main.csv")
+    for column in ("toolworld", "Overall (all)"):
+        assert main[column].notna().all()
+        assert (main[f"{column}/n"] > 0).all() and main[f"{column}/ci_low"].notna().all()
+        assert (main[f"{column}/ci_low"] <= main[column]).all() and (main[column] <= main[f"{column}/ci_high"]).all()
+    text = (out / "report.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| envace (tiny)"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "37.5 [13.7, 69.4] (n=8)"  # Wilson, 3 of 8
+    assert CELL.match(cells[3])  # Overall (all): the stratified bootstrap
+    testtime = pd.read_csv(out / "testtime.csv")  # n = the sweep's tasks (none recorded here: no interval)
+    assert {"success_rate/n", "success_rate/ci_low", "success_rate/ci_high"} <= set(testtime.columns)
+
+
+def test_wilson_and_the_bootstrap_give_known_numbers():
+    assert wilson(0, 0) is None
+    assert wilson(0, 3) == (0.0, pytest.approx(0.5615, abs=1e-4))
+    assert wilson(3, 8) == (pytest.approx(0.1368, abs=1e-4), pytest.approx(0.6943, abs=1e-4))
+    assert wilson(2, 2)[1] == 1.0
+    low, high = bootstrap_overall([(3, 8), (0, 4)])
+    assert 0.0 <= low < 0.1875 < high <= 0.5 and bootstrap_overall([(3, 8), (0, 4)]) == (low, high)  # seeded
+    assert bootstrap_overall([(0, 3), (0, 2)]) == (0.0, 0.0) and bootstrap_overall([(1, 0)]) is None
+    assert bootstrap_over_seeds([10.0]) is None
+    low, high = bootstrap_over_seeds([10.0, 20.0, 30.0])
+    assert 10.0 <= low < 20.0 < high <= 30.0
+
+
+def _evaluate(bench, rate, n, **extra):
+    return {"benchmark": bench, "n_tasks": n, "not_runnable": extra.pop("parts", {}),
+            "policy": {"success_rate": rate, "n_tasks": n, **extra}}
+
+
+def test_overflows_not_runnable_and_not_run_are_flagged_in_the_cells():
+    m = {"evaluate_tau2": _evaluate("tau2", 0.0, 3, context_overflows=3),
+         "evaluate_bfcl": _evaluate("bfcl", 0.5, 4, parts={"web_search_base": "needs SerpAPI"}),
+         "evaluate_vitabench": _evaluate("vitabench", 0.0, 2, error_rate=1.0,
+                                         status_info={"status": "needs endpoints: user simulator, judge"})}
+    main = main_table(["tau2", "bfcl", "vitabench", "finmcp"], {"policy": "envace"}, m, "envace")
+    row = main.iloc[0]
+    assert row["tau2/overflows"] == 3 and row["vitabench/status"] == NOT_RUNNABLE and pd.isna(row["vitabench"])
+    assert row["finmcp/status"] == "not run" and row["finmcp/n"] == 0 and pd.isna(row["finmcp"])
+    assert row["Overall"] == pytest.approx(25.0) and row["Overall/n"] == 7  # τ² and BFCL; Vita did not run
+    text = render_markdown(main.drop(columns=["contender"]))
+    cells = [c.strip() for c in text.splitlines()[2].strip("|").split("|")]
+    assert cells[1] == "0.0 [0.0, 56.1] (n=3; 3/3 overflow)"
+    assert cells[2] == "50.0 [15.0, 85.0] (n=4; 1 part(s) not runnable offline)"
+    assert cells[3] == "not runnable offline (n=2)"
+    assert cells[4] == "—"
+
+
+def test_nothing_measured_prints_a_dash_never_0():
+    m = {"evaluate_toolworld": {"benchmark": "toolworld", "policy": {
+        "success_rate": 0.0, "n_tasks": 2,
+        "fidelity": {"n": 0, "exact_match": 0.0, "field_f1": 0.0, "error_agreement": 0.0, "parse_failure_rate": 0.0},
+        "fidelity_gold": {"n": 2, "exact_match": 0.5, "field_f1": 0.5, "error_agreement": 1.0,
+                          "parse_failure_rate": 0.0}}}}
+    fidelity = fidelity_table(m)
+    own, gold = fidelity.iloc[0], fidelity.iloc[1]
+    assert own["n"] == 0 and pd.isna(own["exact_match"]) and pd.isna(own["field_f1"])
+    assert gold["exact_match"] == 0.5 and gold["exact_match/ci_low"] == pytest.approx(0.0945, abs=1e-4)
+    lines = render_markdown(fidelity, 3).splitlines()
+    assert lines[2].count("—") == 4 and " 0.000 " not in lines[2]  # exact, agreement, parse failures, F1
+    assert "0.500 [0.095, 0.905] (n=2)" in lines[3]
+
+
+def _run(name, algo, seed, rate):
+    return RunResult(run=name, params={"profile": "smoke", "model.name": "tiny", "algo.name": algo, "seed": seed},
+                     success={"toolworld": rate}, n={"toolworld": 8}, final_reward=rate)
+
+
+def test_a_row_with_several_seeds_is_their_mean_with_a_bootstrap_over_seeds():
+    runs = [_run("g0", "grpo", 0, 0.25), _run("g1", "grpo", 1, 0.5), _run("g2", "grpo", 2, 0.75)]
+    table, chosen = ablation_table(runs, _run("workspace", "envace", 0, 0.375), ["toolworld"])
+    grpo = table.set_index("variant").loc["grpo"]
+    assert grpo["run"] == "g0, g1, g2" and grpo["seeds"] == "0, 1, 2" and len(chosen) == 4
+    assert grpo["toolworld"] == pytest.approx(50.0) and grpo["toolworld/n"] == 3
+    assert grpo["toolworld/unit"] == "seeds" and 25.0 <= grpo["toolworld/ci_low"] < 50.0 < grpo["toolworld/ci_high"]
+    envace = table.set_index("variant").loc["envace"]  # one seed: Wilson over its 8 tasks
+    assert envace["toolworld/n"] == 8 and envace["toolworld/ci_low"] == pytest.approx(13.68, abs=0.01)
+    assert "(n=3 seeds)" in render_markdown(table)
+
+
+# ---- provenance, stale inputs, MLflow keys --------------------------------------------------------------
+def test_the_report_opens_with_its_provenance(make_report, monkeypatch):
+    monkeypatch.setenv("ENVACE_OVERRIDES", '["algo.lr=1e-5"]')
+    out, _ = make_report()
+    lines = (out / "report.md").read_text().splitlines()
+    assert lines[0].startswith("# envace report")
+    provenance = lines[2]
+    assert provenance.startswith("**Produced by** commit `") and "profile `smoke`" in provenance
+    for part in ("overrides `algo.lr=1e-5`", "model `tiny`", "seed(s) 0", "UTC"):
+        assert part in provenance
+    train = next(line for line in lines if "/metrics/train.json`" in line)
+    assert train.endswith("| — | unknown: not in a git work tree |")  # tmp_path: not in a repository
+
+
+def _git(root, *args):
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True,
+                   capture_output=True)
+
+
+def test_metrics_from_an_older_commit_than_the_code_are_marked_stale(tmp_path):
+    (tmp_path / "envace").mkdir()
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "envace" / "stage.py").write_text("x = 1\n")
+    write_json(tmp_path / "metrics" / "old.json", {"a": 1})
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-qm", "code and old metrics")
+    (tmp_path / "envace" / "stage.py").write_text("x = 2\n")
+    write_json(tmp_path / "metrics" / "new.json", {"a": 2})
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-qm", "new code, new metrics")
+    old, new = input_states(tmp_path / "metrics", "metrics", ["old", "new"])
+    assert old.state == STALE and "1 later commit(s) changed envace/" in old.detail and old.commit
+    assert new.state == CURRENT and new.commit != old.commit
+    assert stale_note(["old"], [old, new]) == "**STALE**: built from `metrics/old.json`, produced by older code."
+    assert stale_note(["new"], [old, new]) is None
+    (tmp_path / "envace" / "stage.py").write_text("x = 3\n")  # uncommitted code: nothing is current
+    assert input_state(tmp_path / "metrics" / "new.json").state == STALE
+    header = "\n".join(header_lines(commit="abc", dirty=True, profile="cpu", overrides=[], model="m",
+                                    variant="envace", seeds=[0], date="d", inputs=[old, new]))
+    assert "(dirty" in header and "**STALE**: 1 later commit(s)" in header and "Stale inputs** (1 of 2)" in header
+
+
+def test_report_metrics_have_stable_keys_and_the_labels_go_to_tags(make_report):
+    _, summary = make_report()
+    numeric = {k for k, v in summary.items() if isinstance(v, float)}
+    assert {"overall_all/policy", "overall_all/base", "success/policy/toolworld", "success/base/toolworld/n",
+            "overall_all/policy/ci_low"} <= numeric and "overall/policy" in summary
+    assert summary["overall_all/policy"] == pytest.approx(37.5) and summary["overall/policy"] is None
+    assert not [k for k in summary if "tiny" in k or " " in k or "(" in k]
+    assert summary["labels"] == {"base": "tiny (base)", "policy": "envace (tiny)"}

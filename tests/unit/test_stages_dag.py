@@ -74,14 +74,23 @@ def test_the_flow_is_named_envace_and_served_as_full_pipeline():
 
     assert envace_flow.name == "envace"
     params = inspect.signature(envace_flow.fn).parameters
-    assert list(params) == ["overrides", "stages"]
-    assert 'serve(name="full-pipeline")' in (ROOT / "flows" / "serve.py").read_text()
+    assert list(params) == ["overrides", "stages", "timeouts"]
+    from flows.pipeline import DEPLOYMENT_CONCURRENCY, DEPLOYMENT_NAME, stage_task
+
+    assert DEPLOYMENT_NAME == "full-pipeline" and "serve()" in (ROOT / "flows" / "serve.py").read_text()
+    assert DEPLOYMENT_CONCURRENCY.limit == 1 and DEPLOYMENT_CONCURRENCY.collision_strategy.value == "ENQUEUE"
     from prefect.cache_policies import NO_CACHE
 
-    from tasks.stages import STAGE_TASKS
+    from tasks.stages import STAGE_TASKS, TIMEOUT_SECONDS
 
     assert {name for name, t in STAGE_TASKS.items() if t.retries} == {"evaluate", "rehearsal_sweep"}
     assert all(t.cache_policy is NO_CACHE for t in STAGE_TASKS.values())
+    assert all(t.timeout_seconds == TIMEOUT_SECONDS[name] > 0 for name, t in STAGE_TASKS.items())
+    assert stage_task("evaluate@bfcl", {"evaluate": 60}).timeout_seconds == 60
+    assert stage_task("evaluate@bfcl", {"evaluate@bfcl": 90, "evaluate": 60}).timeout_seconds == 90
+    with pytest.raises(ValueError, match="positive"):
+        stage_task("train", {"train": 0})
+    assert stage_task("train", {"evaluate": 60}) is STAGE_TASKS["train"]
 
 
 def test_every_configurable_benchmark_has_adapter_settings():
@@ -89,3 +98,17 @@ def test_every_configurable_benchmark_has_adapter_settings():
     from envace.stages.suites import BENCHMARK_KWARGS
 
     assert {b.value for b in Benchmark} == set(BENCHMARK_KWARGS)
+
+
+
+def test_every_data_plot_names_its_x_and_y():
+    """Stage `plots:` on data files and top-level plot definitions say which columns they draw; image
+    entries (PNG paths) have no columns and are the only entries allowed without them."""
+    top = yaml.safe_load((ROOT / "dvc.yaml").read_text()).get("plots", [])
+    staged = [entry for stage in DVC.values() for entry in stage.get("do", stage).get("plots", [])]
+    entries = [(e, {}) if isinstance(e, str) else next(iter(e.items())) for e in [*staged, *top]]
+    data = {name: spec for name, spec in entries if not name.endswith(".png")}
+    assert {"${paths.plots}/train_steps.csv", "fidelity_over_training", "testtime_success"} <= set(data)
+    for name, spec in data.items():
+        assert spec.get("x") and spec.get("y"), f"dvc.yaml plot {name} needs an explicit x and y"
+    assert data["${paths.plots}/train_steps.csv"]["y"] == "reward/mean"

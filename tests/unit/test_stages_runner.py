@@ -54,7 +54,9 @@ def test_execute_writes_metrics_and_logs_a_nested_run(tmp_path, monkeypatch):
         return {"n": 3, "nested": {"rate": 0.5}, "label": "x"}
 
     metrics = runner.execute("demo", run, cfg, tmp_path / "metrics" / "demo.json", tracking_uri=uri)
-    assert metrics == json.loads((tmp_path / "metrics" / "demo.json").read_text())
+    assert json.loads((tmp_path / "metrics" / "demo.json").read_text()) == {"n": 3, "nested": {"rate": 0.5}}
+    assert json.loads((tmp_path / "metrics" / "demo.details.json").read_text()) == {"label": "x"}
+    assert metrics == runner.read_metrics(tmp_path / "metrics" / "demo.json")
     assert seen["tracker"] == "MlflowTracker"
     from envace.tracking import runs_table
 
@@ -75,3 +77,53 @@ def test_stage_main_reports_a_bad_override_without_running(tmp_path, monkeypatch
     assert main(["train.steps=3"]) == 0
     assert calls[0].train.steps == 3
     assert json.loads((tmp_path / "metrics" / "demo.json").read_text()) == {}
+
+
+RETURNED = {
+    "n_tasks": 8, "ok": True, "variant": "envace", "rate": float("nan"), "empty": {}, "none": None,
+    "curves": {"step": [0, 1], "reward/mean": [None, 0.5]},
+    "policy": {"success_rate": 0.125, "status": "ran", "fidelity": {"n": 0, "field_f1": 0.0, "note": None},
+               "domains": {"telecom:base": {"mode": "solo", "pass^1": 0.0}}},
+}
+
+
+def test_split_puts_numbers_in_the_metrics_half_and_everything_else_in_the_details_half():
+    numbers, details = runner.split_metrics(RETURNED)
+    assert numbers == {"n_tasks": 8, "ok": True,
+                       "policy": {"success_rate": 0.125, "fidelity": {"n": 0, "field_f1": 0.0},
+                                  "domains": {"telecom:base": {"pass^1": 0.0}}}}
+    assert details["variant"] == "envace" and details["curves"] == RETURNED["curves"] and details["empty"] == {}
+    assert details["none"] is None and details["policy"] == {"status": "ran", "fidelity": {"note": None},
+                                                             "domains": {"telecom:base": {"mode": "solo"}}}
+
+    def leaves(tree):
+        for value in tree.values():
+            yield from (leaves(value) if isinstance(value, dict) and value else [value])
+
+    assert all(isinstance(v, (int, float)) and v == v for v in leaves(numbers))  # numbers only, no NaN
+    assert not any(isinstance(v, (int, float)) and not isinstance(v, bool) and v == v for v in leaves(details))
+
+
+def test_merge_round_trips_the_split_and_read_metrics_merges_both_files(tmp_path):
+    for headline in (None, ("n_tasks", "policy.*")):
+        numbers, details = runner.split_metrics(RETURNED, headline)
+        merged = runner.merge_metrics(numbers, details)
+        assert json.dumps(merged, sort_keys=True) == json.dumps(RETURNED, sort_keys=True)  # NaN == NaN as text
+    path = tmp_path / "metrics" / "demo.json"
+    assert runner.write_metrics(path, RETURNED) == (path, tmp_path / "metrics" / "demo.details.json")
+    assert json.dumps(runner.read_metrics(path), sort_keys=True) == json.dumps(RETURNED, sort_keys=True)
+    (tmp_path / "old.json").write_text(json.dumps({"variant": "grpo", "n": 1}))  # written before the split
+    assert runner.read_metrics(tmp_path / "old.json") == {"variant": "grpo", "n": 1}
+    assert runner.merge_metrics({"a": {"b": 1}}, {"a": {"c": "x"}, "d": [1]}) == {"a": {"b": 1, "c": "x"}, "d": [1]}
+
+
+def test_headline_keeps_few_numbers_in_the_metrics_file_for_dvc_metrics_show():
+    numbers, details = runner.split_metrics(RETURNED, ("n_tasks", "policy.success_rate", "policy.*.pass^1"))
+    assert numbers == {"n_tasks": 8, "policy": {"success_rate": 0.125}}  # depth must match: no domains.x
+    assert details["ok"] is True and details["policy"]["fidelity"] == {"n": 0, "field_f1": 0.0, "note": None}
+    assert runner.headline_for("evaluate@bfcl") == runner.HEADLINE["evaluate"]
+    assert runner.headline_for("demo") is None
+    train = {"steps_done": 8, "final/reward/mean": 0.2, "final/kl": 0.0, "final/time/step": 9.0, "variant": "g"}
+    numbers, _ = runner.split_metrics(train, runner.headline_for("train"))
+    assert numbers == {"steps_done": 8, "final/reward/mean": 0.2, "final/kl": 0.0}
+    assert len(runner.HEADLINE["evaluate"]) <= 8 and len(runner.HEADLINE["train"]) <= 8

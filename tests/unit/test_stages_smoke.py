@@ -78,7 +78,7 @@ def test_train_tracks_world_model_fidelity_over_training(chain):
     steps = pd.read_csv(root / "plots" / "train_steps.csv")
     assert steps["fidelity/n_calls"].notna().all() and (steps["fidelity/n_calls"] > 0).all()
     assert steps["reward/mean"].isna().tolist() == [True] + [False] * n  # no rollout before step 1
-    curves = json.loads((root / "metrics" / "train.json").read_text())["curves"]
+    curves = json.loads((root / "metrics" / "train.details.json").read_text())["curves"]  # lists: the details half
     assert set(curves) == {"step", "reward/mean", "adv/act/mean", "adv/act/std", "adv/rehearse/mean",
                            "adv/rehearse/std", "fidelity/exact_match", "fidelity/field_f1", "fidelity/error_agreement"}
     assert curves["step"] == list(range(0, n + 1)) and all(len(v) == n + 1 for v in curves.values())
@@ -106,7 +106,9 @@ def test_evaluate_scores_policy_and_base_with_domains_and_fidelity(chain):
 
 def test_rehearsal_sweep_covers_the_grid(chain):
     cfg, metrics, root = chain
-    cells = metrics["rehearsal_sweep"]["cells"]
+    keyed = metrics["rehearsal_sweep"]["cells"]  # keyed by cell name, e.g. toolworld/parallel/n1/trained
+    assert all(name == f"{c['benchmark']}/{c['mode']}/n{c['n_attempts']}/{c['rehearser']}" for name, c in keyed.items())
+    cells = list(keyed.values())
     n_positive = sum(1 for n in cfg.rehearsal.n_attempts if n > 0)
     assert len(cells) == 1 + n_positive * len(cfg.rehearsal.modes) * len(cfg.rehearsal.rehearsers)
     assert {(c["mode"], c["rehearser"]) for c in cells if c["n_attempts"]} == {
@@ -123,7 +125,8 @@ def test_report_writes_tables_and_plots_from_the_metrics(chain):
     for table in ("main", "domains", "fidelity", "testtime", "training", "data"):
         assert (reports / f"{table}.csv").exists()
     main = pd.read_csv(reports / "main.csv")
-    assert list(main.columns) == ["method", "toolworld", "Overall", "Overall (all)"] and len(main) == 2
+    assert {"method", "toolworld", "toolworld/n", "toolworld/ci_low", "toolworld/ci_high", "toolworld/overflows",
+            "Overall", "Overall (all)", "paper (Qwen3-8B, reference)"} <= set(main.columns) and len(main) == 2
     assert "Overall = mean over the paper's benchmarks that ran here: none" in (reports / "report.md").read_text()
     assert "testtime.png" in metrics["report"]["plots"]
     assert "## Test-time private rehearsal" in (reports / "report.md").read_text()
@@ -144,7 +147,7 @@ def test_evaluate_runs_bfcl_and_tau2_suites_with_their_own_tables(chain, paths_u
         m = runner.execute(f"evaluate@{bench}", evaluate.run, run_cfg, root / "metrics" / f"evaluate_{bench}.json")
         assert m["benchmark"] == bench and set(m) >= {"policy", "base", "not_runnable"}
         assert (root / "evaluation" / bench / "policy.predictions.jsonl").exists()
-    bfcl = read_json(root / "metrics" / "evaluate_bfcl.json")
+    bfcl = runner.read_metrics(root / "metrics" / "evaluate_bfcl.json")
     assert bfcl["n_tasks"] == 2
     assert {k for k, v in bfcl["policy"]["categories"].items() if v["status"] == "ran"} == {"irrelevance", "multi_turn_base"}
     assert bfcl["policy"]["categories"]["web_search_base"]["status"] == "not_runnable_offline"
@@ -152,7 +155,7 @@ def test_evaluate_runs_bfcl_and_tau2_suites_with_their_own_tables(chain, paths_u
     assert "overall" in bfcl["policy"]["aggregates"]
     # gold-call fidelity on BFCL's executable multi-turn backends (the oracle's calls, executed for real)
     assert bfcl["gold_fidelity_calls"] > 0 and bfcl["policy"]["fidelity_gold"]["n"] == bfcl["gold_fidelity_calls"]
-    tau2 = read_json(root / "metrics" / "evaluate_tau2.json")
+    tau2 = runner.read_metrics(root / "metrics" / "evaluate_tau2.json")
     assert tau2["n_tasks"] == 2 and tau2["trials"] == 2  # one ticket, two trials
     domain = tau2["policy"]["domains"]["telecom:base"]
     assert domain["status"] == "ran" and domain["mode"] == "solo" and {"pass^1", "pass^2"} <= set(domain)
@@ -176,10 +179,10 @@ def test_evaluate_runs_user_supplied_finmcp_and_vitabench_data(chain, paths_unde
     for bench in ("finmcp", "vitabench"):
         run_cfg = compose(["profile=smoke", "tracking=none", *paths_under(root), *suites, f"eval.benchmark={bench}"])
         runner.execute(f"evaluate@{bench}", evaluate.run, run_cfg, root / "metrics" / f"evaluate_{bench}.json")
-    finmcp = read_json(root / "metrics" / "evaluate_finmcp.json")
+    finmcp = runner.read_metrics(root / "metrics" / "evaluate_finmcp.json")
     assert finmcp["n_tasks"] == 2 and "macro" in json.dumps(finmcp["policy"]["finmcp"])
     assert finmcp["policy"]["status_info"]["unrecorded"] == "rehearse"
-    vita = read_json(root / "metrics" / "evaluate_vitabench.json")
+    vita = runner.read_metrics(root / "metrics" / "evaluate_vitabench.json")
     assert vita["policy"]["error_rate"] == 1.0 and vita["policy"]["success_rate"] == 0.0
     assert "needs endpoints" in vita["policy"]["status_info"]["status"]
     errors = [r["error"] for r in read_jsonl(root / "evaluation" / "vitabench" / "policy.predictions.jsonl")]

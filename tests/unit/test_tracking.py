@@ -1,5 +1,7 @@
 """Tracking against a real SQLite MLflow store: nested stage runs, FAILED on error, parent-run
-resolution (env var, one parent per dvc process), runs_table."""
+resolution (env var, one parent per dvc process), runs_table; stable metric keys, stage summaries on the
+parent, the experiment kind, comparisons by variant; rollout tables, data-set inputs, the model round trip,
+episode traces and system metrics (envace.mlflow_logging)."""
 
 from __future__ import annotations
 
@@ -167,7 +169,7 @@ def test_default_store_is_sqlite_at_the_dvc_root(monkeypatch, tmp_path):
 
 def test_numeric_items_keeps_finite_numbers_only():
     got = numeric_items({"a": 1, "b": 0.5, "c": True, "d": "x", "e": float("nan"), "f g(h)": 2, "l": [1]})
-    assert got == {"a": 1.0, "b": 0.5, "c": 1.0, "f g_h_": 2.0}
+    assert got == {"a": 1.0, "b": 0.5, "c": 1.0, "f_g_h": 2.0}
 
 
 def test_env_overrides_reach_the_parent_tags(monkeypatch):
@@ -176,3 +178,246 @@ def test_env_overrides_reach_the_parent_tags(monkeypatch):
     tags = tracking.pipeline_tags("cpu")
     assert json.loads(tags["envace.overrides"]) == ["algo=grpo"] and tags["prefect.flow_run_id"] == "abc"
     assert tags["envace.profile"] == "cpu" and tags["git_commit"]
+
+
+# ---- stable names, summaries on the parent, the experiment kind, comparisons ------------------------------
+def test_unstable_metric_keys_are_renamed_with_a_warning(caplog):
+    with caplog.at_level("WARNING", logger="envace.tracking"):
+        got = numeric_items({"overall.envace (smollm2-135m)": 0.5, "reward/mean": 1, "final/kl_coef": 0.1})
+    assert got == {"overall.envace_smollm2-135m": 0.5, "reward/mean": 1.0, "final/kl_coef": 0.1}
+    assert "not a stable name" in caplog.text and "overall.envace (smollm2-135m)" in caplog.text
+
+
+def test_stage_summary_is_mirrored_on_the_parent_and_the_experiment_opens_on_runs(
+        store_uri, experiment, in_tmp, monkeypatch):
+    store = MlflowStore(experiment, store_uri)
+    parent = start_pipeline_run(store, "smoke")
+    monkeypatch.setenv(ENV_PARENT_RUN_ID, parent)
+    with stage_run("evaluate@toolworld", {}, profile="smoke", experiment=experiment, tracking_uri=store_uri) as run:
+        run.log_metrics({"reward/mean": 0.1}, step=1)  # per-step: the stage run only
+        run.log_metrics({"policy.success_rate": 0.5, "n_tasks": 4})  # the summary: also on the parent
+    metrics = client(store_uri).get_run(parent).data.metrics
+    assert metrics == {"evaluate.toolworld/policy.success_rate": 0.5, "evaluate.toolworld/n_tasks": 4.0}
+    exp = client(store_uri).get_experiment_by_name(experiment)
+    assert exp.tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"
+
+
+def test_two_variants_compare_in_runs_table_on_the_same_metric_names(store_uri, experiment, in_tmp, monkeypatch):
+    store = MlflowStore(experiment, store_uri)
+    for variant, seed, reward in (("envace", 0, 0.6), ("envace", 1, 0.8), ("grpo", 0, 0.3)):
+        monkeypatch.setenv(ENV_PARENT_RUN_ID, start_pipeline_run(store, "smoke"))
+        params = {"algo.name": variant, "seed": seed, "model.display": f"{variant} (tiny)"}
+        with stage_run("train", params, profile="smoke", experiment=experiment, tracking_uri=store_uri) as run:
+            run.log_metrics({"final/reward_mean": reward, "steps_done": 2})
+    table = runs_table(experiment, tracking_uri=store_uri, stage="train", group_by="params.algo.name")
+    table = table.set_index("params.algo.name")
+    assert sorted(table.index) == ["envace", "grpo"]
+    assert table.loc["envace", "final/reward_mean.mean"] == pytest.approx(0.7)
+    assert table.loc["envace", "final/reward_mean.n"] == 2 and table.loc["grpo", "n_runs"] == 1
+    assert table.loc["grpo", "final/reward_mean.mean"] == pytest.approx(0.3)
+    by_seed = tracking.compare_runs("final/reward_mean", by=["params.algo.name", "params.seed"],
+                                    experiment=experiment, tracking_uri=store_uri, stage="train")
+    assert len(by_seed) == 3 and list(by_seed.columns[-3:]) == [
+        "final/reward_mean.mean", "final/reward_mean.std", "final/reward_mean.n"]
+    pipelines = runs_table(experiment, tracking_uri=store_uri, kind="pipeline", group_by="profile",
+                           metrics=["train/final/reward_mean"])  # the parents hold the same summary
+    assert pipelines.loc[0, "train/final/reward_mean.n"] == 3
+
+
+# ---- envace.mlflow_logging -------------------------------------------------------------------------------
+def _trajectory(prompt: str, sample: int, reward: float):
+    from envace.core.records import Role, Segment, Stream, ToolCall, Trajectory, Turn
+
+    act, reh = Segment((1, 2), Role.ACT, text=f"<tool_call>{prompt}</tool_call>"), Segment((3,), Role.REHEARSE,
+                                                                                              text='{"ok": 1}')
+    turns = (Turn(act.text, (ToolCall("lookup", {"q": prompt}),), ({"ok": 1},), rehearsed=False),)
+    return Trajectory(prompt, sample, streams=(Stream(Role.ACT, (act, reh)),), turns=turns, reward=reward)
+
+
+def test_rollout_tables_are_logged_per_step_and_bounded(store_uri, experiment, in_tmp):
+    from types import SimpleNamespace
+
+    import torch
+
+    from envace.mlflow_logging import RolloutSampler, global_tracking_uri
+
+    trajs = [_trajectory(f"{g}@{g}", s, float(s)) for g in range(3) for s in range(4)]  # 3 groups x 4 samples
+    # engines.local.trainer.OutputAdvantages' values: one per output, in trajectory/output order
+    adv = SimpleNamespace(values=torch.tensor([v for i in range(len(trajs)) for v in (0.1 * i, -0.1 * i)]))
+    with stage_run("train", {}, profile="smoke", experiment=experiment, tracking_uri=store_uri) as run:
+        sampler = RolloutSampler(run, group_size=4, limit=8)
+        sampler(3, trajs, adv)
+    c = client(store_uri)
+    assert [a.path for a in c.list_artifacts(run.run_id, "rollouts")] == ["rollouts/step_0003.json"]
+    with global_tracking_uri(store_uri):  # load_table searches runs through the fluent API
+        table = c.load_table(experiment_id=c.get_run(run.run_id).info.experiment_id,
+                             artifact_file="rollouts/step_0003.json", run_ids=[run.run_id])
+    assert len(table) == 8 and set(table["prompt_id"]) == {"0@0", "1@1", "2@2"}  # every group sampled
+    row = table.set_index(["prompt_id", "sample_index"]).loc[("1@1", 0)]
+    assert row["advantage_act"] == pytest.approx(0.4) and row["advantage_rehearse"] == pytest.approx(-0.4)
+    assert row["act_output"].startswith("<tool_call>") and row["rehearse_output"] == '{"ok": 1}'
+    assert json.loads(row["real_response"]) == [{"tool": "lookup", "response": {"ok": 1}}]
+
+
+def test_data_sets_are_logged_as_run_inputs(store_uri, experiment, in_tmp):
+    from envace.mlflow_logging import log_datasets
+
+    for split, n in (("train", 3), ("val", 2)):
+        (in_tmp / f"{split}.jsonl").write_text("".join(
+            json.dumps({"uuid": f"{split}{i}", "messages": [{}], "tools": []}) + "\n" for i in range(n)))
+    with stage_run("train", {}, profile="smoke", experiment=experiment, tracking_uri=store_uri) as run:
+        names = log_datasets(run, {s: in_tmp / f"{s}.jsonl" for s in ("train", "val", "test")},
+                             {"train": ["train0"]}, prefix="toolworld-")
+    assert names == ["toolworld-train", "toolworld-val"]
+    inputs = client(store_uri).get_run(run.run_id).inputs.dataset_inputs
+    by_name = {i.dataset.name: i for i in inputs}
+    assert set(by_name) == set(names)
+    train = by_name["toolworld-train"]
+    assert train.dataset.digest == tracking_digest(in_tmp / "train.jsonl")
+    assert json.loads(train.dataset.source)["uri"].endswith("train.jsonl")
+    assert json.loads(train.dataset.profile)["num_rows"] == 3
+    assert {t.key: t.value for t in train.tags}["mlflow.data.context"] == "train"
+
+
+def tracking_digest(path):
+    from envace.mlflow_logging import file_digest
+
+    return file_digest(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    from envace.models import ModelSpec, load_model_and_tokenizer
+
+    root = tmp_path_factory.mktemp("checkpoints")
+    model, tokenizer = load_model_and_tokenizer(ModelSpec(kind="tiny"))
+    model.save_pretrained(root / "final" / "policy")
+    tokenizer.save_pretrained(root / "final" / "policy")
+    manifest = {"roles": {"act": "final/policy", "rehearse": "final/policy"}}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    return root, manifest
+
+
+def test_the_trained_checkpoint_round_trips_as_an_mlflow_transformers_model(
+        store_uri, experiment, in_tmp, tiny_checkpoint):
+    import mlflow.transformers
+
+    from envace.mlflow_logging import global_tracking_uri, log_policy_model
+
+    root, manifest = tiny_checkpoint
+    with stage_run("train", {}, profile="smoke", experiment=experiment, tracking_uri=store_uri) as run:
+        logged = log_policy_model(run, root, manifest)
+    assert logged == {"policy": str(root / "final" / "policy")}  # one directory plays both roles
+    assert client(store_uri).get_run(run.run_id).data.tags["model.uri"] == f"runs:/{run.run_id}/policy"
+    with global_tracking_uri(store_uri):
+        pipe = mlflow.transformers.load_model(f"runs:/{run.run_id}/policy")
+    out = pipe("hello", max_new_tokens=4, do_sample=False)
+    assert out[0]["generated_text"].startswith("hello") and len(out[0]["generated_text"]) > len("hello")
+    import mlflow
+
+    assert mlflow.get_tracking_uri() != store_uri  # the global URI is restored
+
+
+def test_a_checkpoint_over_the_size_limit_is_not_logged_as_a_model(store_uri, experiment, in_tmp, tiny_checkpoint):
+    from envace.mlflow_logging import log_policy_model
+
+    root, manifest = tiny_checkpoint
+    with stage_run("train", {}, profile="smoke", experiment=experiment, tracking_uri=store_uri) as run:
+        assert log_policy_model(run, root, manifest, max_bytes=1000) == {}
+        assert log_policy_model(run, root, manifest, enabled=False) == {}
+    tags = client(store_uri).get_run(run.run_id).data.tags
+    assert "tracking.model_max_bytes=1000" in tags["model.skipped"]
+    assert not client(store_uri).list_artifacts(run.run_id, "policy")
+
+
+def _episode(i: int, rehearsed: bool):
+    from envace.core.records import ToolCall, Turn
+    from envace.core.rehearsal import turn_to_json
+    from envace.evaluation.records import EpisodeRecord
+
+    turn = Turn(f"act {i}", (ToolCall("get_weather", {"city": "Oslo"}),), ({"temp": i},), rehearsed=False)
+    info = {}
+    if rehearsed:
+        imagined = turn_to_json(Turn("act imagined", (ToolCall("get_weather", {"city": "Oslo"}),), ({"temp": -1},)))
+        info = {"rehearsal": {"n_attempts": 1, "outcomes": [{"turn_index": 0, "memory": "m", "attempts": [
+            {"index": 0, "turns": [imagined], "final_answers": ["x"], "critique_text": "fine"}]}]}}
+    return EpisodeRecord(benchmark="toolworld", task_id=f"t{i}", domain="weather", split="test", held_out=False,
+                         score=float(i % 2), success=bool(i % 2), turns=(turn,), final_answers=("done",), info=info)
+
+
+def test_episodes_are_logged_as_bounded_traces(store_uri, experiment, in_tmp):
+    import mlflow
+
+    from envace.mlflow_logging import log_episode_traces
+
+    records = [_episode(i, rehearsed=i == 0) for i in range(4)]
+    with stage_run("rehearsal_sweep", {}, profile="smoke", experiment=experiment, tracking_uri=store_uri) as run:
+        first = log_episode_traces(run, records, tags={"envace.stage": "rehearsal_sweep"}, limit=3, max_traces=5)
+        second = log_episode_traces(run, records, max_traces=5)  # the run's budget: 5 in all
+    assert len(first) == 3 and len(second) == 2
+    exp_id = client(store_uri).get_run(run.run_id).info.experiment_id
+    traces = client(store_uri).search_traces(locations=[exp_id], max_results=50)
+    assert len(traces) == 5
+    assert {t.info.request_metadata.get("mlflow.sourceRun") for t in traces} == {run.run_id}
+    rehearsed = next(t for t in traces if t.info.trace_id == first[0])
+    names = [s.name for s in rehearsed.data.spans]
+    assert names[0] == "episode t0" and "rehearsal (turn 0)" in names and "attempt 0" in names
+    assert names.count("get_weather") == 2 and "REHEARSE answer" in names and "real response" in names
+    assert names.count("ACT 0") == 2
+    root = rehearsed.data.spans[0]
+    assert root.attributes["envace.score"] == 0.0 and rehearsed.info.tags["envace.stage"] == "rehearsal_sweep"
+    scores = [a for a in rehearsed.info.assessments if a.name == "score"]
+    assert len(scores) == 1 and scores[0].value == 0.0
+    assert mlflow.get_tracking_uri() != store_uri
+
+
+def test_system_metrics_are_recorded_on_the_run(store_uri, experiment, in_tmp):
+    import time
+
+    from envace.mlflow_logging import system_metrics
+
+    with stage_run("train", {}, profile="smoke", experiment=experiment, tracking_uri=store_uri) as run, \
+            system_metrics(run, interval_s=0.5):
+        time.sleep(1.6)
+    metrics = client(store_uri).get_run(run.run_id).data.metrics
+    assert any(k.startswith("system/cpu_utilization") for k in metrics), metrics
+    with system_metrics(NullTracker()) as monitor:
+        assert monitor is None
+
+
+@pytest.mark.slow
+def test_the_local_engine_exposes_each_steps_rollouts_without_changing_training(guided_tiny_world):
+    from dataclasses import replace
+
+    import torch
+
+    from envace.engines import get_engine
+    from envace.engines.local import LocalEngineConfig, OptimConfig, RolloutConfig
+    from envace.models import ModelSpec
+
+    cfg = LocalEngineConfig(model=ModelSpec(kind="tiny", seed=3), steps=2, prompts_per_step=2, seed=5, progress=False,
+                            rollout=RolloutConfig(samples_per_prompt=2, max_act_tokens=24, max_rehearse_tokens=16,
+                                                  max_stream_tokens=512), optim=OptimConfig(lr=1e-3))
+    seen = []
+    results = []
+    def record(step, trajs, adv):
+        seen.append((step, len(trajs), len(adv.values) == sum(len(t.outputs()) for t in trajs)))
+
+    for hook in (None, record):
+        engine = get_engine("local")
+        engine.sample_hook = hook
+        results.append(engine.train(replace(cfg), guided_tiny_world))
+    assert seen == [(1, 4, True), (2, 4, True)]  # the step's trajectories with one advantage per output
+    plain, hooked = (r.models["policy"].state_dict() for r in results)
+    assert all(torch.equal(plain[k], hooked[k]) for k in plain)
+    assert [h.get("reward/mean") for h in results[0].history] == [h.get("reward/mean") for h in results[1].history]
+
+
+@pytest.fixture(scope="module")
+def guided_tiny_world():
+    from envace.engines import episode_spec_from_task
+    from envace.envs.toolworld import ToolWorldEnv
+
+    env = ToolWorldEnv()
+    tasks = [t for t in env.tasks("train") if len(t.user_turns) == 1][:2]
+    return [episode_spec_from_task(t, env.make_executor(t)) for t in tasks]

@@ -139,6 +139,9 @@ class LocalEngine(Engine):
         self.fidelity_probe_set = fidelity_probe_set
         self.slots: dict[str, Slot] = {}
         self.frozen: dict[str, torch.nn.Module] = {}
+        # optional observer of each RL step: (step, scored trajectories, per-output advantages); read-only
+        # (e.g. envace.mlflow_logging.RolloutSampler logs a bounded sample); training does not depend on it
+        self.sample_hook: Any = None
 
     # ---- setup ---------------------------------------------------------------------------------
     def _load(self, cfg: LocalEngineConfig) -> None:
@@ -249,6 +252,8 @@ class LocalEngine(Engine):
         groups = [j // k for j in range(len(trajs))]
         adv = compute_output_advantages(trajs, groups, self.variant, cfg.optim)
         metrics = rollout_metrics(batch, trajs, adv)
+        if self.sample_hook is not None:
+            self.sample_hook(step + 1, trajs, adv)
         t1 = time.perf_counter()
         temps = {r: cfg.rollout.temperature(r) for r in Role}
         stream_tokens = 0
