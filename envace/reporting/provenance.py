@@ -1,8 +1,15 @@
 """Where the report's inputs came from: the code's commit and, per metrics file, the commit that
 produced it and whether the code has changed since (a *stale* input).
 
-A metrics file's producer is read from git, not from MLflow: git answers offline and with
-``tracking=none``, and ``metrics/`` is git-tracked. The rules:
+A metrics file's producer is read, in this order, from:
+
+1. its details file (``metrics/<stage>.details.json``, key ``produced_by``), which the stage runner
+   writes with the commit of the code that ran it and whether that code had uncommitted changes:
+   **stale** when ``CODE_DIR`` differs between that commit and HEAD, or has uncommitted changes now or
+   had them then;
+2. for files written before that record existed: ``dvc status`` (the committed ``dvc.lock`` holds the
+   hashes of the code each stage ran with): **stale** when the file's stage has changed deps;
+3. when DVC cannot answer (e.g. the report runs inside ``dvc repro``, which holds DVC's lock), git:
 
 - a file committed and unchanged since: produced by the last commit that touched it
   (``git log -1 -- <file>``); **stale** when ``CODE_DIR`` changed in a later commit or has uncommitted
@@ -14,8 +21,12 @@ A metrics file's producer is read from git, not from MLflow: git answers offline
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 CODE_DIR = "envace"
@@ -46,15 +57,60 @@ def repo_root(path: Path) -> Path | None:
     return Path(top) if top else None
 
 
+# what a run's results depend on; the pipeline's own outputs (metrics/, plots/, dvc.lock, ...) are not code
+SOURCE_PATHS = ("envace", "conf", "flows", "tasks", "dvc.yaml", "params.yaml", "pyproject.toml")
+
+
 def head_state(root: Path) -> tuple[str, bool]:
-    """(HEAD commit, whether the work tree has changes: tracked edits or untracked files)."""
+    """(HEAD commit, whether the code has uncommitted changes: tracked edits or untracked files under
+    ``SOURCE_PATHS``; outputs the pipeline writes do not make the tree dirty)."""
     commit = git(["rev-parse", "HEAD"], root) or "unknown"
-    status = git(["status", "--porcelain"], root)
+    status = git(["status", "--porcelain", "--", *SOURCE_PATHS], root)
     return commit, bool(status)
 
 
 def _newest_code_mtime(root: Path) -> float:
     return max((p.stat().st_mtime for p in (root / CODE_DIR).rglob("*.py")), default=0.0)
+
+
+def _recorded_state(name: str, path: Path, root: Path) -> InputState | None:
+    """Rule 1 (module docstring): the commit recorded in the details file, None when there is none."""
+    details = path.with_name(path.name[: -len(".json")] + ".details.json")
+    try:
+        record = json.loads(details.read_text()).get("produced_by") if details.exists() else None
+    except (OSError, ValueError):
+        record = None
+    if not isinstance(record, dict) or not record.get("commit") or record["commit"] == "unknown":
+        return None
+    commit = str(record["commit"])
+    short = commit[:7]
+    diff = git(["diff", "--name-only", commit, "HEAD", "--", CODE_DIR], root)
+    if diff is None:
+        return InputState(name, short, UNKNOWN, f"commit {short} is not in this repository")
+    why = [f"{CODE_DIR}/ changed since {short}"] if diff else []
+    why += [f"{CODE_DIR}/ has uncommitted changes"] if git(["status", "--porcelain", "--", CODE_DIR], root) else []
+    why += [f"produced by uncommitted code on top of {short}"] if record.get("code_dirty") else []
+    return InputState(name, short, STALE if why else CURRENT, "; ".join(why))
+
+
+def _stage_of(stem: str) -> str:
+    """``evaluate_bfcl`` -> ``evaluate@bfcl`` (the dvc.yaml stage writing ``metrics/<stem>.json``)."""
+    return stem.replace("evaluate_", "evaluate@", 1) if stem.startswith("evaluate_") else stem
+
+
+@lru_cache(maxsize=8)
+def dvc_changed_stages(root: str) -> frozenset[str] | None:
+    """Stages whose deps differ from ``dvc.lock`` (``dvc status``), None when DVC cannot answer."""
+    dvc = shutil.which("dvc") or str(Path(sys.executable).with_name("dvc"))
+    try:
+        out = subprocess.run([dvc, "status", "--json"], cwd=root, capture_output=True, text=True, timeout=60)
+        status = json.loads(out.stdout) if out.returncode == 0 else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+    if not isinstance(status, dict):
+        return None
+    return frozenset(s for s, changes in status.items()
+                     if any(isinstance(c, dict) and "changed deps" in c for c in changes))
 
 
 def input_state(path: Path, name: str | None = None) -> InputState:
@@ -64,6 +120,16 @@ def input_state(path: Path, name: str | None = None) -> InputState:
     root = repo_root(path) if path.exists() else None
     if root is None:
         return InputState(name, None, UNKNOWN, "not in a git work tree")
+    recorded = _recorded_state(name, path, root)
+    if recorded is not None:
+        return recorded
+    changed_stages = dvc_changed_stages(str(root.resolve()))
+    if changed_stages is not None:
+        stage = _stage_of(path.name[: -len(".json")])
+        if stage in changed_stages:
+            return InputState(name, None, STALE, f"dvc status: stage {stage}'s code or inputs changed since "
+                                                 "dvc.lock recorded its run")
+        return InputState(name, None, CURRENT, "dvc status: up to date with dvc.lock")
     rel = str(path.relative_to(root.resolve()))
     last = git(["log", "-1", "--format=%h", "--", rel], root)
     if not last or git(["status", "--porcelain", "--", rel], root):
@@ -83,7 +149,7 @@ def input_state(path: Path, name: str | None = None) -> InputState:
 def header_lines(*, commit: str, dirty: bool, profile: str, overrides: list[str], model: str, variant: str,
                  seeds: list[int], date: str, inputs: list[InputState]) -> list[str]:
     """The report's opening block: what produced it, then one row per input with its state."""
-    tree = " (dirty: the work tree has uncommitted changes)" if dirty else ""
+    tree = " (dirty: the code has uncommitted changes)" if dirty else ""
     lines = [f"**Produced by** commit `{commit}`{tree}; profile `{profile}`; overrides "
              f"`{' '.join(overrides) or 'none'}` (ENVACE_OVERRIDES, on top of params.yaml); model `{model}`; "
              f"training variant `{variant}`; seed(s) {', '.join(map(str, seeds))}; generated {date}.", ""]

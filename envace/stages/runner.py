@@ -49,6 +49,17 @@ def default_metrics_path(name: str) -> MetricsPathFn:
 DETAILS_SUFFIX = ".details.json"
 
 
+PRODUCED_BY = "produced_by"  # details-file key: the commit whose code wrote it (envace.reporting.provenance)
+
+
+def produced_by() -> dict[str, Any]:
+    """``{"commit", "code_dirty"}`` of the code running now (the report's stale check reads it back)."""
+    from envace.reporting.provenance import head_state
+
+    commit, dirty = head_state(Path.cwd())
+    return {"commit": commit, "code_dirty": dirty}
+
+
 def details_path(metrics_path: Path) -> Path:
     """``metrics/<stage>.json`` -> ``metrics/<stage>.details.json`` (the non-numeric part)."""
     path = Path(metrics_path)
@@ -133,7 +144,7 @@ def write_metrics(
     """Write the two halves of ``metrics`` (``split_metrics``); returns (numbers path, details path)."""
     numbers, details = split_metrics(metrics, headline)
     details_file = details_path(metrics_path)
-    write_json(details_file, details)
+    write_json(details_file, {**details, PRODUCED_BY: produced_by()})
     write_json(metrics_path, numbers)
     return Path(metrics_path), details_file
 
@@ -144,7 +155,8 @@ def read_metrics(metrics_path: Path) -> dict[str, Any]:
     metrics = read_json(metrics_path)
     details_file = details_path(metrics_path)
     if isinstance(metrics, dict) and details_file.exists():
-        metrics = merge_metrics(metrics, read_json(details_file))
+        details = {k: v for k, v in read_json(details_file).items() if k != PRODUCED_BY}
+        metrics = merge_metrics(metrics, details)
     return metrics
 
 

@@ -382,3 +382,26 @@ def test_report_metrics_have_stable_keys_and_the_labels_go_to_tags(make_report):
     assert summary["overall_all/policy"] == pytest.approx(37.5) and summary["overall/policy"] is None
     assert not [k for k in summary if "tiny" in k or " " in k or "(" in k]
     assert summary["labels"] == {"base": "tiny (base)", "policy": "envace (tiny)"}
+
+
+def test_the_commit_recorded_by_the_stage_runner_decides_staleness(tmp_path):
+    (tmp_path / "envace").mkdir()
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "envace" / "stage.py").write_text("x = 1\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-qm", "code")
+    first = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    for stem in ("a", "b"):
+        write_json(tmp_path / "metrics" / f"{stem}.json", {"n": 1})
+    write_json(tmp_path / "metrics" / "a.details.json", {"produced_by": {"commit": first, "code_dirty": False}})
+    write_json(tmp_path / "metrics" / "b.details.json", {"produced_by": {"commit": first, "code_dirty": True}})
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-qm", "metrics committed later than the code that wrote them")
+    a, b = input_states(tmp_path / "metrics", "metrics", ["a", "b"])
+    assert a.state == CURRENT and a.commit == first[:7]  # no envace/ change since the producing commit
+    assert b.state == STALE and "uncommitted code" in b.detail
+    (tmp_path / "envace" / "stage.py").write_text("x = 2\n")
+    _git(tmp_path, "commit", "-qam", "new code")
+    a, _ = input_states(tmp_path / "metrics", "metrics", ["a", "b"])
+    assert a.state == STALE and f"changed since {first[:7]}" in a.detail

@@ -55,7 +55,9 @@ def test_execute_writes_metrics_and_logs_a_nested_run(tmp_path, monkeypatch):
 
     metrics = runner.execute("demo", run, cfg, tmp_path / "metrics" / "demo.json", tracking_uri=uri)
     assert json.loads((tmp_path / "metrics" / "demo.json").read_text()) == {"n": 3, "nested": {"rate": 0.5}}
-    assert json.loads((tmp_path / "metrics" / "demo.details.json").read_text()) == {"label": "x"}
+    details = json.loads((tmp_path / "metrics" / "demo.details.json").read_text())
+    assert details.pop("produced_by").keys() == {"commit", "code_dirty"}  # the report's stale check reads it
+    assert details == {"label": "x"}
     assert metrics == runner.read_metrics(tmp_path / "metrics" / "demo.json")
     assert seen["tracker"] == "MlflowTracker"
     from envace.tracking import runs_table
