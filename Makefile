@@ -25,7 +25,7 @@ export PREFECT_API_URL := http://127.0.0.1:$(PREFECT_PORT)/api
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-e2e pipeline params ablation scale serve stop ui
+.PHONY: help install test test-e2e pipeline params ablation scale serve stop ui plots
 
 # variables whose $(NAME) in a target's `## ...` text `make help` shows expanded (their values now)
 HELP_VARS := VENV PY PROFILE OVERRIDES ARGS VARIANTS HOME_VARIANT MODELS PREFECT_PORT MLFLOW_PORT PREFECT_API_URL
@@ -93,6 +93,9 @@ serve: ## start the Prefect server (127.0.0.1:$(PREFECT_PORT)) and serve envace/
 
 stop: ## stop the processes `make serve` started (by PID)
 	$(PY) -m flows.server stop
+
+plots: ## dvc plots show as one offline page (Vega inline): reports/dvc_plots/index.html
+	$(PY) -m envace.reporting.dvc_html -o reports/dvc_plots
 
 ui: ## browse MLflow runs: http://127.0.0.1:$(MLFLOW_PORT)
 	@echo "MLflow UI: http://127.0.0.1:$(MLFLOW_PORT)/#/experiments?workflowType=machine_learning (Model training view)"
