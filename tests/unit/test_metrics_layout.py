@@ -4,6 +4,7 @@ reading back what the stages returned (numbers + details merged, cells as rows),
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -75,9 +76,11 @@ def test_make_help_shows_expanded_values():
     make = shutil.which("make")
     if make is None:
         pytest.skip("make is not installed")
-    out = subprocess.run([make, "-s", "help"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    # a clean environment: under `make test VENV=...` (CI) the parent make's variables reach us via MAKEFLAGS
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "VENV", "PROFILE")}
+    out = subprocess.run([make, "-s", "help"], cwd=ROOT, capture_output=True, text=True, check=True, env=env).stdout
     assert "$(" not in out
     assert "(.venv)" in out and "on the cpu profile" in out and "127.0.0.1:4200" in out
     out = subprocess.run([make, "-s", "help", "VENV=/opt/venv", "PROFILE=smoke"], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout
+                         text=True, check=True, env=env).stdout
     assert "(/opt/venv)" in out and "on the smoke profile" in out
