@@ -1,15 +1,18 @@
 """Where the report's inputs came from: the code's commit and, per metrics file, the commit that
 produced it and whether the code has changed since (a *stale* input).
 
-A metrics file's producer is read, in this order, from:
+The producing commit shown is the one the stage runner records in the details file
+(``metrics/<stage>.details.json``, key ``produced_by``: the commit of the code that ran, and whether it
+had uncommitted changes). Whether an input is stale is decided, in this order, by:
 
-1. its details file (``metrics/<stage>.details.json``, key ``produced_by``), which the stage runner
-   writes with the commit of the code that ran it and whether that code had uncommitted changes:
-   **stale** when ``CODE_DIR`` differs between that commit and HEAD, or has uncommitted changes now or
-   had them then;
-2. for files written before that record existed: ``dvc status`` (the committed ``dvc.lock`` holds the
-   hashes of the code each stage ran with): **stale** when the file's stage has changed deps;
-3. when DVC cannot answer (e.g. the report runs inside ``dvc repro``, which holds DVC's lock), git:
+1. ``dvc status`` (the committed ``dvc.lock`` holds the hashes of the code and data each stage ran
+   with): **stale** when the code (``CODE_DIR``) or params the file's stage depends on changed — precise
+   per stage (data deps are left out: they differ whenever the workspace holds another run's outputs);
+2. inside ``dvc repro`` (``DVC_STAGE`` set; DVC holds its lock, so ``dvc status`` cannot run): current,
+   since the running repro re-ran every stage whose deps had changed (not so for ``--single-item``);
+3. the recorded commit: **stale** when ``CODE_DIR`` differs between it and HEAD, or has uncommitted
+   changes now or had them then (coarse: any change under ``CODE_DIR`` counts);
+4. for files written before that record existed, git:
 
 - a file committed and unchanged since: produced by the last commit that touched it
   (``git log -1 -- <file>``); **stale** when ``CODE_DIR`` changed in a later commit or has uncommitted
@@ -22,6 +25,7 @@ A metrics file's producer is read, in this order, from:
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -109,8 +113,11 @@ def dvc_changed_stages(root: str) -> frozenset[str] | None:
         return None
     if not isinstance(status, dict):
         return None
+    # code (and config) only: a data dep differs whenever the workspace holds another run's outputs, and
+    # an upstream stage whose code changed is reported on its own row
     return frozenset(s for s, changes in status.items()
-                     if any(isinstance(c, dict) and "changed deps" in c for c in changes))
+                     if any(dep == "params.yaml" or dep.startswith(f"{CODE_DIR}/") or dep == CODE_DIR
+                            for c in changes if isinstance(c, dict) for dep in c.get("changed deps", {})))
 
 
 def input_state(path: Path, name: str | None = None) -> InputState:
@@ -121,15 +128,18 @@ def input_state(path: Path, name: str | None = None) -> InputState:
     if root is None:
         return InputState(name, None, UNKNOWN, "not in a git work tree")
     recorded = _recorded_state(name, path, root)
-    if recorded is not None:
-        return recorded
+    producer = recorded.commit if recorded is not None else None
     changed_stages = dvc_changed_stages(str(root.resolve()))
     if changed_stages is not None:
         stage = _stage_of(path.name[: -len(".json")])
         if stage in changed_stages:
-            return InputState(name, None, STALE, f"dvc status: stage {stage}'s code or inputs changed since "
-                                                 "dvc.lock recorded its run")
-        return InputState(name, None, CURRENT, "dvc status: up to date with dvc.lock")
+            return InputState(name, producer, STALE, f"dvc status: stage {stage}'s code or params changed since "
+                                                     "dvc.lock recorded its run")
+        return InputState(name, producer, CURRENT, "dvc status: its code and params match dvc.lock")
+    if os.environ.get("DVC_STAGE"):  # inside `dvc repro`, which holds DVC's lock and re-ran what was stale
+        return InputState(name, producer, CURRENT, "checked by the running dvc repro against dvc.lock")
+    if recorded is not None:
+        return recorded
     rel = str(path.relative_to(root.resolve()))
     last = git(["log", "-1", "--format=%h", "--", rel], root)
     if not last or git(["status", "--porcelain", "--", rel], root):

@@ -384,7 +384,7 @@ def test_report_metrics_have_stable_keys_and_the_labels_go_to_tags(make_report):
     assert summary["labels"] == {"base": "tiny (base)", "policy": "envace (tiny)"}
 
 
-def test_the_commit_recorded_by_the_stage_runner_decides_staleness(tmp_path):
+def test_the_commit_recorded_by_the_stage_runner_decides_staleness(tmp_path, monkeypatch):
     (tmp_path / "envace").mkdir()
     (tmp_path / "metrics").mkdir()
     (tmp_path / "envace" / "stage.py").write_text("x = 1\n")
@@ -405,3 +405,6 @@ def test_the_commit_recorded_by_the_stage_runner_decides_staleness(tmp_path):
     _git(tmp_path, "commit", "-qam", "new code")
     a, _ = input_states(tmp_path / "metrics", "metrics", ["a", "b"])
     assert a.state == STALE and f"changed since {first[:7]}" in a.detail
+    monkeypatch.setenv("DVC_STAGE", "report")  # inside dvc repro: the repro itself checked dvc.lock
+    a, _ = input_states(tmp_path / "metrics", "metrics", ["a", "b"])
+    assert a.state == CURRENT and a.commit == first[:7] and "dvc repro" in a.detail
