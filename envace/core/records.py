@@ -24,6 +24,7 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -226,6 +227,11 @@ class Trajectory:
             termination=Termination(d.get("termination", "final_reply")),
             info=dict(d.get("info", {})),
         )
+
+
+# a rollout's check at the end of a user turn: (episode spec, turns so far, finished user turn) -> False: a
+# required checklist item failed, stop; True / None: go on (envace.judges.reward.required_items_gate)
+TurnGate = Callable[[Any, Sequence["Turn"], int], "bool | None"]
 
 
 def outputs_through_turn(turns: tuple[Turn, ...] | list[Turn], turn: int) -> dict[Role, int]:

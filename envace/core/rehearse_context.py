@@ -220,6 +220,21 @@ def next_call_message(
     return call_message(prompts, tools, call, _pending_said(history), context_tokens)
 
 
+def stream_text(fmt: Any, prompts: RolePrompts, tools: Sequence[Mapping[str, Any]], message: Message,
+                after_generation: bool) -> str:
+    """The text an append-only REHEARSE token stream appends for a call ``message`` (then the generation
+    prompt): a ``ChatFormatter.continuation`` after a generation, else — the stream still ends with the
+    system prompt — the rendered difference, checked to leave the system prompt as it was."""
+    if after_generation:
+        return fmt.continuation([message])
+    base = [rehearse_system_message(prompts, tools)]
+    before = fmt.render(base, None, add_generation_prompt=False)
+    after = fmt.render([*base, message], None, add_generation_prompt=True)
+    if not after.startswith(before):
+        raise ValueError(f"chat template of {fmt.name} rewrites the REHEARSE system prompt")
+    return after[len(before) :]
+
+
 def rehearse_context(
     prompts: RolePrompts, tools: Sequence[Mapping[str, Any]], history: Sequence[Event], call: ToolCall,
     context_tokens: int = DEFAULT_CONTEXT_TOKENS,

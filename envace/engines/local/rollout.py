@@ -45,7 +45,14 @@ from envace.core.prompts import (
     act_messages,
     act_observation_messages,
 )
-from envace.core.rehearse_context import Answered, Event, Said, next_call_message, rehearse_system_message
+from envace.core.rehearse_context import (
+    Answered,
+    Event,
+    Said,
+    next_call_message,
+    rehearse_system_message,
+    stream_text,
+)
 from envace.core.records import (
     Role,
     Segment,
@@ -54,6 +61,7 @@ from envace.core.records import (
     ToolCall,
     Trajectory,
     Turn,
+    TurnGate,
 )
 from envace.core.wire import parse_rehearsal, parse_tool_calls
 from envace.core.seeds import derive_seed
@@ -71,8 +79,6 @@ from envace.envs.base import Executor
 logger = logging.getLogger(__name__)
 
 ExecutorFactory = Callable[[EpisodeSpec], Executor]
-# (spec, turns so far, finished user turn) -> False: a required item failed, stop; True / None: go on
-TurnGate = Callable[[EpisodeSpec, Sequence[Turn], int], "bool | None"]
 
 
 @dataclass(frozen=True)
@@ -324,16 +330,7 @@ class RolloutRunner:
     def _append_call_message(self, ep: _Episode, call: ToolCall) -> None:
         """Append the call message (``rehearse_context.next_call_message``) and the generation prompt."""
         message = next_call_message(self.prompts, ep.spec.tools, ep.reh_history, call, self.cfg.rehearse_context_tokens)
-        if ep.reh_generated:
-            text = self.fmt.continuation([message])
-        else:  # the stream still ends with the system prompt: cut the rendered difference
-            base = [rehearse_system_message(self.prompts, ep.spec.tools)]
-            before = self.fmt.render(base, None, add_generation_prompt=False)
-            after = self.fmt.render([*base, message], None, add_generation_prompt=True)
-            if not after.startswith(before):
-                raise ValueError(f"chat template of {self.fmt.name} rewrites the REHEARSE system prompt")
-            text = after[len(before) :]
-        self._append(ep, Role.REHEARSE, text)
+        self._append(ep, Role.REHEARSE, stream_text(self.fmt, self.prompts, ep.spec.tools, message, ep.reh_generated))
 
     def _append(self, ep: _Episode, role: Role, text: str) -> None:
         tokens = self.fmt.encode(text)

@@ -41,8 +41,9 @@ from envace.core.rehearse_context import (
     next_call_message,
     rehearse_context,
     rehearse_system_message,
+    stream_text,
 )
-from envace.core.records import NO_ROLE, Role, Segment, Stream, Termination, ToolCall, Trajectory, Turn
+from envace.core.records import NO_ROLE, Role, Segment, Stream, Termination, ToolCall, Trajectory, Turn, TurnGate
 from envace.core.wire import parse_rehearsal, parse_tool_calls
 from envace.engines.base import EpisodeSpec
 from envace.engines.verl.settings import LoopSettings
@@ -66,8 +67,6 @@ class Generation:
 
 
 GenerateFn = Callable[[Role, list[int], int, float], Awaitable[Generation]]
-# (spec, turns so far, finished user turn) -> False: a required item failed, stop; True / None: go on
-TurnGate = Callable[[EpisodeSpec, Sequence[Turn], int], "bool | None"]
 
 
 @dataclass
@@ -296,15 +295,7 @@ class EpisodeRunner:
         stream = self.streams[Role.REHEARSE]
         message = next_call_message(self.prompts, self.spec.tools, self.history, call,
                                     self.settings.rehearse_context_tokens)
-        if stream.ends_with_generation:
-            text = self.fmt.continuation([message])
-        else:  # still only the system prompt: cut the rendered difference
-            base = [rehearse_system_message(self.prompts, self.spec.tools)]
-            before = self.fmt.render(base, None, add_generation_prompt=False)
-            after = self.fmt.render([*base, message], None, add_generation_prompt=True)
-            if not after.startswith(before):
-                raise ValueError(f"chat template of {self.fmt.name} rewrites the REHEARSE system prompt")
-            text = after[len(before):]
+        text = stream_text(self.fmt, self.prompts, self.spec.tools, message, stream.ends_with_generation)
         if not self._append(Role.REHEARSE, text):
             return None
         output = await self._generate(Role.REHEARSE)
