@@ -323,8 +323,8 @@ class RehearsalContext:
     """Everything private rehearsal is allowed to see — by construction no executor, no gold data.
 
     ``history``: real conversation messages (after the system message) that precede the first rehearsed
-    user turn (empty in ``task`` scope). ``examples``: real (call, response) pairs from earlier user
-    turns, offered to the REHEARSE role as few-shot examples (never pairs from the turns rehearsed).
+    user turn (empty in ``task`` scope); ``events``: the same conversation as the REHEARSE role sees it
+    (real calls with their real responses among them; never anything of the turns rehearsed).
     """
 
     task_id: str
@@ -333,7 +333,6 @@ class RehearsalContext:
     user_turns: tuple[str, ...]
     first_turn_index: int = 0
     history: tuple[dict[str, Any], ...] = ()
-    examples: tuple[tuple[ToolCall, Any], ...] = ()
     # the ``history`` conversation as envace.core.rehearse_context events: what REHEARSE conditions on
     events: tuple[Any, ...] = ()
 

@@ -95,7 +95,6 @@ class TurnView:
 
     turn_index: int
     conversation: tuple[Message, ...]  # messages after the system message
-    examples: tuple[tuple[ToolCall, Any], ...]  # (call, response) pairs of earlier user turns
     events: tuple[Event, ...] = ()  # the same conversation as REHEARSE-context events
 
 
@@ -164,12 +163,6 @@ class _LoopState:
     parse_failures: int = 0
     codes: list[str] = field(default_factory=list)
     responder_failures: int = 0
-
-    def examples_before(
-        self, user_turn: int, given: tuple[tuple[ToolCall, Any], ...]
-    ) -> tuple[tuple[ToolCall, Any], ...]:
-        own = tuple((c, r) for t in self.turns if t.user_turn < user_turn for c, r in zip(t.tool_calls, t.responses))
-        return given + own
 
     def result(self, termination: Termination, n_turns: int) -> LoopResult:
         answers = self.answers + [""] * (n_turns - len(self.answers))
@@ -244,7 +237,6 @@ def run_act_loop(
     purpose: str = "act",
     seed_tag: str = "act",
     turn_hook: TurnHook | None = None,
-    given_examples: tuple[tuple[ToolCall, Any], ...] = (),
 ) -> Program[LoopResult]:
     """Play every user turn of ``dialogue`` (see the module docstring for the rules)."""
     if not dialogue.user_turns:
@@ -255,8 +247,7 @@ def run_act_loop(
     for offset, user_text in enumerate(dialogue.user_turns):
         turn = dialogue.first_turn_index + offset
         if turn_hook is not None:
-            view = TurnView(turn, tuple(state.messages[1:]), state.examples_before(turn, given_examples),
-                            tuple(state.events))
+            view = TurnView(turn, tuple(state.messages[1:]), tuple(state.events))
             notes = yield from turn_hook(view)
             state.messages.extend(notes)
         state.messages.append({"role": "user", "content": user_text})

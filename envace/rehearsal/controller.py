@@ -127,7 +127,6 @@ def _attempt(
         purpose="rehearsal_act",
         seed_tag=f"attempt{index}",
         turn_hook=history_hook,
-        given_examples=context.examples,
     )
     attempt = AttemptRecord(
         index=index,
@@ -206,6 +205,5 @@ def context_for_turn(base: RehearsalContext, view: TurnView, whole_task: bool) -
         user_turns=turns,
         first_turn_index=view.turn_index,
         history=view.conversation,
-        examples=base.examples + view.examples,
         events=base.events + view.events,
     )

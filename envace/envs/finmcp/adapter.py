@@ -164,9 +164,7 @@ class FinMCPAdapter(BenchmarkAdapter):
             history = sample.history_before(turn)
             dialogue = Dialogue(task.task_id, task.system_prompt, task.tools, (text,), first_turn_index=turn,
                                 history=history, history_events=tuple(events_from_messages(history)))
-            examples = tuple((r.call, r.response) for r in sample.recorded if r.turn < turn and r.has_response)
-            loop = yield from run_act_loop(dialogue, responder, self.config, ledger, turn_hook=turn_hook,
-                                           given_examples=examples)
+            loop = yield from run_act_loop(dialogue, responder, self.config, ledger, turn_hook=turn_hook)
             loops.append(loop)
         return loops
 

@@ -100,8 +100,7 @@ def _hook_notes(hook: TurnHook | None, orch: Any, turn: int) -> Program[list[Any
         return []
     msg = tau2().message
     history = tau2().llm_utils.to_litellm_messages(list(orch.agent_state.messages)) if orch.agent_state else []
-    examples = tuple((c, r) for t in trajectory_turns(orch.trajectory)[0] for c, r in zip(t.tool_calls, t.responses))
-    notes = yield from hook(TurnView(turn, tuple(history), examples, tuple(events_from_messages(history))))
+    notes = yield from hook(TurnView(turn, tuple(history), tuple(events_from_messages(history))))
     make = {"system": msg.SystemMessage, "assistant": msg.AssistantMessage}
     return [make.get(n.get("role"), msg.UserMessage)(role=n.get("role", "user"), content=str(n.get("content", "")))
             for n in notes]
