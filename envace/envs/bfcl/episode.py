@@ -26,6 +26,7 @@ from typing import Any
 
 from envace.core.records import Termination, ToolCall, Turn
 from envace.core.rehearsal import derive_seed
+from envace.core.rehearse_context import events_from_messages
 from envace.envs.bfcl.convert import decode_response, encode_response, openai_tools
 from envace.envs.bfcl.scoring import parse_output
 from envace.envs.bfcl.upstream import bfcl
@@ -114,9 +115,9 @@ def _assistant(content: str, calls: Sequence[ToolCall]) -> Message:
 def _hook_messages(hook: TurnHook | None, t: Transcript, turn: int) -> Program[tuple[Message, ...]]:
     if hook is None:
         return ()
-    examples = tuple((c, r) for x in t.turns if x.user_turn < turn for c, r in zip(x.tool_calls, x.responses))
     start = 1 if t.messages and t.messages[0].get("role") == "system" else 0
-    notes = yield from hook(TurnView(turn, tuple(t.messages[start:]), examples))
+    conversation = tuple(t.messages[start:])
+    notes = yield from hook(TurnView(turn, conversation, tuple(events_from_messages(conversation))))
     return tuple(notes)
 
 
