@@ -29,7 +29,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from envace.engines.local.precision import autocast
+from envace.engines.local.precision import inference_model
 
 logger = logging.getLogger(__name__)
 
@@ -100,9 +100,11 @@ class BatchedStreams:
     def __init__(self, model: Any, keys: Sequence[Any], pad_id: int = 0, precision: str = "fp32"):
         if len(set(keys)) != len(keys):
             raise ValueError(f"BatchedStreams: duplicate row keys {list(keys)}")
-        self.model = model
+        # bf16: forwards run on a bf16-weight copy of the model (``inference_model``; cache in bf16),
+        # fp32: on the model itself
+        self.model = inference_model(model, precision)
         self.pad_id = pad_id
-        self.precision = precision  # resolved: forwards under bf16 autocast (cache in bf16) or fp32
+        self.precision = precision
         self.keys: list[Any] = list(keys)
         self.device = next(model.parameters()).device
         self.cache = make_cache(model)
@@ -146,15 +148,14 @@ class BatchedStreams:
         self.mask = torch.cat([self.mask, new_mask], dim=1)
         last = torch.tensor([max(n - 1, 0) for n in lengths], device=self.device)
         keep = torch.unique(last)
-        with autocast(self.precision, self.device):
-            out = self.model(
-                input_ids=ids,
-                attention_mask=self.mask.long(),
-                position_ids=positions,
-                past_key_values=self.cache,
-                use_cache=True,
-                logits_to_keep=keep,
-            )
+        out = self.model(
+            input_ids=ids,
+            attention_mask=self.mask.long(),
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
         self.cache = out.past_key_values
         lengths_t = torch.tensor(lengths, device=self.device)
         self.next_pos = self.next_pos + lengths_t

@@ -15,10 +15,13 @@ weights do not depend on the precision that trained them.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import logging
 import time
+import weakref
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -114,6 +117,45 @@ def autocast(precision: str, device: str | torch.device = "cpu") -> contextlib.A
     if precision != "fp32":
         raise ValueError(f"autocast: precision must be resolved to 'bf16' or 'fp32', got {precision!r}")
     return contextlib.nullcontext()
+
+
+# the bf16 copy of each model used for no-grad forwards (rollouts, evaluation), with the parameter
+# versions it was cast from: refreshed in place when an optimiser step (or a load) changed a weight
+_SHADOWS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[int, ...], torch.nn.Module]]" = (
+    weakref.WeakKeyDictionary())
+
+
+def inference_model(model: Any, precision: str) -> Any:
+    """The module to run no-grad forwards (decoding) with: ``model`` itself in fp32; in bf16 a copy whose
+    *parameters* are bfloat16 (buffers such as RoPE frequencies stay float32), cast once and kept
+    in sync with ``model``.
+
+    Why: under ``torch.autocast`` every forward re-casts every weight from float32, which for
+    decoding (one token per forward, memory-bound) costs more than the bf16 matmul saves — measured
+    on an AVX512-BF16 EPYC: rollouts 0.81× fp32 under autocast. The copy reads half the bytes per
+    token. It costs one bf16 copy of the weights (~270 MB for SmolLM2-135M). The copy is refreshed
+    (an in-place cast, ~0.1 s) whenever a parameter's version counter moved since the last cast, so
+    a rollout after an optimiser step always decodes with the updated weights. Training forwards
+    keep autocast over the float32 master weights (``autocast``).
+    """
+    if precision != "bf16":
+        return model
+    params = list(model.parameters())
+    versions = tuple(p._version for p in params)
+    entry = _SHADOWS.get(model)
+    if entry is not None and entry[0] == versions:
+        return entry[1]
+    if entry is None:
+        memo = {id(p): torch.nn.Parameter(p.detach().to(torch.bfloat16), requires_grad=False) for p in params}
+        shadow = copy.deepcopy(model, memo)
+        shadow.eval()
+    else:
+        shadow = entry[1]
+        with torch.no_grad():
+            for src, dst in zip(params, shadow.parameters()):
+                dst.copy_(src)
+    _SHADOWS[model] = (versions, shadow)
+    return shadow
 
 
 def resolve_threads(num_threads: int | str) -> int:
