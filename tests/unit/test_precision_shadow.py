@@ -7,7 +7,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from envace.engines.local.attention import use_gqa_attention
 from envace.engines.local.kv import BatchedStreams
+from envace.engines.local import OptimConfig
 from envace.engines.local.precision import inference_model
+from envace.engines.local.trainer import make_optimizer
 
 
 def _model() -> LlamaForCausalLM:
@@ -36,7 +38,8 @@ def test_fp32_is_the_model_itself_and_bf16_a_synced_copy():
     before = _last_logits(model, "bf16")
     fp32 = _last_logits(model, "fp32")
     assert 0 < float((before - fp32).abs().max()) < 0.1  # it ran in bf16, close to fp32
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = make_optimizer(model, OptimConfig(lr=1e-2))  # fused: moves no version counter, the step hook tells
+    assert opt.defaults.get("fused")
     model(input_ids=torch.arange(3, 20).unsqueeze(0), labels=torch.arange(3, 20).unsqueeze(0)).loss.backward()
     opt.step()
     assert inference_model(model, "bf16") is shadow  # refreshed in place, not rebuilt

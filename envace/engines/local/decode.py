@@ -50,6 +50,9 @@ class DecodeGuide:
 
     targets: Callable[[OutputKey], Sequence[int] | None]
     strength: float | None | Mapping[Role, float | None] = None
+    # replay: a forced output (strength None) is fed in one forward instead of token by token, and
+    # its recorded log-probs are NaN (nothing scores them: the SFT warm-up's gold replay)
+    replay: bool = False
 
     def strength_for(self, role: Role) -> float | None:
         return self.strength.get(role) if isinstance(self.strength, Mapping) else self.strength
@@ -154,7 +157,16 @@ def decode(
     empty = [row for row, piece in feed.items() if not piece]
     if empty:
         raise ValueError(f"decode: rows {empty} have no unfed prompt tokens; a stream must end with a generation prompt")
+    for row, r in list(live.items()) if guide is not None and guide.replay else ():
+        tokens = _replayed(r, guide, stop_ids)
+        if tokens is not None:
+            r.tokens, r.logprobs, r.finished = tokens, [float("nan")] * len(tokens), tokens[-1] in stop_ids
+            feed[row] = feed[row] + tokens[:-1]  # the last token is fed by the stream's next append
+            del live[row]
     forwards = 0
+    if not live and any(feed.values()):  # every row replayed: one forward feeds them all
+        streams.append(feed)
+        return 1
     while live:
         logits = streams.append(feed)
         forwards += 1
@@ -171,3 +183,17 @@ def decode(
             else:
                 feed[row] = [token]
     return forwards
+
+
+def _replayed(request: DecodeRequest, guide: DecodeGuide, stop_ids: frozenset[int]) -> list[int] | None:
+    """The forced tokens of a replayed output (up to its first stop id and its budget), or None when
+    the output is not forced (no target, or a finite strength)."""
+    target = guide.targets(request.output_key)
+    if target is None or not len(target) or guide.strength_for(request.output_key.role) is not None:
+        return None
+    tokens = []
+    for token in list(target)[: request.max_new_tokens]:
+        tokens.append(int(token))
+        if token in stop_ids:
+            break
+    return tokens

@@ -125,6 +125,16 @@ _SHADOWS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[int, ...], tor
     weakref.WeakKeyDictionary())
 
 
+# optimiser steps per model (``mark_weights_changed``): a fused AdamW updates the weights in place
+# without bumping their version counters, so the counters alone cannot tell that the copy is stale
+_STEPS: "weakref.WeakKeyDictionary[torch.nn.Module, int]" = weakref.WeakKeyDictionary()
+
+
+def mark_weights_changed(model: torch.nn.Module) -> None:
+    """Record that ``model``'s weights changed by a route that may not bump version counters (an optimiser step)."""
+    _STEPS[model] = _STEPS.get(model, 0) + 1
+
+
 def inference_model(model: Any, precision: str) -> Any:
     """The module to run no-grad forwards (decoding) with: ``model`` itself in fp32; in bf16 a copy whose
     *parameters* are bfloat16 (buffers such as RoPE frequencies stay float32), cast once and kept
@@ -135,13 +145,15 @@ def inference_model(model: Any, precision: str) -> Any:
     on an AVX512-BF16 EPYC: rollouts 0.81× fp32 under autocast. The copy reads half the bytes per
     token. It costs one bf16 copy of the weights (~270 MB for SmolLM2-135M). The copy is refreshed
     (an in-place cast, ~0.1 s) whenever a parameter's version counter moved since the last cast, so
-    a rollout after an optimiser step always decodes with the updated weights. Training forwards
-    keep autocast over the float32 master weights (``autocast``).
+    a rollout after an optimiser step always decodes with the updated weights; optimisers made by
+    ``trainer.make_optimizer`` also call ``mark_weights_changed`` after every step (fused AdamW writes
+    in place without moving version counters). Training forwards keep autocast over the float32 master
+    weights (``autocast``).
     """
     if precision != "bf16":
         return model
     params = list(model.parameters())
-    versions = tuple(p._version for p in params)
+    versions = (_STEPS.get(model, 0), *(p._version for p in params))
     entry = _SHADOWS.get(model)
     if entry is not None and entry[0] == versions:
         return entry[1]

@@ -49,7 +49,8 @@ def gold_targets(spec: EpisodeSpec, fmt: ChatFormatter) -> dict[Role, list[list[
     return {Role.ACT: act, Role.REHEARSE: reh}
 
 
-def gold_guide(specs: Mapping[Any, EpisodeSpec], fmt: ChatFormatter, strength: float | None = None) -> DecodeGuide:
+def gold_guide(specs: Mapping[Any, EpisodeSpec], fmt: ChatFormatter, strength: float | None = None,
+               replay: bool = False) -> DecodeGuide:
     """A guide steering each example's outputs toward its gold targets (keys: the rollout's example names).
 
     ``strength=None`` replays gold exactly (teacher forcing); a finite strength only biases sampling.
@@ -64,7 +65,7 @@ def gold_guide(specs: Mapping[Any, EpisodeSpec], fmt: ChatFormatter, strength: f
         outs = gold[key.role]
         return outs[key.index] if key.index < len(outs) else None
 
-    return DecodeGuide(lookup, strength=strength)
+    return DecodeGuide(lookup, strength=strength, replay=replay and strength is None)
 
 
 def gold_trajectories(
@@ -83,7 +84,8 @@ def gold_trajectories(
     steps = max((len(s.gold[t]) for s, _ in usable for t in range(len(s.gold))), default=0) + 1
     forced = replace(rollout, samples_per_prompt=1, max_act_tokens=longest, max_rehearse_tokens=longest,
                      max_steps_per_turn=max(steps, rollout.max_steps_per_turn), max_stream_tokens=1 << 30)
-    guide = gold_guide({i: s for i, (s, _) in enumerate(usable)}, fmt)
+    # replay: each gold output is fed in one forward (its log-probs are not needed for the NLL)
+    guide = gold_guide({i: s for i, (s, _) in enumerate(usable)}, fmt, replay=True)
     runner = RolloutRunner(fmt, forced, prompts, guide=guide, precision=precision)
     batch = runner.run([s for s, _ in usable], model, ResponseSource(model=model))
     good = [t for t in batch.trajectories if t.termination is Termination.FINAL_REPLY]
@@ -127,6 +129,7 @@ def sft_epoch(
                 _add_losses(sums, counts, logp.detach(), batch)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
+        optimizer.zero_grad(set_to_none=True)  # no gradients held between epochs (or into RL)
     finally:
         set_checkpointing(model, False)
         model.eval()

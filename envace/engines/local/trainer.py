@@ -51,7 +51,7 @@ from envace.engines.local.batching import (
 )
 from envace.engines.local.packing import attention_cost_ratio, collate_packs, plan_packs
 from envace.engines.local.packing import micro_batches as pack_micro_batches
-from envace.engines.local.precision import autocast
+from envace.engines.local.precision import autocast, mark_weights_changed
 from envace.engines.local.config import OptimConfig
 from envace.core.seeds import derive_seed
 
@@ -70,10 +70,20 @@ class Slot:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, lr: float | None = None) -> torch.optim.AdamW:
-    return torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=cfg.lr if lr is None else lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+    """AdamW over the trainable parameters, fused (one kernel over all tensors) where torch supports it.
+
+    On a CPU torch otherwise runs AdamW tensor by tensor: SmolLM2-135M measured 3.2-6.3 s per step
+    that way vs 0.3-0.8 s fused (1 thread, AMD EPYC), with no extra state or temporaries.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    fused = bool(params) and all(p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.bfloat16)
+                                 for p in params)
+    opt = torch.optim.AdamW(
+        params, lr=cfg.lr if lr is None else lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+        fused=fused or None,
     )
+    opt.register_step_post_hook(lambda *_: mark_weights_changed(model))  # the bf16 decoding copy is stale now
+    return opt
 
 
 @dataclass(frozen=True)
@@ -347,6 +357,7 @@ class PolicyUpdater:
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.grad_clip)
         stats.add("grad_norm", float(grad_norm))
         opt.step()
+        opt.zero_grad(set_to_none=True)  # free the gradients (one model's worth) before the next rollout
 
     def _apply_role_grads(self, role_grads: dict[Role, list[torch.Tensor]], stats: UpdateStats) -> None:
         params = [p for p in self.slot.model.parameters() if p.requires_grad]
