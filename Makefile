@@ -11,6 +11,8 @@ HOME_VARIANT ?= envace
 MODELS ?=
 PREFECT_PORT ?= 4200
 MLFLOW_PORT ?= 5000
+SERVE_MODEL ?= smollm2
+MODEL_PORT ?= 8011
 
 # telemetry off for every tool this Makefile runs
 export DO_NOT_TRACK := true
@@ -25,10 +27,10 @@ export PREFECT_API_URL := http://127.0.0.1:$(PREFECT_PORT)/api
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-e2e pipeline params ablation scale serve stop ui plots
+.PHONY: help install test test-e2e pipeline params ablation scale serve stop ui plots serve-model
 
 # variables whose $(NAME) in a target's `## ...` text `make help` shows expanded (their values now)
-HELP_VARS := VENV PY PROFILE OVERRIDES ARGS VARIANTS HOME_VARIANT MODELS PREFECT_PORT MLFLOW_PORT PREFECT_API_URL
+HELP_VARS := VENV PY PROFILE OVERRIDES ARGS VARIANTS HOME_VARIANT MODELS PREFECT_PORT MLFLOW_PORT PREFECT_API_URL SERVE_MODEL MODEL_PORT
 
 help: ## list the targets
 	@awk -v vars='$(foreach v,$(HELP_VARS),$(v)=$($(v))|)' 'BEGIN {FS = ":.*## "; \
@@ -39,15 +41,16 @@ help: ## list the targets
 	  $(MAKEFILE_LIST)
 	@echo "  variables: VENV=$(VENV) PROFILE=$(PROFILE) OVERRIDES='$(OVERRIDES)'"
 
-install: ## create/refresh the venv ($(VENV)): torch first, then the resolved set (scripts/install.sh)
-	bash scripts/install.sh $(VENV)
+INSTALL_SETS ?=
+install: ## create/refresh the venv ($(VENV)) from requirements/cpu.lock (hashes checked, CPU torch first); INSTALL_SETS=bench adds TRL
+	bash scripts/install.sh $(VENV) $(INSTALL_SETS)
 
 test: install ## unit + integration tests (no e2e/slow/gpu); pytest's "no tests ran" (exit 5) fails
 	@rc=0; $(PY) -m pytest $(ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5) - failing"; exit 1; fi; exit $$rc
 
 test-e2e: install ## end-to-end: smoke profile through `dvc exp run` and a real Prefect server + deployment
-	$(PY) -m pytest -m e2e tests/e2e $(ARGS)
+	$(PY) -m pytest -m e2e tests/e2e tests/integration $(ARGS)
 
 params: ## regenerate params.yaml from conf/ (as `dvc exp run -S` does); ARGS='profile=smoke algo=grpo'
 	$(PY) -m envace.config $(ARGS)
@@ -96,6 +99,10 @@ stop: ## stop the processes `make serve` started (by PID)
 
 plots: ## dvc plots show as one offline page (Vega inline): reports/dvc_plots/index.html
 	$(PY) -m envace.reporting.dvc_html -o reports/dvc_plots
+
+serve-model: ## OpenAI-compatible server for $(SERVE_MODEL) (tiny, smollm2, a model dir) at http://127.0.0.1:$(MODEL_PORT)/v1; foreground, stop: Ctrl-C or kill the PID in .envace/
+	$(PY) -m envace.inference.openai_server --model $(SERVE_MODEL) --port $(MODEL_PORT) \
+		--pid-file .envace/openai_server_$(MODEL_PORT).pid $(ARGS)
 
 ui: ## browse MLflow runs: http://127.0.0.1:$(MLFLOW_PORT)
 	@echo "MLflow UI: http://127.0.0.1:$(MLFLOW_PORT)/#/experiments?workflowType=machine_learning (Model training view)"

@@ -243,12 +243,18 @@ class TrainConfig:
 
 @dataclass
 class JudgeConfig:
+    """The training reward's judge (envace.judges); the values live in conf/judge/*.yaml."""
+
     name: JudgeName = JudgeName.verifiable
-    base_url: Optional[str] = None  # OpenAI-compatible endpoint for llm/composite
+    base_url: Optional[str] = None  # OpenAI-compatible endpoint for llm/composite (ends in /v1)
     model: Optional[str] = None
-    api_key_env: str = "OPENAI_API_KEY"
-    max_retries: int = 3
-    timeout_s: float = 60.0
+    api_key_env: Optional[str] = None  # the env var holding the key; null = an endpoint without authentication
+    max_retries: int = 3  # retries per request (transport faults) and per verdict (malformed answers)
+    timeout_s: float = 60.0  # per HTTP attempt
+    backoff_s: float = 0.5  # retry n waits backoff_s * 2^n + jitter, at most max_backoff_s
+    max_backoff_s: float = 8.0
+    max_failure_rate: float = 0.2  # the run stops when more judge calls than this share of the window fail
+    failure_window: int = 20  # judge calls (one checklist item at one step) in that sliding window
 
 
 @dataclass
@@ -423,7 +429,19 @@ def validate_config(cfg: DictConfig) -> DictConfig:
         )
     if not 0.0 <= cfg.data.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction={cfg.data.val_fraction}: must be in [0, 1)")
+    _check_judge(cfg.judge)
     return cfg
+
+
+def _check_judge(judge: DictConfig) -> None:
+    """The judge's retry, timeout and failure-budget numbers (their ranges; defaults in conf/judge/)."""
+    if judge.max_retries < 0 or judge.timeout_s <= 0 or not 0 <= judge.backoff_s <= judge.max_backoff_s:
+        raise ConfigError(f"judge.max_retries={judge.max_retries}, judge.timeout_s={judge.timeout_s}, judge.backoff_s="
+                          f"{judge.backoff_s}, judge.max_backoff_s={judge.max_backoff_s}: need max_retries >= 0, "
+                          "timeout_s > 0 and 0 <= backoff_s <= max_backoff_s")
+    if not 0.0 <= judge.max_failure_rate <= 1.0 or judge.failure_window < 1:
+        raise ConfigError(f"judge.max_failure_rate={judge.max_failure_rate}, judge.failure_window="
+                          f"{judge.failure_window}: need a rate in [0, 1] (1 = never stop) and a window >= 1")
 
 
 def _check_rehearsal_sampling(r: DictConfig) -> None:

@@ -42,6 +42,8 @@ LLM_SETTING_NAMES = frozenset(
         "temperature",
         "max_new_tokens",
         "max_message_chars",
+        "max_failure_rate",
+        "failure_window",
     }
 )
 

@@ -6,11 +6,21 @@ responses - the CM2 judging setup, with our own prompt. It must answer exactly o
 ``{"analysis": str, "answer": bool}`` (a leading ``<think>`` block or one enclosing code fence is
 tolerated; anything else - prose around the object, ``"answer": "true"``, a missing key - is malformed).
 
-Robustness: at most ``concurrency`` requests in flight; each request is retried up to ``max_retries``
-times with exponential backoff on timeouts, connection errors, 5xx/429 answers and malformed output;
-non-retryable errors (e.g. HTTP 401) stop at once. An item whose retries run out gets
-``Verdict.ERROR``; ``score_checklist`` turns that into JUDGE_FAILED (excluded and counted), never 0.
-Retries of malformed output use a different seed so a deterministic server can answer differently.
+Robustness, with one retry policy (``envace.inference.openai_client.RetryPolicy``: ``max_retries``,
+exponential backoff with jitter, a cap) applied where each fault is seen:
+
+* transport faults (timeouts, refused connections, 5xx/429, bodies that are not a chat completion) are
+  retried inside the HTTP client; the judge does not retry them again, and non-retryable answers
+  (HTTP 401, 404 ...) stop at once;
+* a verdict that is not the strict JSON asked for is asked again with a different seed (a deterministic
+  server can then answer differently), under the same policy.
+
+An item that still has no verdict gets ``Verdict.ERROR``; ``score_checklist`` turns that into JUDGE_FAILED
+(excluded and counted), never 0. Every item call is counted by a ``FailureBudget`` (``max_failure_rate``
+over the last ``failure_window`` calls): past it the judge raises ``JudgeFailureBudgetExceeded`` and the
+run stops instead of training on exclusions. At most ``concurrency`` requests are in flight.
+``JudgeReport.n_requests`` counts HTTP attempts (the client's ``last_attempts``) when the backend reports
+them, else one per backend call.
 """
 
 from __future__ import annotations
@@ -18,7 +28,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
@@ -32,7 +41,7 @@ from envace.core.checklist import (
     split_thinking,
 )
 from envace.inference.base import ChatBackend, ChatRequest
-from envace.inference.openai_client import OpenAIChatBackend, backoff_delay
+from envace.inference.openai_client import OpenAIChatBackend, RetryPolicy
 from envace.judges.base import (
     JudgeCounters,
     JudgeReport,
@@ -42,6 +51,7 @@ from envace.judges.base import (
     register_judge,
     steps_to_judge,
 )
+from envace.judges.budget import FailureBudget
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +78,8 @@ class LLMJudgeConfig:
     temperature: float = 0.0
     max_new_tokens: int = 1024
     max_message_chars: int = 4000  # longer message contents are shortened in the middle
+    max_failure_rate: float = 0.2  # more failed calls than this share of the window stops the run
+    failure_window: int = 20  # judge calls (items) in the sliding window
 
 
 def parse_verdict(text: str) -> tuple[bool, str]:
@@ -159,37 +171,41 @@ class LLMJudge:
     name = "llm"
 
     def __init__(self, backend: ChatBackend, config: LLMJudgeConfig = LLMJudgeConfig()) -> None:
-        if config.concurrency < 1 or config.max_retries < 0:
-            raise ValueError("LLMJudgeConfig: need concurrency >= 1 and max_retries >= 0")
+        if config.concurrency < 1:
+            raise ValueError("LLMJudgeConfig: need concurrency >= 1")
         self.backend = backend
         self.config = config
+        self.policy = RetryPolicy(config.max_retries, config.backoff_s, config.max_backoff_s)
+        self.budget = FailureBudget(config.max_failure_rate, config.failure_window,
+                                    where=str(getattr(backend, "base_url", "") or backend.name))
+
+    def _sent(self) -> int:
+        """HTTP attempts behind the backend call just made on this thread (1 for backends that do not say)."""
+        return max(1, int(getattr(self.backend, "last_attempts", 1) or 1))
 
     def _ask(
         self, item: ChecklistItem, messages: Messages, step: ConversationStep
     ) -> tuple[ItemVerdict, int]:
-        """(verdict, number of requests sent) for one item at one step, with retries."""
-        last_error = ""
-        for attempt in range(self.config.max_retries + 1):
-            request = build_judge_request(item, messages, step, self.config, seed=attempt)
-            try:
-                answer, analysis = parse_verdict(self.backend.generate([request])[0].text)
-                return ItemVerdict(
-                    item.id, Verdict.PASS if answer else Verdict.FAIL, "llm", analysis
-                ), attempt + 1
-            except Exception as exc:  # noqa: BLE001 - every failure is retried or reported as ERROR
-                last_error = f"{type(exc).__name__}: {exc}"
-                if not getattr(exc, "retryable", True):
-                    return ItemVerdict(item.id, Verdict.ERROR, "llm", last_error), attempt + 1
-            if attempt < self.config.max_retries:
-                delay = backoff_delay(attempt, self.config.backoff_s, self.config.max_backoff_s)
-                logger.warning(
-                    "judge item %s: %s; retry %d in %.2fs", item.id, last_error, attempt + 1, delay
-                )
-                time.sleep(delay)
-        logger.error(
-            "judge item %s failed after %d attempts: %s", item.id, self.config.max_retries + 1, last_error
-        )
-        return ItemVerdict(item.id, Verdict.ERROR, "llm", last_error), self.config.max_retries + 1
+        """(verdict, number of requests sent) for one item at one step; malformed verdicts are asked again."""
+        self.budget.check()
+        sent = 0
+        try:
+            for attempt in self.policy.retrying(lambda e: isinstance(e, MalformedVerdictError), f"judge item {item.id}"):
+                with attempt:
+                    seed = attempt.retry_state.attempt_number - 1
+                    request = build_judge_request(item, messages, step, self.config, seed=seed)
+                    try:
+                        text = self.backend.generate([request])[0].text
+                    finally:
+                        sent += self._sent()
+                    answer, analysis = parse_verdict(text)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an ERROR verdict, counted by the budget
+            cause = f"{type(exc).__name__}: {exc}"
+            logger.warning("judge item %s: no verdict after %d request(s): %s", item.id, sent, cause)
+            self.budget.record(True, cause)
+            return ItemVerdict(item.id, Verdict.ERROR, "llm", cause), sent
+        self.budget.record(False)
+        return ItemVerdict(item.id, Verdict.PASS if answer else Verdict.FAIL, "llm", analysis), sent
 
     def judge_items(
         self, messages: Messages, tasks: Sequence[tuple[ConversationStep, ChecklistItem]]
@@ -199,11 +215,14 @@ class LLMJudge:
         todo = [k for k, v in enumerate(results) if v is None]
         sent = 0
         if todo:
-            with ThreadPoolExecutor(max_workers=min(self.config.concurrency, len(todo))) as pool:
+            pool = ThreadPoolExecutor(max_workers=min(self.config.concurrency, len(todo)))
+            try:
                 futures = {k: pool.submit(self._ask, tasks[k][1], messages, tasks[k][0]) for k in todo}
                 for k, fut in futures.items():
                     results[k], n = fut.result()
                     sent += n
+            finally:  # an exhausted budget: drop the queued items instead of waiting for them
+                pool.shutdown(wait=False, cancel_futures=True)
         return [v for v in results if v is not None], JudgeCounters(sent, sent - len(todo))
 
     def judge(
@@ -227,8 +246,10 @@ def make_llm_judge(
 ) -> LLMJudge:
     """An ``LLMJudge`` over ``backend``, or over an OpenAI-compatible endpoint at ``base_url``.
 
-    ``config`` holds ``LLMJudgeConfig`` fields (max_retries, backoff_s, concurrency, ...). The HTTP client
-    itself does not retry: the judge's own loop retries transport errors and malformed verdicts alike.
+    ``config`` holds ``LLMJudgeConfig`` fields (max_retries, backoff_s, concurrency, max_failure_rate, ...).
+    The endpoint's client retries transport faults with the same policy numbers (``max_retries``,
+    ``backoff_s``, ``max_backoff_s``) and bounds each attempt by ``timeout_s``; ``api_key_env`` None means
+    an endpoint without authentication.
     """
     valid = set(LLMJudgeConfig.__dataclass_fields__)
     if set(config) - valid:
@@ -246,7 +267,9 @@ def make_llm_judge(
             model,
             api_key_env=api_key_env,
             timeout=timeout_s,
-            max_retries=0,
+            max_retries=cfg.max_retries,
             concurrency=cfg.concurrency,
+            backoff_s=cfg.backoff_s,
+            max_backoff_s=cfg.max_backoff_s,
         )
     return LLMJudge(backend, cfg)

@@ -20,6 +20,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from envace.config import to_plain
+from envace.inference.preflight import preflight
 from envace.stages.common import base_backend, trained_backend
 from envace.stages.suites import eval_suite, make_adapter
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
@@ -89,6 +90,7 @@ def evaluate_one(cfg: DictConfig, adapter: Any, subset: str, tasks: list[Any], a
 
 
 def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
+    preflight(cfg, "evaluate")  # the benchmarks' user-simulator/judge endpoints answer, before models load
     configure_torch(cfg)
     benchmark = to_plain(cfg.eval.benchmark)
     suite = eval_suite(cfg, benchmark)

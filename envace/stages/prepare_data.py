@@ -67,7 +67,8 @@ def validate_and_split(cfg: DictConfig, raw: dict[str, list[Any]]) -> tuple[dict
     accepted: dict[str, list[Any]] = {}
     rejects: list[Any] = []
     for split, rows in raw.items():
-        accepted[split], bad = validate_rows(rows)
+        # rows read from files carry their file; generated rows are labelled by source and split
+        accepted[split], bad = validate_rows(rows, source=f"{cfg.data.source} {split} rows")
         rejects.extend(bad)
     if "all" in accepted:
         train, val = split_rows(accepted.pop("all"), float(cfg.data.val_fraction), int(cfg.seed))

@@ -33,6 +33,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from envace.config import to_plain
+from envace.inference.preflight import preflight
 from envace.stages.common import base_backend, trained_backend
 from envace.stages.suites import eval_suite, make_adapter
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
@@ -135,6 +136,7 @@ def log_cell(tracker: Tracker, benchmark: str, cell: Any, cfg: DictConfig | None
 
 
 def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
+    preflight(cfg, "rehearsal_sweep")  # the benchmarks' user-simulator/judge endpoints answer, before models load
     from envace.rehearsal import run_rehearsal_sweep  # LIBRARY: envace.rehearsal
 
     configure_torch(cfg)

@@ -1,7 +1,10 @@
 """What every stage shares: load params.yaml (+ CLI ``key=value`` overrides), open the stage's nested
 MLflow run, time it, write its metrics files atomically, and turn an exception into a FAILED run.
 
-A stage module is then ``run(cfg, tracker) -> dict`` plus ``main = stage_main("name", run)``.
+A stage module is then ``run(cfg, tracker) -> dict`` plus ``main = stage_main("name", run)``: its command
+line takes ``key=value`` overrides of params.yaml, answers ``--help`` from the module docstring, and
+reports a failure as one stderr line and an exit status (2 configuration, 1 failed; ``ENVACE_DEBUG=1``
+adds the traceback) while the stage's MLflow run ends FAILED.
 
 What ``run`` returns is written split in two (``split_metrics``), so that DVC reads numbers only:
 ``metrics/<stage>.json`` holds the stage's headline numbers and booleans (``HEADLINE``), nested by key
@@ -13,12 +16,15 @@ DVC ``outs:`` entry with ``cache: false``).
 
 from __future__ import annotations
 
+import argparse
 import fnmatch
+import inspect
 import logging
 import math
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -173,6 +179,9 @@ def execute(
     name: str, run_fn: RunFn, cfg: DictConfig, metrics_path: Path, *, tracking_uri: str | None = None
 ) -> dict[str, Any]:
     """Run one stage under its MLflow run; returns the metrics (also written: ``write_metrics``)."""
+    from envace.inference.preflight import preflight  # LIBRARY: envace.inference (stdlib + openai, no torch)
+
+    preflight(cfg, name)  # a dead endpoint fails the stage before torch loads (seeding imports it)
     seed_everything(int(cfg.seed))
     started = time.perf_counter()
     with stage_run(
@@ -189,21 +198,101 @@ def execute(
     return metrics
 
 
+ENV_DEBUG = "ENVACE_DEBUG"  # "1": a failing stage prints its traceback too
+EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+
+# ``--help`` examples per stage (a test loads each against params.yaml, so they stay valid keys)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "prepare_data": ("data.n_train=16 data.n_val=4", "seed=1"),
+    "template_prompts": ("rollout.max_prompt_tokens=4096",),
+    "train": ("train.steps=4 train.checkpoint_every=1", "algo.lr=1e-5 rollout.samples_per_prompt=2"),
+    "evaluate": ("eval.benchmark=toolworld eval.n_tasks=2", "eval.compare_base=false"),
+    "rehearsal_sweep": ("rehearsal.n_tasks=1 'rehearsal.n_attempts=[0,2]'",),
+    "report": ("paths.reports=/tmp/envace-reports",),
+}
+
+OVERRIDES_HELP = """\
+Configuration: the stage reads params.yaml in the working directory (the composed config that
+`make params` writes from conf/ and `dvc repro` reads). Each argument is a Hydra-style override,
+key=value on a dotted key of that config, applied for this run only (params.yaml is not changed):
+{examples}
+Lists: 'eval.benchmarks=[toolworld,bfcl]'. Group selections (profile=smoke, algo=grpo) recompose the
+config and are refused here: run `make params ARGS='profile=smoke'` or `dvc exp run -S profile=smoke`.
+
+Exit status: 0 done; 2 bad usage or configuration; 1 the stage failed (one line on stderr; its MLflow
+run ends FAILED with the traceback in error.txt); 130 interrupted. {debug}=1 prints the traceback."""
+
+
+def stage_purpose(module_doc: str | None) -> str:
+    """The first paragraph of a stage module's docstring, on one line."""
+    paragraphs = inspect.cleandoc(module_doc or "").split("\n\n")
+    return " ".join(paragraphs[0].split())
+
+
+def stage_parser(name: str, module_doc: str | None) -> argparse.ArgumentParser:
+    """``python -m envace.stages.<name> [-h] [key=value …]``: purpose from the docstring, override help."""
+    examples = "\n".join(f"  python -m envace.stages.{name} {e}" for e in EXAMPLES.get(name, ()))
+    parser = argparse.ArgumentParser(
+        prog=f"python -m envace.stages.{name}", description=stage_purpose(module_doc),
+        epilog=OVERRIDES_HELP.format(examples=examples, debug=ENV_DEBUG),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of params.yaml (below)")
+    return parser
+
+
+def one_line(exc: BaseException) -> str:
+    """What a user reads of ``exc``: its message on one line (a missing file named with its path)."""
+    if isinstance(exc, FileNotFoundError) and exc.filename:
+        return (f"missing input {exc.filename} ({exc.strerror}); run the stage that writes it first "
+                "(`dvc repro` runs them in order) or fix the paths.* keys")
+    text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return text or type(exc).__name__
+
+
+def _failure(stage_id: str, exc: BaseException) -> int:
+    """Report a failed stage on one stderr line (+ traceback with ENVACE_DEBUG=1); returns the exit status."""
+    if os.environ.get(ENV_DEBUG, "") not in ("", "0"):
+        traceback.print_exception(exc, file=sys.stderr)
+    if isinstance(exc, KeyboardInterrupt):
+        message, status = "interrupted", EXIT_INTERRUPTED
+    elif isinstance(exc, ConfigError):
+        message, status = f"bad configuration: {one_line(exc)}", EXIT_USAGE
+    elif isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+        message, status = one_line(exc), EXIT_FAILED
+    else:  # not a user error: name the type and say where the traceback is
+        where = next((n for n in getattr(exc, "__notes__", ()) if n.startswith("MLflow run")), "")
+        hint = f"{where}; " if where else ""
+        message = f"{type(exc).__name__}: {one_line(exc)} ({hint}{ENV_DEBUG}=1 prints the traceback)"
+        status = EXIT_FAILED
+    sys.stderr.write(f"{stage_id}: error: {message}\n")
+    return status
+
+
 def stage_main(name: str, run_fn: RunFn, metrics_path: MetricsPathFn | None = None) -> Callable[..., int]:
-    """Build the ``main(argv)`` of a stage module (``python -m envace.stages.<name> [key=value…]``)."""
+    """Build the ``main(argv)`` of a stage module (``python -m envace.stages.<name> [key=value…]``):
+    ``--help`` from the module's docstring; a failure becomes one stderr line and an exit status
+    (``_failure``) while its MLflow run ends FAILED (``stage_run``)."""
+    module_doc = getattr(sys.modules.get(run_fn.__module__), "__doc__", None)
 
     def main(argv: list[str] | None = None) -> int:
+        parser = stage_parser(name, module_doc)
+        try:
+            overrides = parser.parse_args(sys.argv[1:] if argv is None else argv).overrides
+        except SystemExit as done:  # --help (0) or an unknown option (2): argparse has printed why
+            return done.code if isinstance(done.code, int) else EXIT_USAGE
         telemetry_off()
         configure_logging()
-        overrides = list(sys.argv[1:] if argv is None else argv)
+        stage_id = os.environ.get("DVC_STAGE") or name
+        bare = [o for o in overrides if "=" not in o and not o.startswith("~")]
+        if bare:
+            parser.print_usage(sys.stderr)
+            sys.stderr.write(f"{stage_id}: error: {bare} are not overrides: write key=value (e.g. train.steps=4)\n")
+            return EXIT_USAGE
         try:
             cfg = load_params(PARAMS_FILE, overrides)
-        except ConfigError as exc:
-            logger.error("%s: bad configuration: %s", name, exc)
-            return 2
-        stage_id = os.environ.get("DVC_STAGE") or name
-        path = (metrics_path or default_metrics_path(name))(cfg)
-        execute(stage_id, run_fn, cfg, path)
+            execute(stage_id, run_fn, cfg, (metrics_path or default_metrics_path(name))(cfg))
+        except (Exception, KeyboardInterrupt) as exc:
+            return _failure(stage_id, exc)
         return 0
 
     return main

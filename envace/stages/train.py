@@ -27,6 +27,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig
 
 from envace.config import flatten, to_plain
+from envace.inference.preflight import preflight
 from envace.stages.common import MANIFEST, PROBE_SETS, model_spec
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.mlflow_logging import train_logging
@@ -69,10 +70,8 @@ SPEC_BUILDERS: dict[str, Callable[[list[dict[str, Any]]], tuple[list[Any], Any]]
 def _judge_reward(cfg: DictConfig) -> Any:
     from envace.judges import checklist_reward_fn, get_judge  # LIBRARY: envace.judges
 
-    judge = cfg.judge
-    return checklist_reward_fn(get_judge(to_plain(judge.name), base_url=judge.base_url, model=judge.model,
-                                         api_key_env=judge.api_key_env, max_retries=judge.max_retries,
-                                         timeout_s=judge.timeout_s))
+    settings = to_plain(cfg.judge)  # every judge.* key is a judge setting (envace.judges.base.LLM_SETTING_NAMES)
+    return checklist_reward_fn(get_judge(settings.pop("name"), **settings))
 
 
 # judge.name -> reward function (None = the engine's built-in verifiable tool-world reward)
@@ -161,6 +160,7 @@ def export_checkpoint(result: Any, work: Path, cfg: DictConfig, digest: str) -> 
 
 
 def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
+    preflight(cfg, "train")  # the judge/simulator endpoints answer, before torch and the model load
     from envace.engines import get_engine, training_curves  # LIBRARY: envace.engines
 
     configure_torch(cfg)

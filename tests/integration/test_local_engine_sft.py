@@ -46,6 +46,26 @@ def test_gold_trajectories_score_one_and_rows_cover_targets_only(specs):
     assert len(sft_rows(trajs, [Role.ACT])) == len(trajs)  # one ACT stream each, REHEARSE rows dropped
 
 
+def test_gold_replay_in_one_forward_builds_the_same_streams(specs):
+    """The replaying guide (each forced output fed in one forward) yields token-for-token the streams of
+    token-by-token teacher forcing, with far fewer forwards."""
+    from envace.engines.local.rollout import ResponseSource, RolloutRunner
+    from envace.engines.local.sft import gold_guide
+
+    model, tokenizer = load_model_and_tokenizer(TINY)
+    fmt = ChatFormatter(tokenizer)
+    forced = replace(ROLLOUT, samples_per_prompt=1, max_act_tokens=512, max_rehearse_tokens=512,
+                     max_steps_per_turn=6, max_stream_tokens=1 << 30)
+    batches = {}
+    for replay in (False, True):
+        runner = RolloutRunner(fmt, forced, DEFAULT_ROLE_PROMPTS, guide=gold_guide(dict(enumerate(specs)), fmt,
+                                                                                    replay=replay))
+        batches[replay] = runner.run(specs, model, ResponseSource(model=model))
+    streams = {k: [[s.flat()["input_ids"] for s in t.streams] for t in b.trajectories] for k, b in batches.items()}
+    assert streams[True] == streams[False]
+    assert batches[True].forwards * 5 < batches[False].forwards
+
+
 def test_sft_warmup_then_rl_in_one_call(specs):
     seen: list[dict] = []
     cfg = LocalEngineConfig(model=TINY, steps=1, prompts_per_step=2, progress=False, rollout=ROLLOUT,
@@ -61,3 +81,34 @@ def test_sft_warmup_then_rl_in_one_call(specs):
     keys = {k for m in seen for k in m}
     assert "sft/loss/act/act" in keys and "sft/loss/rehearse/rehearse" in keys  # each model on its role
     assert "sft/loss/rehearse/act" not in keys
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_an_interrupted_sft_warmup_resumes_after_its_last_epoch_with_identical_weights(specs, tmp_path):
+    """per_role warms up two models in turn: interrupted after the second model's first epoch (its
+    checkpoint written), a re-run skips the first model's epochs and continues the second's."""
+    cfg = LocalEngineConfig(model=TINY, variant="per_role", steps=1, prompts_per_step=2, progress=False,
+                            rollout=ROLLOUT, sft=SFTConfig(epochs=2, lr=3e-3, batch_streams=4), checkpoint_every=1)
+    full = get_engine("local").train(replace(cfg, output_dir=str(tmp_path / "full")), specs[:3])
+
+    def stop_after_first_rehearse_epoch(step, metrics):
+        if metrics.get("sft/epoch/rehearse") == 0.0:
+            raise Interrupted
+
+    resumed_dir = str(tmp_path / "resumed")
+    with pytest.raises(Interrupted):
+        get_engine("local").train(replace(cfg, output_dir=resumed_dir), specs[:3],
+                                  callbacks=[stop_after_first_rehearse_epoch])
+    seen: list[dict] = []
+    resumed = get_engine("local").train(replace(cfg, output_dir=resumed_dir), specs[:3],
+                                        callbacks=[lambda step, m: seen.append(m)])
+    assert [m["sft/epoch/rehearse"] for m in seen if "sft/epoch/rehearse" in m] == [1.0]  # only what was left
+    assert not any("sft/epoch/act" in m for m in seen)
+    assert [h.get("sft/epoch/act", h.get("sft/epoch/rehearse")) for h in resumed.history[:4]] == [0.0, 1.0, 0.0, 1.0]
+    for name in ("act", "rehearse"):
+        a, b = full.models[name].state_dict(), resumed.models[name].state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+    assert not (tmp_path / "resumed" / "checkpoints" / "sft").exists()  # the GRPO checkpoint superseded it

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import urllib.request
 import zlib
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from envace.data.cm2 import (
     dataset_stats,
     load_cm2,
     read_cm2_bytes,
+    read_cm2_file,
     reject_counts,
     rehearsal_examples,
     split_of,
@@ -212,6 +214,14 @@ def _set_weight(row: dict, value: object) -> None:
     row["checklists"][0][0][0]["weight"] = value
 
 
+def _parameters(row: dict) -> dict:
+    return row["tools"][0]["function"]["parameters"]
+
+
+def _set_property(row: dict, keyword: str, value: object) -> None:
+    _parameters(row)["properties"]["key"][keyword] = value
+
+
 MALFORMED = {
     "row_not_object": ([1, 2], R.WRONG_TYPE),
     "messages_not_list": (mutate(lambda r: r.update(messages="hi")), R.WRONG_TYPE),
@@ -290,6 +300,13 @@ MALFORMED = {
     ),
     "checklist_empty": (mutate(lambda r: r.update(checklists=[])), R.BAD_CHECKLIST),
     "checklist_turn_missing": (mutate(lambda r: r["checklists"][0].pop()), R.CHECKLIST_TURN_MISMATCH),
+    # the hand-written validator crashed on an unhashable role (TypeError); now it is a reject
+    "role_unhashable": (mutate(lambda r: r["messages"][1].update(role=["user"])), R.BAD_MESSAGE),
+    "tool_without_type": (mutate(lambda r: r["tools"][0].pop("type")), R.BAD_TOOL_SCHEMA),
+    # invalid under the Draft 2020-12 meta-schema (accepted by the hand-written subset check)
+    "property_type_null": (mutate(lambda r: _set_property(r, "type", None)), R.BAD_TOOL_SCHEMA),
+    "pattern_not_a_regex": (mutate(lambda r: _set_property(r, "pattern", "(")), R.BAD_TOOL_SCHEMA),
+    "keyword_wrong_type": (mutate(lambda r: _parameters(r).update(minProperties="a")), R.BAD_TOOL_SCHEMA),
 }
 
 
@@ -320,10 +337,156 @@ def test_huge_rows_and_duplicates() -> None:
 
 def test_reject_records_carry_location() -> None:
     row = MALFORMED["arguments_not_json"][0]
-    _, rejects = validate_rows([make_row("ok"), RawRow(17, row)])
+    _, rejects = validate_rows([make_row("ok"), RawRow(17, row, "data/raw/cm2/x.jsonl")])
     (rej,) = rejects
     assert (rej.row_id, rej.index, rej.field) == ("row-0", 17, "messages[2].tool_calls[0].function.arguments")
-    assert set(rej.to_json()) == {"row_id", "index", "field", "reason_code", "message"}
+    assert set(rej.to_json()) == {"source", "row_id", "index", "field", "reason_code", "message"}
+    assert str(rej) == (
+        "data/raw/cm2/x.jsonl row 17 (uuid 'row-0'): bad_arguments_json at "
+        "messages[2].tool_calls[0].function.arguments: arguments are not valid JSON"
+    )
+    _, (plain,) = validate_rows([[1]], source="rows.json")
+    assert str(plain) == "rows.json row 0: wrong_type at (row): a row must be a JSON object, got list"
+
+
+def test_field_paths_of_schema_and_shape_problems() -> None:
+    cases = [
+        (MALFORMED["missing_tools"][0], "tools"),
+        (MALFORMED["schema_required_undeclared"][0], "tools[0].function.parameters.required"),
+        (MALFORMED["schema_bad_name"][0], "tools[0].function.name"),
+        (MALFORMED["tool_without_type"][0], "tools[0].type"),
+        (MALFORMED["pattern_not_a_regex"][0], "tools[0].function.parameters.properties.key.pattern"),
+        (MALFORMED["keyword_wrong_type"][0], "tools[0].function.parameters.minProperties"),
+        (MALFORMED["content_not_string"][0], "messages[1].content"),
+        (MALFORMED["unknown_tool"][0], "messages[2].tool_calls[0].function.name"),
+        (MALFORMED["missing_tool_message"][0], "messages[3]"),
+        (MALFORMED["weight_string"][0], "checklists[0][0][0].weight"),
+        (MALFORMED["checklist_turn_missing"][0], "checklists[0]"),
+    ]
+    for row, field in cases:
+        (reject,) = validate_rows([row])[1]
+        assert reject.field == field, (reject, field)
+
+
+def _write_mixed_file(path: Path) -> list[tuple[int, RejectReason]]:
+    """A JSONL file of good rows between bad ones of every kind; returns the bad (line, reason) pairs."""
+    lines: list[bytes] = [
+        json.dumps(make_row("good-0")).encode(),
+        b'{"uuid": broken}',
+        json.dumps(mutate(lambda r: r.pop("tools"))).encode(),
+        json.dumps(make_row("good-1")).encode(),
+        json.dumps(make_row("good-2")).encode().replace(b"question 0", b"question \xff"),
+        json.dumps(MALFORMED["pattern_not_a_regex"][0] | {"uuid": "bad-schema"}).encode(),
+        b"",  # blank lines are not rows
+        json.dumps(make_row("good-0")).encode(),
+        json.dumps(MALFORMED["mismatched_call_id"][0] | {"uuid": "bad-ids"}).encode(),
+        json.dumps(make_row("good-3")).encode(),
+        json.dumps(make_row("good-4"))[:300].encode(),
+    ]
+    path.write_bytes(b"\n".join(lines))
+    return [
+        (1, R.INVALID_JSON),
+        (2, R.MISSING_FIELD),
+        (4, R.NON_UTF8),
+        (5, R.BAD_TOOL_SCHEMA),
+        (7, R.DUPLICATE_UUID),
+        (8, R.UNPAIRED_TOOL_CALL),
+        (10, R.TRUNCATED_JSON),
+    ]
+
+
+def test_mixed_file_every_row_accepted_or_rejected_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "raw" / "mixed.jsonl"
+    path.parent.mkdir()
+    expected = _write_mixed_file(path)
+    n_rows = sum(1 for line in path.read_bytes().split(b"\n") if line.strip())
+    raw, read_rejects = read_cm2_file(path)  # the way prepare_data reads and validates
+    accepted, rejects = validate_rows(raw)
+    all_rejects = sorted(read_rejects + rejects, key=lambda r: r.index)
+    assert len(accepted) + len(all_rejects) == n_rows == 10
+    assert [r["uuid"] for r in accepted] == ["good-0", "good-1", "good-3"]
+    assert [(r.index, r.reason_code) for r in all_rejects] == expected
+    for reject in all_rejects:
+        assert reject.source == str(path) and reject.to_json()["source"] == str(path)
+        assert str(reject).startswith(f"{path} row {reject.index}")
+        assert reject.reason_code.value in str(reject) and reject.message
+    (duplicate,) = [r for r in all_rejects if r.reason_code is R.DUPLICATE_UUID]
+    assert f"{path} row 0" in duplicate.message  # where the uuid was first accepted
+    assert load_cm2(path) == (accepted, all_rejects)
+
+
+def test_json_list_file_accounting_and_duplicates_across_files(tmp_path: Path) -> None:
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps([make_row("a"), [1, 2], make_row("b")]))
+    second.write_text(json.dumps([make_row("b"), MALFORMED["think_in_user"][0], make_row("c")]))
+    raw, read_rejects = [], []
+    for path in (first, second):
+        rows, bad = read_cm2_file(path)
+        raw += rows
+        read_rejects += bad
+    accepted, rejects = validate_rows(raw)
+    assert read_rejects == [] and len(accepted) + len(rejects) == 6
+    assert [r["uuid"] for r in accepted] == ["a", "b", "c"]
+    assert [(r.source, r.index, r.reason_code) for r in rejects] == [
+        (str(first), 1, R.WRONG_TYPE),
+        (str(second), 0, R.DUPLICATE_UUID),
+        (str(second), 1, R.THINK_TAGS),
+    ]
+    assert f"{first} row 2" in rejects[1].message
+
+
+def test_tool_parameters_are_draft_2020_12_schemas() -> None:
+    rich = {
+        "type": "object",
+        "properties": {
+            "key": {"type": "string", "enum": ["a", "b"]},
+            "when": {"type": ["string", "null"], "format": "date", "pattern": "^[0-9-]+$"},
+            "items": {"type": "array", "items": {"$ref": "#/$defs/item"}, "minItems": 1},
+            "limits": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]},
+        },
+        "required": ["key"],
+        "additionalProperties": False,
+        "$defs": {"item": {"type": "object", "properties": {"id": {"type": "integer"}}}},
+    }
+    assert reason_of(mutate(lambda r: r["tools"][0]["function"].update(parameters=rich))) is None
+    assert reason_of(mutate(lambda r: r["tools"][0]["function"].update(parameters={}))) is None
+    assert reason_of(mutate(lambda r: r["tools"][0]["function"].pop("parameters"))) is None
+    not_schema = mutate(lambda r: _set_property(r, "items", 5))
+    (reject,) = validate_rows([not_schema])[1]
+    assert (reject.reason_code, reject.field) == (R.BAD_TOOL_SCHEMA, "tools[0].function.parameters.properties.key.items")
+    assert "Draft 2020-12" in reject.message
+
+
+def test_call_arguments_checked_against_the_schema_only_when_configured(monkeypatch: pytest.MonkeyPatch) -> None:
+    fetched: list[object] = []
+
+    def no_network(request: object, *args: object, **kwargs: object) -> None:
+        fetched.append(request)
+        raise OSError("this test allows no network")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    strict = Cm2ValidationConfig(check_call_arguments=True)
+    wrong_type = mutate(lambda r: r["messages"][2]["tool_calls"][0]["function"].update(arguments='{"key": 5}'))
+    assert reason_of(wrong_type) is None  # CM2 keeps deliberately wrong calls by default
+    (reject,) = validate_rows([wrong_type], strict)[1]
+    assert (reject.reason_code, reject.field) == (
+        R.ARGUMENTS_VIOLATE_SCHEMA, "messages[2].tool_calls[0].function.arguments.key"
+    )
+    assert "5 is not of type 'string'" in reject.message
+    missing = mutate(lambda r: r["messages"][6]["tool_calls"][0]["function"].update(arguments={}))
+    (reject,) = validate_rows([missing], strict)[1]
+    assert (reject.field, reject.reason_code) == ("messages[6].tool_calls[0].function.arguments", R.ARGUMENTS_VIOLATE_SCHEMA)
+    assert reason_of(make_row(), strict) is None
+    remote_ref = mutate(lambda r: _set_property(r, "$ref", "https://example.invalid/schema.json"))
+    assert reason_of(remote_ref) is None  # never resolved unless arguments are checked
+    (reject,) = validate_rows([remote_ref], strict)[1]  # never fetched: a reject, not a crash
+    assert (reject.reason_code, reject.field) == (R.BAD_TOOL_SCHEMA, "tools[0].function.parameters")
+    assert fetched == []
+
+
+def test_config_errors_name_the_setting() -> None:
+    with pytest.raises(ValueError, match="tool_name_pattern='\\(' is not a regular expression"):
+        Cm2ValidationConfig(tool_name_pattern="(")
 
 
 # ---- splits, episode specs, rehearsal examples ---------------------------------------------------------

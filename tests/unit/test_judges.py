@@ -15,6 +15,7 @@ from envace.core.records import TrajectoryStatus
 from envace.inference.base import ChatOutput, ChatRequest
 from envace.inference.openai_client import EndpointError
 from envace.judges import evaluate_checklist, get_judge, judge_names
+from envace.judges.budget import FailureBudget, JudgeFailureBudgetExceeded
 from envace.judges.composite import CompositeJudge
 from envace.judges.llm import (
     LLMJudge,
@@ -292,6 +293,70 @@ def test_llm_judge_does_not_retry_non_retryable_errors() -> None:
         CONVERSATION[:2] + CONVERSATION[2:4], checklist
     )
     assert report.n_requests == 2 and report.n_errors == 2  # one request per step, no retries
+
+
+def test_llm_judge_does_not_stack_retries_on_transport_errors() -> None:
+    """The HTTP client retries transport faults; the judge re-asks only malformed verdicts."""
+    backend = ScriptedJudgeBackend([EndpointError("HTTP 503", status=503, retryable=True), "not json",
+                                    '{"analysis": "ok", "answer": true}'])
+    checklist = Checklist.from_raw([[item("A", 1.0)]])
+    judge = LLMJudge(backend, LLMJudgeConfig(max_retries=3, concurrency=1, **FAST))
+    report = judge.judge(CONVERSATION[:4], checklist)
+    assert backend.calls == 3 and report.n_errors == 1  # step 0: the 503 is final; step 1: re-asked once
+    assert judge.budget.calls == 2 and judge.budget.failures == 1
+
+
+# ---- failure budget -------------------------------------------------------------------------------
+
+
+def test_failure_budget_slides_and_fails_fast() -> None:
+    budget = FailureBudget(0.2, 20, where="http://127.0.0.1:1/v1")
+    for _ in range(4):
+        budget.record(True, "HTTP 503")  # 4 <= 0.2 * 20: still within budget
+    for _ in range(20):
+        budget.record(False)  # the old failures slide out of the window
+    for _ in range(4):
+        budget.record(True, "HTTP 503")
+    with pytest.raises(JudgeFailureBudgetExceeded) as info:
+        budget.record(True, "POST http://127.0.0.1:1/v1/chat/completions: connection refused\n(more)")
+    message = str(info.value)
+    assert "5 of the last 20 judge calls failed" in message and "9 of 29 calls" in message
+    assert "connection refused (more)" in message and "http://127.0.0.1:1/v1" in message and "\n" not in message
+    assert "judge.max_failure_rate" in message and "judge.failure_window" in message and "judge.base_url" in message
+    with pytest.raises(JudgeFailureBudgetExceeded):  # sticky: no later call starts
+        budget.check()
+    never = FailureBudget(1.0, 3)
+    for _ in range(10):
+        never.record(True)
+    assert never.failures == 10
+    with pytest.raises(ValueError, match="judge.max_failure_rate"):
+        FailureBudget(1.5, 20)
+
+
+def test_llm_judge_stops_at_the_failure_budget() -> None:
+    backend = ScriptedJudgeBackend([EndpointError("POST http://j/v1/chat/completions: HTTP 503", status=503,
+                                                  retryable=True)])
+    checklist = Checklist.from_raw([[item(f"I{k}", 0.125) for k in range(8)]])
+    judge = LLMJudge(backend, LLMJudgeConfig(concurrency=1, **FAST))  # defaults: 0.2 over 20 calls
+    with pytest.raises(JudgeFailureBudgetExceeded, match="5 of the last 5 judge calls failed.*HTTP 503"):
+        judge.judge(CONVERSATION[:4], checklist)  # 2 steps x 8 items, but the 5th failure stops it
+    assert backend.calls == 5
+    with pytest.raises(JudgeFailureBudgetExceeded):
+        judge.judge(CONVERSATION[:4], checklist)
+    assert backend.calls == 5  # nothing more is sent once the budget is spent
+
+
+def test_failures_below_the_budget_stay_excluded_and_counted() -> None:
+    ok = '{"analysis": "ok", "answer": true}'
+    backend = ScriptedJudgeBackend([EndpointError("HTTP 500", status=500, retryable=True)] + [ok] * 9)
+    checklist = Checklist.from_raw([[item("A", 0.5), item("B", 0.5)]])
+    judge = get_judge("llm", backend=backend, concurrency=1, max_failure_rate=0.2, failure_window=20, **FAST)
+    one_step = CONVERSATION[:3]  # one assistant step: its failed item cannot pass elsewhere in the turn
+    score, report = evaluate_checklist(judge, one_step, checklist)
+    assert report.n_errors == 1 and score.status is TrajectoryStatus.JUDGE_FAILED and score.reward is None
+    for _ in range(3):
+        assert evaluate_checklist(judge, one_step, checklist)[0].status is TrajectoryStatus.OK
+    assert (judge.budget.calls, judge.budget.failures) == (8, 1)
 
 
 def test_llm_judge_respects_concurrency_limit() -> None:

@@ -60,7 +60,7 @@ def test_paper_recipe_composes_and_passes_verl_validation(tmp_path: Path) -> Non
     assert actor.use_kl_loss is False and actor.loss_agg_mode == "token-mean" and actor.clip_ratio == 0.2
     assert not need_reference_policy(vc) and not need_critic(vc)
     # checkpoint / resume through verl's own checkpointing, under the stage's output directory
-    assert (vc.trainer.save_freq, vc.trainer.resume_mode) == (50, "auto")
+    assert (vc.trainer.save_freq, vc.trainer.resume_mode) == (5, "auto")  # train.checkpoint_every
     assert vc.trainer.default_local_dir == str(tmp_path.resolve() / "checkpoints")
     assert "hf_model" in actor.checkpoint.save_contents and "hf_model" not in actor.checkpoint.load_contents
     assert LoopSettings.from_mapping(OmegaConf.to_container(vc.envace)) == loop_settings(cfg)

@@ -9,6 +9,10 @@ only a ``.tmp-*`` directory that loading ignores (and the next save removes). ``
 the newest complete checkpoint and is itself replaced atomically; loading falls back to scanning
 ``step_*`` directories when it is missing or stale.
 
+The SFT warm-up checkpoints the same way, once per epoch, under ``<root>/sft/`` (numbered by epochs done
+over all its models; ``state.json`` holds ``model_index``/``model``/``epoch`` of the last epoch done and
+``sft_start_epoch`` reads where to continue). The first GRPO checkpoint supersedes them.
+
 State dicts go through ``torch.save`` (not safetensors) because tied embeddings share storage. A model
 with LoRA adapters (``envace.engines.local.lora``) is stored as its adapter tensors only: its base
 weights never train and are rebuilt from the model spec; ``Checkpoint.restore_model`` checks that the
@@ -37,6 +41,7 @@ logger = logging.getLogger(__name__)
 STATE_FILE = "state.json"
 HISTORY_FILE = "history.json"
 LATEST_FILE = "latest"
+SFT_DIR = "sft"  # SFT warm-up checkpoints, under the GRPO checkpoint root
 
 
 @dataclass(frozen=True)
@@ -180,3 +185,15 @@ def load_latest(root: str | Path) -> Checkpoint | None:
     path = max(candidates, key=lambda p: p.name)
     state = json.loads((path / STATE_FILE).read_text())
     return Checkpoint(path=path, step=int(state["step"]), state=state)
+
+
+def sft_start_epoch(ckpt: Checkpoint | None, model_index: int, epochs: int) -> int:
+    """The first SFT epoch still to run for the ``model_index``-th trained model, given the latest SFT
+    checkpoint (``state``: ``model_index`` and ``epoch`` of the last epoch done): 0 without one or for a
+    model after that one, ``epochs`` (nothing left) for a model before it."""
+    if ckpt is None:
+        return 0
+    done_index, done_epoch = int(ckpt.state["model_index"]), int(ckpt.state["epoch"])
+    if model_index < done_index:
+        return epochs
+    return done_epoch + 1 if model_index == done_index else 0

@@ -1,6 +1,7 @@
 """The ``local`` engine: HF transformers + torch on CPU or one GPU, registered as ``get_engine("local")``.
 
-``LocalEngine.train(config, data, callbacks)`` runs: optional SFT warm-up (skipped when resuming) →
+``LocalEngine.train(config, data, callbacks)`` runs: optional SFT warm-up (skipped when resuming from a
+GRPO checkpoint; with ``checkpoint_every`` > 0 checkpointed after every epoch and resumed from there) →
 ``config.steps`` role-wise GRPO steps, each = rollout (``RolloutRunner``) → rewards (``RewardFn``) →
 per-output advantages → clipped updates of every trained model (``PolicyUpdater``) → metrics to the
 callbacks → checkpoint every ``checkpoint_every`` steps (with the metrics history, so a resumed run
@@ -31,6 +32,7 @@ from __future__ import annotations
 import copy
 import logging
 import random
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, replace
@@ -56,7 +58,13 @@ from envace.engines.base import (
 )
 from envace.engines.local.attention import use_gqa_attention
 from envace.engines.local.batching import build_rows
-from envace.engines.local.checkpoint import load_latest, save_checkpoint
+from envace.engines.local.checkpoint import (
+    SFT_DIR,
+    Checkpoint,
+    load_latest,
+    save_checkpoint,
+    sft_start_epoch,
+)
 from envace.engines.local.config import LocalEngineConfig
 from envace.core.seeds import derive_seed
 from envace.engines.local.decode import DecodeGuide, OutputKey
@@ -204,22 +212,44 @@ class LocalEngine(Engine):
         policy = self.models.get("policy", self.models.get("act"))
         trajs = gold_trajectories(specs, policy, self.formatter, cfg.rollout, self.role_prompts,
                                   precision=self.precision)
-        history = []
-        for name, model in self.models.items():
+        ckpt = self._resume_sft(cfg)  # after the gold replay, which an uninterrupted run also does first
+        history = ckpt.history() if ckpt else []
+        for index, (name, model) in enumerate(self.models.items()):
             roles = cfg.sft.roles if name == "policy" else [r for r in cfg.sft.roles if r.name.lower() == name]
             rows = sft_rows(trajs, roles)
-            if not rows:
+            first = sft_start_epoch(ckpt, index, cfg.sft.epochs)
+            if not rows or first >= cfg.sft.epochs:
                 continue
             opt = make_optimizer(model, cfg.optim, lr=cfg.sft.lr)
-            for epoch in tqdm(range(cfg.sft.epochs), desc=f"sft[{name}]", disable=not cfg.progress):
+            if ckpt is not None and first > 0:
+                opt.load_state_dict(ckpt.optimizer_state(name))
+            for epoch in tqdm(range(first, cfg.sft.epochs), desc=f"sft[{name}]", disable=not cfg.progress,
+                              initial=first, total=cfg.sft.epochs):
                 metrics = sft_epoch(model, opt, rows, cfg.sft, epoch=epoch, seed=derive_seed(cfg.seed, name),
                                     pad_id=self.pad_id, device=cfg.device, optim=cfg.optim, precision=self.precision)
                 metrics = {**metrics, "sft/epoch": float(epoch), "sft/gold_trajectories": float(len(trajs))}
                 metrics = {k if name == "policy" else f"{k}/{name}": v for k, v in metrics.items()}
                 history.append(metrics)
+                if cfg.output_dir and cfg.checkpoint_every:
+                    state = {"model_index": index, "model": name, "epoch": epoch, **self._identity(cfg)}
+                    save_checkpoint(Path(cfg.output_dir) / "checkpoints" / SFT_DIR, index * cfg.sft.epochs + epoch + 1,
+                                    self.models, {name: opt}, state, keep=cfg.keep_checkpoints, history=history)
                 for cb in callbacks:
                     cb(epoch, metrics)
         return history
+
+    def _resume_sft(self, cfg: LocalEngineConfig) -> Checkpoint | None:
+        """The latest SFT checkpoint restored into the models and RNG (None: none, or resume off)."""
+        ckpt = load_latest(Path(cfg.output_dir) / "checkpoints" / SFT_DIR) if cfg.output_dir and cfg.resume else None
+        if ckpt is None:
+            return None
+        self._check_checkpoint(ckpt, cfg)
+        for name, model in self.models.items():
+            ckpt.restore_model(name, model)
+        ckpt.restore_rng()
+        logger.info("resumed the SFT warm-up from %s (model %s, epoch %d done)", ckpt.path, ckpt.state["model"],
+                    int(ckpt.state["epoch"]) + 1)
+        return ckpt
 
     # ---- one RL step ---------------------------------------------------------------------------
     def _score(self, specs: Sequence[EpisodeSpec], trajs: Sequence[Trajectory],
@@ -281,10 +311,25 @@ class LocalEngine(Engine):
             return None
         models = {**self.models, **self.frozen}
         optims = {n: s.optimizer for n, s in self.slots.items()}
-        state = {"data_position": step * cfg.prompts_per_step, "variant": cfg.variant, "seed": cfg.seed,
-                 "lora": lora_record(cfg.lora)}
-        return str(save_checkpoint(Path(cfg.output_dir) / "checkpoints", step, models, optims, state,
-                                   keep=cfg.keep_checkpoints, history=history))
+        state = {"data_position": step * cfg.prompts_per_step, **self._identity(cfg)}
+        path = save_checkpoint(Path(cfg.output_dir) / "checkpoints", step, models, optims, state,
+                               keep=cfg.keep_checkpoints, history=history)
+        shutil.rmtree(Path(cfg.output_dir) / "checkpoints" / SFT_DIR, ignore_errors=True)  # superseded
+        return str(path)
+
+    @staticmethod
+    def _identity(cfg: LocalEngineConfig) -> dict[str, Any]:
+        """What a checkpoint records of the run that wrote it (``_check_checkpoint`` compares it)."""
+        return {"variant": cfg.variant, "seed": cfg.seed, "lora": lora_record(cfg.lora)}
+
+    @staticmethod
+    def _check_checkpoint(ckpt: Checkpoint, cfg: LocalEngineConfig) -> None:
+        if ckpt.state.get("variant") != cfg.variant:
+            raise ValueError(f"checkpoint {ckpt.path} is for variant {ckpt.state.get('variant')!r}, config asks "
+                             f"{cfg.variant!r}; use another output_dir or set resume=False")
+        if ckpt.state.get("lora") != lora_record(cfg.lora):
+            raise ValueError(f"checkpoint {ckpt.path} was written with lora={ckpt.state.get('lora')}, config asks "
+                             f"lora={lora_record(cfg.lora)} (algo.lora_*); use another output_dir or set resume=False")
 
     def _resume(self, cfg: LocalEngineConfig) -> tuple[int, list[dict[str, float]]]:
         """(step, metrics history) of the latest checkpoint, restored into models/optimisers/RNG; (0, [])."""
@@ -293,12 +338,7 @@ class LocalEngine(Engine):
         ckpt = load_latest(Path(cfg.output_dir) / "checkpoints")
         if ckpt is None:
             return 0, []
-        if ckpt.state.get("variant") != cfg.variant:
-            raise ValueError(f"checkpoint {ckpt.path} is for variant {ckpt.state.get('variant')!r}, config asks "
-                             f"{cfg.variant!r}; use another output_dir or set resume=False")
-        if ckpt.state.get("lora") != lora_record(cfg.lora):
-            raise ValueError(f"checkpoint {ckpt.path} was written with lora={ckpt.state.get('lora')}, config asks "
-                             f"lora={lora_record(cfg.lora)} (algo.lora_*); use another output_dir or set resume=False")
+        self._check_checkpoint(ckpt, cfg)
         for name, model in {**self.models, **self.frozen}.items():
             ckpt.restore_model(name, model)
         for name, slot in self.slots.items():

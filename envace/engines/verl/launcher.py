@@ -209,8 +209,8 @@ def multinode_commands(overrides: Sequence[str], *, head: str = "$HEAD_IP", n_gp
     """Shell lines for a Ray cluster: start the head, start each worker, submit the job from the head."""
     runtime_env = json.dumps({"env_vars": {"VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE, **TELEMETRY_OFF}})
     job = [python, "-m", MAIN_MODULE, *overrides]
-    return {
-        "head": f"ray start --head --port=6379 --dashboard-host=0.0.0.0 --num-gpus={n_gpus_per_node}",
+    return {  # the dashboard (Ray's unauthenticated job API) listens on the cluster address, not on all interfaces
+        "head": f"ray start --head --port=6379 --dashboard-host={head} --num-gpus={n_gpus_per_node}",
         "worker": f"ray start --address={head}:6379 --num-gpus={n_gpus_per_node}",
         "submit": (f"ray job submit --address=http://{head}:8265 --runtime-env-json={shlex.quote(runtime_env)} -- "
                    + shlex.join(job)),

@@ -24,6 +24,7 @@ from typing import Any
 from envace.core.records import Trajectory, TrajectoryStatus
 from envace.engines.base import EpisodeSpec, RewardOutcome
 from envace.engines.verl.settings import EndpointSettings, LoopSettings
+from envace.judges.budget import JudgeFailureBudgetExceeded
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,9 @@ def score_trajectory(reward_fn: Callable[..., Any], spec: EpisodeSpec, trajector
     """Call the reward function; an exception is a judge failure (excluded, counted), never a 0 reward."""
     try:
         result = reward_fn(spec, trajectory)
-    except Exception as exc:  # noqa: BLE001 - any judge/scorer crash must not kill the rollout worker
+    except JudgeFailureBudgetExceeded:
+        raise  # too many judge failures: the run stops (envace.judges.budget) instead of excluding everything
+    except Exception as exc:  # noqa: BLE001 - any other judge/scorer crash must not kill the rollout worker
         logger.warning("reward for %s sample %d failed: %s: %s", spec.task_id, trajectory.sample_index,
                        type(exc).__name__, exc)
         return RewardOutcome(0.0, TrajectoryStatus.JUDGE_FAILED, {"error": f"{type(exc).__name__}: {exc}"[:500]})

@@ -95,7 +95,8 @@ class VitaBenchAdapter(BenchmarkAdapter):
         judge_cfg = judge_config if isinstance(judge_config, RubricJudgeConfig) else RubricJudgeConfig(
             **dict(judge_config or {}))
         self.user_backend = _backend(user_simulator)
-        judge_backend = _backend(judge, max_retries=0, concurrency=judge_cfg.concurrency)
+        judge_backend = _backend(judge, max_retries=judge_cfg.max_retries, backoff_s=judge_cfg.backoff_s,
+                                 max_backoff_s=judge_cfg.max_backoff_s, concurrency=judge_cfg.concurrency)
         self.judge = None if judge_backend is None else RubricJudge(judge_backend, judge_cfg)
         self.specs = load_tasks(self.path, tuple(domains), language)
         self.reference_descriptions = read_reference_descriptions(find_schema_files(self.path), language)

@@ -18,8 +18,9 @@ Modes (``RubricJudgeConfig.mode``):
   strict ``{"analysis": str, "answer": bool}`` verdict (``envace.judges.llm.parse_verdict``); requests run
   concurrently, at most ``concurrency`` at a time.
 
-Malformed answers and transport errors are retried (``max_retries``, exponential backoff, a new seed per
-retry); when they run out, ``JudgeFailed`` is raised — the caller records the task as *not judged*,
+One retry policy (``envace.inference.openai_client.RetryPolicy``: ``max_retries``, exponential backoff with
+jitter, a cap): transport errors are retried by the HTTP client, malformed answers are asked again here with
+a new seed; when either runs out, ``JudgeFailed`` is raised — the caller records the task as *not judged*,
 never as a zero reward (SPEC §2).
 """
 
@@ -28,14 +29,13 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from envace.core.rehearsal import derive_seed
 from envace.inference.base import ChatBackend, ChatRequest
-from envace.inference.openai_client import backoff_delay
+from envace.inference.openai_client import RetryPolicy
 from envace.judges.llm import MalformedVerdictError, parse_verdict
 
 logger = logging.getLogger(__name__)
@@ -208,20 +208,23 @@ class RubricJudge:
                            temperature=self.config.temperature, max_new_tokens=self.config.max_new_tokens, seed=seed)
 
     def _ask(self, build: Callable[[int], ChatRequest], parse: Callable[[str], T], what: str) -> tuple[T, int]:
-        """(parsed answer, requests sent) with retries; ``JudgeFailed`` when they run out."""
-        cfg, last = self.config, ""
-        for attempt in range(cfg.max_retries + 1):
-            try:
-                return parse(self.backend.generate([build(attempt)])[0].text), attempt + 1
-            except Exception as exc:  # noqa: BLE001 - retried, then reported as JudgeFailed
-                last = f"{type(exc).__name__}: {exc}"
-                if not getattr(exc, "retryable", True):
-                    break
-            if attempt < cfg.max_retries:
-                delay = backoff_delay(attempt, cfg.backoff_s, cfg.max_backoff_s)
-                logger.warning("VitaBench judge (%s): %s; retry %d in %.2fs", what, last, attempt + 1, delay)
-                time.sleep(delay)
-        raise JudgeFailed(f"judge gave no usable verdict for {what} after {cfg.max_retries + 1} attempts: {last}")
+        """(parsed answer, requests sent), malformed answers asked again; ``JudgeFailed`` when it runs out."""
+        cfg, sent = self.config, 0
+        policy = RetryPolicy(cfg.max_retries, cfg.backoff_s, cfg.max_backoff_s)
+        try:
+            for attempt in policy.retrying(lambda e: isinstance(e, (MalformedJudgement, MalformedVerdictError)),
+                                           f"VitaBench judge ({what})"):
+                with attempt:
+                    try:
+                        text = self.backend.generate([build(attempt.retry_state.attempt_number - 1)])[0].text
+                    finally:
+                        sent += max(1, int(getattr(self.backend, "last_attempts", 1) or 1))
+                    answer = parse(text)
+        except Exception as exc:  # noqa: BLE001 - reported as JudgeFailed, with the cause
+            logger.warning("VitaBench judge (%s): no usable verdict after %d request(s): %s", what, sent, exc)
+            raise JudgeFailed(f"judge gave no usable verdict for {what} after {sent} request(s): "
+                              f"{type(exc).__name__}: {exc}") from exc
+        return answer, sent
 
     def judge(self, task_id: str, env_info: str, instruction: str, rubrics: Sequence[str],
               transcript: Sequence[Mapping[str, Any]]) -> RubricJudgement:

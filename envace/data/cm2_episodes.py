@@ -1,0 +1,161 @@
+"""Episode specs of CM2 rows: what a rollout needs from one row, recorded (call, response) exchanges, and
+the REHEARSE few-shot examples drawn strictly from turns before the rehearsed one (no future-turn leak).
+
+``cm2_row_to_episode_spec`` validates the row again (``envace.data.cm2_schema.check_row``), so a raw row
+from anywhere can be passed; ``to_engine_spec`` converts the result into the training engines'
+``EpisodeSpec`` (imported lazily: the data layer needs no engine at import).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from envace.core.checklist import Checklist, conversation_steps, json_or_text, split_thinking
+from envace.core.records import ToolCall
+from envace.data.cm2_reasons import Cm2ValidationConfig
+from envace.data.cm2_schema import check_row
+from envace.envs.base import Task
+
+
+@dataclass(frozen=True)
+class RecordedExchange:
+    """One recorded (tool call, tool response) pair of the reference conversation."""
+
+    turn: int
+    step: int
+    call: ToolCall
+    response: Any  # the tool message content, parsed when it is JSON
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """What a rollout needs from one CM2 row."""
+
+    uuid: str
+    system_prompt: str  # "" when the row has no system message
+    tools: tuple[dict[str, Any], ...]
+    user_turns: tuple[str, ...]  # replayed in order
+    checklist: Checklist  # one variant, one entry per user turn
+    exchanges: tuple[tuple[RecordedExchange, ...], ...]  # per user turn, in conversation order
+    reference_replies: tuple[str, ...]  # per user turn: user-visible text of its last assistant message
+
+    @property
+    def n_turns(self) -> int:
+        return len(self.user_turns)
+
+    def to_engine_spec(self) -> Any:
+        """This episode as an ``envace.engines.base.EpisodeSpec`` (see ``to_engine_spec``)."""
+        return to_engine_spec(self)
+
+    def to_task(self, split: str = "train", domain: str = "cm2") -> Task:
+        """The environment-level ``Task`` of this episode (gold calls grouped per assistant step)."""
+        gold: list[tuple[tuple[ToolCall, ...], ...]] = []
+        for turn in self.exchanges:
+            by_step: dict[int, list[ToolCall]] = {}
+            for ex in turn:
+                by_step.setdefault(ex.step, []).append(ex.call)
+            gold.append(tuple(tuple(by_step[s]) for s in sorted(by_step)))
+        return Task(
+            task_id=self.uuid,
+            domain=domain,
+            split=split,
+            system_prompt=self.system_prompt,
+            tools=self.tools,
+            user_turns=self.user_turns,
+            gold_calls=tuple(gold),
+            gold_answers=self.reference_replies,
+            checklists=tuple(tuple(it.to_dict() for it in items) for items in self.checklist.turns),
+        )
+
+
+def to_engine_spec(spec: EpisodeSpec) -> Any:
+    """The ``envace.engines.base.EpisodeSpec`` of a CM2 episode (recorded responses kept as gold)."""
+    from envace.engines.base import EpisodeSpec as EngineSpec  # lazy: data needs no engine at import
+    from envace.engines.base import GoldStep
+
+    gold = []
+    for turn in spec.exchanges:
+        by_step: dict[int, list[RecordedExchange]] = {}
+        for ex in turn:
+            by_step.setdefault(ex.step, []).append(ex)
+        gold.append(
+            tuple(
+                GoldStep(tuple(e.call for e in by_step[s]), tuple(e.response for e in by_step[s]))
+                for s in sorted(by_step)
+            )
+        )
+    return EngineSpec(
+        task_id=spec.uuid,
+        system_prompt=spec.system_prompt,
+        tools=spec.tools,
+        user_turns=spec.user_turns,
+        checklists=tuple(tuple(it.to_dict() for it in items) for items in spec.checklist.turns),
+        gold=tuple(gold),
+        gold_answers=spec.reference_replies,
+        answer_values=tuple(() for _ in spec.user_turns),
+        domain="cm2",
+        source="cm2",
+    )
+
+
+def _tool_call(call: Mapping[str, Any]) -> ToolCall:
+    fn = call["function"]
+    args = fn.get("arguments", "{}")
+    return ToolCall(
+        name=fn["name"],
+        arguments=dict(json.loads(args) if isinstance(args, str) else args),
+        id=call.get("id"),
+    )
+
+
+def cm2_row_to_episode_spec(
+    row: Mapping[str, Any], variant: int = 0, config: Cm2ValidationConfig = Cm2ValidationConfig()
+) -> EpisodeSpec:
+    """Episode spec of a raw CM2 row (validated here again; ``ValueError`` names the first problem)."""
+    check_row(row, config)
+    if not 0 <= variant < len(row["checklists"]):
+        raise ValueError(
+            f"row {row['uuid']}: checklist variant {variant} requested, the row has {len(row['checklists'])}"
+        )
+    messages = row["messages"]
+    user_turns = tuple(m["content"] for m in messages if m["role"] == "user")
+    exchanges: list[list[RecordedExchange]] = [[] for _ in user_turns]
+    replies = [""] * len(user_turns)
+    for st in conversation_steps(messages):
+        calls = st.assistant.get("tool_calls") or []
+        for call, answer in zip(calls, st.tool_messages):
+            exchanges[st.turn].append(
+                RecordedExchange(st.turn, st.step, _tool_call(call), json_or_text(answer["content"]))
+            )
+        replies[st.turn] = split_thinking(st.assistant.get("content"))[1]
+    system = messages[0]["content"] if messages[0]["role"] == "system" else ""
+    return EpisodeSpec(
+        uuid=row["uuid"],
+        system_prompt=system,
+        tools=tuple(row["tools"]),
+        user_turns=user_turns,
+        checklist=Checklist.from_raw(
+            row["checklists"][variant], f"checklists[{variant}]", config.weight_tolerance
+        ),
+        exchanges=tuple(tuple(t) for t in exchanges),
+        reference_replies=tuple(replies),
+    )
+
+
+def rehearsal_examples(
+    spec: EpisodeSpec, turn_index: int, max_examples: int | None = None
+) -> tuple[RecordedExchange, ...]:
+    """Recorded (call, response) pairs usable as REHEARSE few-shot examples for ``turn_index``.
+
+    Only turns strictly before ``turn_index`` contribute (the reference leaks the rehearsed turn's own
+    ground truth; SPEC §1 forbids it). With ``max_examples`` the most recent ones are kept.
+    """
+    if not 0 <= turn_index < spec.n_turns:
+        raise ValueError(f"turn_index={turn_index} outside 0..{spec.n_turns - 1} for episode {spec.uuid}")
+    earlier = tuple(ex for turn in spec.exchanges[:turn_index] for ex in turn)
+    if max_examples is not None:
+        earlier = earlier[-max_examples:] if max_examples > 0 else ()
+    assert all(ex.turn < turn_index for ex in earlier)
+    return earlier
