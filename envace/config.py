@@ -194,7 +194,7 @@ class EngineConfig:
     # budget per forward; gradient checkpointing auto | on | off; an opt-in log-prob health-check forward
     precision: str = "auto"
     share_prefix: bool = True
-    micro_batch_tokens: int = 8192
+    micro_batch_tokens: int = 4096
     grad_checkpointing: str = "auto"
     logprob_check: bool = False
     n_gpus_per_node: int = 0

@@ -66,7 +66,7 @@ class OptimConfig:
     # share_prefix: rows sharing a prompt prefix are packed behind one copy of it (exact); False = the
     # legacy padded path (one row per sequence, ``micro_batch_streams`` rows per forward)
     share_prefix: bool = True
-    micro_batch_tokens: int = 8192  # padded tokens per forward/backward on the packed path
+    micro_batch_tokens: int = 4096  # padded tokens per forward/backward on the packed path (caps a pack too)
     # "auto": on when a micro-batch's estimated activations exceed ~1 GB (SmolLM2 at the cpu profile's
     # sizes), off for small ones (the tiny test models); "on" | "off" force it
     grad_checkpointing: str = "auto"
