@@ -33,7 +33,7 @@ import pytest
 from envace.config import ConfigError, compose, write_params
 from envace.judges.budget import JudgeFailureBudgetExceeded
 from envace.stages import prepare_data, runner, template_prompts, train
-from json_http import JsonHandler
+from json_http import JsonHandler, threaded_servers
 
 REPO = Path(__file__).resolve().parents[2]
 REFUSED = "http://127.0.0.1:9/v1"
@@ -119,18 +119,11 @@ class _JudgeHandler(JsonHandler):
 
 @pytest.fixture
 def judge_server():
-    servers: list[FaultyJudge] = []
+    with threaded_servers() as serve:
+        def start(fault_rate: float = 0.0, client_timeout_s: float = 0.5, key: str | None = None) -> FaultyJudge:
+            return serve(FaultyJudge(fault_rate, client_timeout_s, key))
 
-    def start(fault_rate: float = 0.0, client_timeout_s: float = 0.5, key: str | None = None) -> FaultyJudge:
-        server = FaultyJudge(fault_rate, client_timeout_s, key)
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+        yield start
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from envace.config import ConfigError, compose
 from envace.inference.base import ChatRequest
 from envace.inference.openai_client import EndpointError, OpenAIChatBackend, RetryPolicy, read_api_key
 from envace.inference.preflight import EndpointUnavailable, preflight, stage_endpoints
-from json_http import JsonHandler
+from json_http import JsonHandler, threaded_servers
 
 HELLO = ChatRequest(messages=({"role": "user", "content": "hi"},), max_new_tokens=4)
 FAST = {"backoff_s": 0.01, "max_backoff_s": 0.02}
@@ -88,18 +88,8 @@ class _Handler(JsonHandler):
 
 @pytest.fixture
 def serve():
-    servers: list[ScriptedServer] = []
-
-    def start(script: dict[str, list[tuple]]) -> ScriptedServer:
-        server = ScriptedServer(script)
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    with threaded_servers() as serve_in_thread:
+        yield lambda script: serve_in_thread(ScriptedServer(script))
 
 
 def closed_port() -> int:
