@@ -156,6 +156,10 @@ class DataConfig:
     held_out_domain: Optional[str] = "todo"  # tool world: a domain never trained on (null = none)
     val_fraction: float = 0.05  # CM2: share of uuids held out for validation
     checklist_variant: int = 0  # CM2: which checklist variant scores a row
+    # seed of the data itself (tool-world generation, the CM2 val split, which test tasks an evaluation or a
+    # probe samples); null = the run's `seed`. The science matrix fixes it so that every training seed is
+    # scored on the same tasks (paired comparisons).
+    seed: Optional[int] = None
 
 
 @dataclass
@@ -339,6 +343,35 @@ class RehearsalSweepConfig:
 
 
 @dataclass
+class ScienceConfig:
+    """The science matrix (``make science``, envace.stages.science): one SFT warm-up shared by every cell,
+    then variant x seed cells (GRPO steps from that checkpoint + evaluation on the same test tasks), a
+    test-time sweep and the aggregation. The values live in conf/config.yaml (``science:``)."""
+
+    dir: str = MISSING  # data of the matrix (prepared rows, the SFT checkpoint, cells' checkpoints)
+    metrics: str = MISSING  # git-tracked per-part metrics and per-task outcomes
+    json: str = MISSING  # the aggregate (git-tracked)
+    reports: str = MISSING  # science.md, CSVs, plots
+    variants: List[AlgoName] = MISSING
+    seeds: List[int] = MISSING
+    data_seed: int = MISSING
+    n_train: int = MISSING
+    n_val: int = MISSING
+    n_test: int = MISSING
+    sft_epochs: int = MISSING
+    steps: int = MISSING
+    fidelity_every: int = MISSING
+    gold_fidelity_tasks: int = MISSING
+    sft_threads: int = MISSING
+    testtime_variant: AlgoName = MISSING
+    testtime_n_attempts: List[int] = MISSING
+    testtime_modes: List[RehearsalMode] = MISSING
+    testtime_n_tasks: int = MISSING
+    testtime_other_seeds_n_attempts: List[int] = MISSING
+    bootstrap_resamples: int = MISSING
+
+
+@dataclass
 class TrackingConfig:
     backend: TrackingBackend = TrackingBackend.mlflow
     experiment: str = "envace"
@@ -369,6 +402,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     rehearsal: RehearsalSweepConfig = field(default_factory=RehearsalSweepConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    science: ScienceConfig = field(default_factory=ScienceConfig)
 
 
 # config groups a user selects with `group=option` (the rest are plain keys)

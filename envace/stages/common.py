@@ -22,12 +22,19 @@ logger = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 
 
+def data_seed(cfg: DictConfig) -> int:
+    """The data's seed: ``data.seed``, or the run's ``seed`` when it is null. It picks what the data *is*
+    (tool-world tasks, the CM2 val split, the test tasks an evaluation or probe samples), so runs that
+    differ only in ``seed`` still meet the same tasks when ``data.seed`` is set."""
+    return int(cfg.seed if cfg.data.get("seed") is None else cfg.data.seed)
+
+
 def toolworld_config(cfg: DictConfig) -> Any:
     """The tool world's generator config from ``data.*`` (train/val/test sizes, seed, held-out domain)."""
     from envace.envs.toolworld import ToolWorldConfig  # LIBRARY: envace.envs.toolworld
 
     data = cfg.data
-    return ToolWorldConfig(seed=int(cfg.seed), n_train=int(data.n_train), n_val=int(data.n_val),
+    return ToolWorldConfig(seed=data_seed(cfg), n_train=int(data.n_train), n_val=int(data.n_val),
                            n_test=int(data.n_test), held_out_domain=data.held_out_domain)
 
 
@@ -50,7 +57,7 @@ def _toolworld_probe_set(cfg: DictConfig, rows: list[dict[str, Any]]) -> Any:
     if not rows:
         raise ValueError(f"train.fidelity_every={cfg.train.fidelity_every} needs validation tasks, but none were "
                          f"kept in {cfg.paths.prepared}/val.jsonl; set data.n_val > 0 or train.fidelity_every=0")
-    tasks = sample_tasks([task_from_cm2_row(r) for r in rows], int(cfg.train.fidelity_tasks), int(cfg.seed))
+    tasks = sample_tasks([task_from_cm2_row(r) for r in rows], int(cfg.train.fidelity_tasks), data_seed(cfg))
     steps = max((len(turn) for t in tasks for turn in t.gold_calls), default=0) + 1  # gold steps + the reply
     suite = Suite("toolworld", "val", 0, Budgets(steps, 64, 0.0, int(cfg.seed)), {})
     return oracle_probe_set(make_adapter(cfg, suite), tasks)

@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from envace.config import to_plain
 from envace.inference.preflight import preflight
-from envace.stages.common import base_backend, trained_backend
+from envace.stages.common import base_backend, data_seed, trained_backend
 from envace.stages.suites import eval_suite, make_adapter
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.utils.io import atomic_dir, write_json, write_jsonl
@@ -45,7 +45,7 @@ def gold_probe(cfg: DictConfig, adapter: Any, tasks: list[Any], n: int) -> Any:
 
     if not n:
         return None
-    chosen = sample_tasks(tasks, n, int(cfg.seed),
+    chosen = sample_tasks(tasks, n, data_seed(cfg),
                           where=lambda t: not t.meta.get("trial") and adapter.real_executor(t) is not None)
     try:
         return oracle_probe_set(adapter, chosen)
@@ -101,7 +101,7 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     probe = adapters["policy"]
     from envace.evaluation import with_trials  # LIBRARY: envace.evaluation
 
-    tasks = with_trials(probe.tasks(suite.split, limit=suite.limit, seed=int(cfg.seed)), suite.trials)
+    tasks = with_trials(probe.tasks(suite.split, limit=suite.limit, seed=data_seed(cfg)), suite.trials)
     skipped = dict(getattr(probe, "skipped", {}))  # parts of the split that cannot run here, with the reason
     if not tasks:
         raise ValueError(f"evaluate: benchmark {benchmark} has no runnable tasks in split {suite.split!r}"

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from envace.config import to_plain
 from envace.reporting.plots import data_stats_figure, save_figure
-from envace.stages.common import toolworld_config
+from envace.stages.common import data_seed, toolworld_config
 from envace.stages.runner import NULL_TRACKER, Tracker, stage_main
 from envace.utils.io import atomic_dir, atomic_path, write_json, write_jsonl
 
@@ -71,7 +71,7 @@ def validate_and_split(cfg: DictConfig, raw: dict[str, list[Any]]) -> tuple[dict
         accepted[split], bad = validate_rows(rows, source=f"{cfg.data.source} {split} rows")
         rejects.extend(bad)
     if "all" in accepted:
-        train, val = split_rows(accepted.pop("all"), float(cfg.data.val_fraction), int(cfg.seed))
+        train, val = split_rows(accepted.pop("all"), float(cfg.data.val_fraction), data_seed(cfg))
         cap = int(cfg.data.n_train)
         accepted = {"train": list(train[:cap] if cap else train), "val": list(val)}
     return accepted, rejects

@@ -34,7 +34,7 @@ from omegaconf import DictConfig
 
 from envace.config import to_plain
 from envace.inference.preflight import preflight
-from envace.stages.common import base_backend, trained_backend
+from envace.stages.common import base_backend, data_seed, trained_backend
 from envace.stages.suites import eval_suite, make_adapter
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.utils.io import atomic_dir, write_json, write_jsonl
@@ -151,7 +151,7 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
             (tmp / benchmark).mkdir(parents=True, exist_ok=True)
             suite = eval_suite(cfg, benchmark, "rehearsal")
             adapter = make_adapter(cfg, suite)
-            tasks = adapter.tasks(suite.split, limit=suite.limit, seed=int(cfg.seed))
+            tasks = adapter.tasks(suite.split, limit=suite.limit, seed=data_seed(cfg))
             if not tasks:
                 raise ValueError(f"rehearsal_sweep: {benchmark} has no runnable tasks in split {suite.split!r}; "
                                  f"set eval.suites.{benchmark}.split or rehearsal.split")

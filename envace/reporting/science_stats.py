@@ -1,0 +1,196 @@
+"""Statistics of the science matrix: per-cell outcomes in, ``science.json`` out.
+
+Inputs are the git-tracked files the science stages write (``science.metrics``, envace.stages.science):
+``sft/tasks.json`` (the SFT checkpoint ``policy`` and the untrained ``base``), ``cells/<variant>-seed<k>/``
+(``tasks.json``, ``train.json`` + details, ``evaluate_toolworld.json``) and ``testtime/<cell>/``
+(``tasks.json``, ``rehearsal_sweep.json``). Every test task is the same in every cell (``data.seed``
+fixed), so outcomes line up as a ``seeds × tasks`` 0/1 matrix per variant.
+
+Intervals are percentile bootstraps (numpy, seeded). A variant's mean resamples tasks and seeds
+independently (two-way: the task set and the training seeds are both samples). A paired difference
+A − B draws one set of task indices for both sides (the pairing: the same tasks), and seeds of each side
+independently; a side with one run (the SFT base: greedy decoding, no training seed) keeps it.
+A difference whose interval excludes 0 is a finding; one that covers 0 says "cannot tell".
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from envace.stages.runner import read_metrics
+from envace.utils.io import read_json
+
+CELL_DIR = re.compile(r"^(?P<variant>[a-z_]+)-seed(?P<seed>\d+)$")
+CONFIDENCE = 0.95
+# subsets of the test split a comparison is also reported on: name -> which task rows belong to it
+SUBSETS = {"all": lambda row: True, "in_domain": lambda row: not row.get("held_out"),
+           "held_out_domain": lambda row: row.get("held_out_kind") == "domain"}
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """0/1 success of ``runs`` (seeds) on ``task_ids`` (the same order for every run)."""
+
+    task_ids: tuple[str, ...]
+    matrix: np.ndarray  # shape (runs, tasks)
+    rows: tuple[Mapping[str, Any], ...]  # one task's descriptive row (domain, held_out, ...) per task
+
+    def subset(self, name: str) -> "Outcomes":
+        keep = [i for i, row in enumerate(self.rows) if SUBSETS[name](row)]
+        return Outcomes(tuple(self.task_ids[i] for i in keep), self.matrix[:, keep], tuple(self.rows[i] for i in keep))
+
+    @property
+    def mean(self) -> float:
+        return float(self.matrix.mean()) if self.matrix.size else float("nan")
+
+
+def outcomes_of(runs: Sequence[Sequence[Mapping[str, Any]]], where: str = "") -> Outcomes:
+    """Stack per-run task rows (``tasks.json`` lists) into one matrix; every run must hold the same tasks."""
+    if not runs:
+        raise ValueError(f"science: no runs to stack{where}")
+    ids = [str(row["task_id"]) for row in runs[0]]
+    for run in runs[1:]:
+        other = [str(row["task_id"]) for row in run]
+        if sorted(other) != sorted(ids):
+            raise ValueError(f"science: runs{where} were scored on different test tasks ({len(ids)} vs {len(other)}"
+                             f", {len(set(ids) ^ set(other))} differ): re-run them with the same data.seed")
+    by_id = [{str(r["task_id"]): r for r in run} for run in runs]
+    matrix = np.array([[1.0 if by[i].get("success") else 0.0 for i in ids] for by in by_id])
+    return Outcomes(tuple(ids), matrix, tuple(by_id[0][i] for i in ids))
+
+
+def _percentile(values: np.ndarray) -> list[float]:
+    lo, hi = np.percentile(values, [100 * (1 - CONFIDENCE) / 2, 100 * (1 + CONFIDENCE) / 2])
+    return [float(lo), float(hi)]
+
+
+def _resample_mean(m: np.ndarray, tasks: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Means of ``m`` over resampled seeds (rows, drawn here) and the given resampled task columns."""
+    n_boot, runs = tasks.shape[0], m.shape[0]
+    seeds = rng.integers(0, runs, size=(n_boot, runs)) if runs > 1 else np.zeros((n_boot, 1), dtype=int)
+    # per resample: mean over the drawn runs of each run's mean over the drawn tasks
+    per_run = m[:, tasks].mean(axis=2)  # (runs, n_boot)
+    return np.take_along_axis(per_run.T, seeds, axis=1).mean(axis=1)
+
+
+def mean_interval(o: Outcomes, n_boot: int, seed: int = 0) -> dict[str, Any]:
+    """Mean success with its 95% two-way bootstrap interval (tasks × seeds), n tasks and n runs."""
+    n_tasks, runs = o.matrix.shape[1], o.matrix.shape[0]
+    out: dict[str, Any] = {"mean": o.mean, "n_tasks": n_tasks, "n_seeds": runs, "ci95": None,
+                           "per_seed": [float(x) for x in o.matrix.mean(axis=1)] if n_tasks else []}
+    if n_tasks:
+        rng = np.random.default_rng(seed)
+        tasks = rng.integers(0, n_tasks, size=(n_boot, n_tasks))
+        out["ci95"] = _percentile(_resample_mean(o.matrix, tasks, rng))
+    return out
+
+
+def paired_difference(a: Outcomes, b: Outcomes, n_boot: int, seed: int = 0) -> dict[str, Any]:
+    """A − B on the same tasks: the difference of means and its 95% paired bootstrap interval, with
+    ``verdict`` "A > B", "A < B" or "cannot tell" (the interval covers 0)."""
+    order = [b.task_ids.index(t) for t in a.task_ids]
+    bm = b.matrix[:, order]
+    n_tasks = len(a.task_ids)
+    out: dict[str, Any] = {"diff": a.mean - float(bm.mean()) if n_tasks else float("nan"), "n_tasks": n_tasks,
+                           "n_seeds": [a.matrix.shape[0], b.matrix.shape[0]], "ci95": None, "verdict": "cannot tell"}
+    if not n_tasks:
+        return out
+    rng = np.random.default_rng(seed)
+    tasks = rng.integers(0, n_tasks, size=(n_boot, n_tasks))  # one draw of tasks for both sides: paired
+    diffs = _resample_mean(a.matrix, tasks, rng) - _resample_mean(bm, tasks, rng)
+    lo, hi = _percentile(diffs)
+    out["ci95"] = [lo, hi]
+    out["p_boot_le_0"] = float(np.mean(diffs <= 0))
+    out["verdict"] = "A > B" if lo > 0 else "A < B" if hi < 0 else "cannot tell"
+    return out
+
+
+def load_cells(root: Path) -> dict[str, dict[str, Any]]:
+    """``{"<variant>/seed<k>": {"variant", "seed", "tasks", "train", "evaluate"}}`` from ``root/cells``."""
+    cells: dict[str, dict[str, Any]] = {}
+    for path in sorted((root / "cells").glob("*")):
+        match = CELL_DIR.match(path.name)
+        if not match or not (path / "tasks.json").exists():
+            continue
+        cells[f"{match['variant']}/seed{match['seed']}"] = {
+            "variant": match["variant"], "seed": int(match["seed"]), "dir": path,
+            "tasks": read_json(path / "tasks.json")["policy"],
+            "train": read_metrics(path / "train.json") if (path / "train.json").exists() else {},
+            "evaluate": read_metrics(path / "evaluate_toolworld.json")}
+    return cells
+
+
+def variant_outcomes(cells: Mapping[str, Mapping[str, Any]], variant: str) -> Outcomes | None:
+    runs = [c["tasks"] for c in sorted(cells.values(), key=lambda c: c["seed"]) if c["variant"] == variant]
+    return outcomes_of(runs, f" of variant {variant}") if runs else None
+
+
+def comparisons(variants: Iterable[str]) -> list[tuple[str, str]]:
+    """The paired differences the issue asks for: envace − each other variant, each trained − SFT base."""
+    names = list(variants)
+    pairs = [("envace", v) for v in names if v != "envace" and "envace" in names]
+    return pairs + [(v, "sft_base") for v in names]
+
+
+def testtime_cells(root: Path) -> dict[str, dict[str, Any]]:
+    """``{"<variant>/seed<k>/<mode>/n<N>/<rehearser>": metrics + per-task rows}`` from ``root/testtime``."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted((root / "testtime").glob("*")):
+        match = CELL_DIR.match(path.name)
+        if not match or not (path / "rehearsal_sweep.json").exists():
+            continue
+        sweep = read_metrics(path / "rehearsal_sweep.json")
+        tasks = read_json(path / "tasks.json") if (path / "tasks.json").exists() else {}
+        for key, cell in sweep.get("cells", {}).items():
+            _, mode, n, rehearser = key.split("/")
+            label = f"{n}-{mode}-{rehearser}"
+            out[f"{match['variant']}/seed{match['seed']}/{mode}/{n}/{rehearser}"] = {
+                **cell, "mode": mode, "rehearser": rehearser, "seed": int(match["seed"]),
+                "variant": match["variant"], "tasks": tasks.get(label, [])}
+    return out
+
+
+def summarize(root: Path, variants: Sequence[str], n_boot: int) -> dict[str, Any]:
+    """Everything ``science.json`` holds (see envace.reporting.science for the layout)."""
+    cells = load_cells(root)
+    sft = read_json(root / "sft" / "tasks.json")
+    base = {"sft_base": outcomes_of([sft["policy"]], " of the SFT checkpoint")}
+    if "base" in sft:
+        base["untrained_base"] = outcomes_of([sft["base"]], " of the untrained base")
+    groups = {v: o for v in variants if (o := variant_outcomes(cells, v)) is not None}
+    groups.update(base)
+    aggregate: dict[str, Any] = {"variants": {}, "differences": {}}
+    for name, o in groups.items():
+        aggregate["variants"][name] = {s: mean_interval(o.subset(s), n_boot) for s in SUBSETS}
+    for a, b in comparisons(v for v in variants if v in groups):
+        aggregate["differences"][f"{a}-{b}"] = {
+            s: paired_difference(groups[a].subset(s), groups[b].subset(s), n_boot) for s in SUBSETS}
+    testtime = testtime_cells(root)
+    aggregate["testtime"] = testtime_comparisons(testtime, n_boot)
+    return {"cells": cells, "groups": groups, "aggregate": aggregate, "testtime": testtime}
+
+
+def testtime_comparisons(testtime: Mapping[str, Mapping[str, Any]], n_boot: int) -> dict[str, Any]:
+    """Gain of each (seed, mode, N, rehearser) cell over the same seed's N=0, paired on its tasks; and the
+    paper's comparison: gain of parallel N=2 with the trained rehearser minus that with the base."""
+    out: dict[str, Any] = {}
+    for key, cell in testtime.items():
+        variant, seed, mode, n, rehearser = key.split("/")
+        none = testtime.get(f"{variant}/{seed}/none/n0/none")
+        if n == "n0" or none is None or not cell["tasks"] or not none["tasks"]:
+            continue
+        out[f"{key}-vs-n0"] = paired_difference(outcomes_of([cell["tasks"]]), outcomes_of([none["tasks"]]), n_boot)
+    first = sorted({k.split("/")[1] for k in testtime}, key=lambda s: int(s.removeprefix("seed")))[:1]
+    for seed in first:
+        for variant in sorted({k.split("/")[0] for k in testtime}):
+            trained = testtime.get(f"{variant}/{seed}/parallel/n2/trained")
+            base = testtime.get(f"{variant}/{seed}/parallel/n2/base")
+            if trained and base and trained["tasks"] and base["tasks"]:
+                out[f"{variant}/{seed}/parallel/n2/trained-vs-base"] = paired_difference(
+                    outcomes_of([trained["tasks"]]), outcomes_of([base["tasks"]]), n_boot)
+    return out

@@ -1,0 +1,184 @@
+"""The science matrix: one shared SFT warm-up, variant × seed cells, a test-time sweep, the aggregation.
+
+Each part is a DVC stage (``science_*`` in dvc.yaml; ``make science`` runs them) that runs the ordinary
+stages (prepare_data, template_prompts, train, evaluate, rehearsal_sweep) with overrides that put the
+matrix's data, checkpoints and metrics in their own places (``science.*`` in conf/config.yaml):
+
+- ``data``: the tool world at ``science.n_train/n_val/n_test`` tasks, generated with ``science.data_seed``;
+- ``sft``: the SFT warm-up of the base model (``science.sft_epochs`` over the gold ACT/REHEARSE targets,
+  no GRPO step), run once: every cell starts from this checkpoint, the fair comparison;
+- ``sft_eval``: the SFT checkpoint (``policy``) and the untrained base (``base``) on the test split — the
+  calibration and the "trained − SFT base" reference;
+- ``cell --variant V --seed K``: ``science.steps`` GRPO steps of variant V with training seed K from the
+  SFT checkpoint, then the test split. ``data.seed`` stays ``science.data_seed``, so every cell meets the
+  same training pool, probe tasks and test tasks (paired comparisons); only training randomness varies;
+- ``testtime --seed K``: the rehearsal sweep on the ``science.testtime_variant`` cell of seed K — the whole
+  grid (N × mode × {trained, base}) for the first seed, N in ``testtime_other_seeds_n_attempts``
+  (parallel, trained) for the others. The ``base`` rehearser is the SFT checkpoint (the policy before RL);
+- ``aggregate``: ``metrics/science.json`` and ``reports/science*`` (envace.reporting.science).
+
+Per-cell metrics (``science.metrics/<part>/``) are small, git-tracked files (DVC outputs with
+``cache: false``), including ``tasks.json``: the per-task outcomes the paired statistics resample.
+
+    python -m envace.stages.science cell --variant grpo --seed 1 [key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from omegaconf import DictConfig
+
+from envace.config import PARAMS_FILE, load_params, to_plain
+from envace.stages.runner import EXIT_USAGE, _failure, configure_logging, default_metrics_path, execute
+from envace.utils.io import read_jsonl, write_json
+from envace.utils.telemetry import telemetry_off
+
+logger = logging.getLogger(__name__)
+
+PARTS = ("data", "sft", "sft_eval", "cell", "testtime", "aggregate")
+TASK_FIELDS = ("task_id", "domain", "held_out", "held_out_kind", "success", "score", "termination", "parse_failures",
+               "real_calls")
+# what each ordinary stage leaves per task, as (directory key in paths, glob, suffix of the label)
+OUTCOME_FILES = {"evaluate": ("evaluation", "*.predictions.jsonl"), "rehearsal_sweep": ("rehearsal", "*.records.jsonl")}
+
+
+def cell_name(variant: str, seed: int) -> str:
+    """The directory name of a cell (``envace-seed0``); ``science.json`` keys it ``envace/seed0``."""
+    return f"{variant}-seed{int(seed)}"
+
+
+def _data(s: DictConfig) -> list[str]:
+    return [f"data.seed={s.data_seed}", f"data.n_train={s.n_train}", f"data.n_val={s.n_val}",
+            f"data.n_test={s.n_test}", f"paths.prepared={s.dir}/prepared", f"paths.prompts={s.dir}/prompts",
+            "tracking.log_model=false", "eval.n_tasks=0", "eval.benchmark=toolworld"]
+
+
+def _into(s: DictConfig, part: str) -> list[str]:
+    """Metrics and plots of a part into ``science.metrics/<part>`` (git-tracked)."""
+    return [f"paths.metrics={s.metrics}/{part}", f"paths.plots={s.metrics}/{part}"]
+
+
+def _from_sft(cfg: DictConfig) -> list[str]:
+    """The model of every cell: the shared SFT checkpoint (its manifest names the policy directory)."""
+    s = cfg.science
+    return ["model.kind=path", f"model.path={s.dir}/sft/final/policy", f"model.name={cfg.model.name}+sft",
+            "train.sft_epochs=0"]
+
+
+def _eval(s: DictConfig, compare_base: bool) -> list[str]:
+    return [f"eval.compare_base={str(compare_base).lower()}", "eval.fidelity=false",
+            f"eval.gold_fidelity_tasks={s.gold_fidelity_tasks}"]
+
+
+def part_overrides(cfg: DictConfig, part: str, variant: str | None = None, seed: int | None = None) -> list[list[str]]:
+    """The override lists of the ordinary stages that ``part`` runs, in order (one list per stage run)."""
+    s = cfg.science
+    base = _data(s)
+    if part == "data":
+        return [[*base, f"seed={s.data_seed}", *_into(s, "data")]] * 2
+    if part == "sft":
+        return [[*base, f"seed={s.data_seed}", "train.steps=0", f"train.sft_epochs={s.sft_epochs}",
+                 "train.fidelity_every=0", f"engine.num_threads={s.sft_threads}", f"paths.checkpoints={s.dir}/sft",
+                 *_into(s, "sft")]]
+    if part == "sft_eval":
+        return [[*base, f"seed={s.data_seed}", f"paths.checkpoints={s.dir}/sft", f"paths.evaluation={s.dir}/sft_eval",
+                 *_eval(s, True), *_into(s, "sft")]]
+    assert variant is not None and seed is not None
+    name = cell_name(variant, seed)
+    cell = [*base, f"seed={seed}", *_from_sft(cfg), f"paths.checkpoints={s.dir}/cells/{name}/checkpoints"]
+    if part == "cell":
+        train = [*cell, f"algo.name={variant}", f"train.steps={s.steps}", f"train.fidelity_every={s.fidelity_every}",
+                 *_into(s, f"cells/{name}")]
+        evaluate = [*cell, f"paths.evaluation={s.dir}/cells/{name}/evaluation", *_eval(s, False),
+                    *_into(s, f"cells/{name}")]
+        return [train, evaluate]
+    if part == "testtime":
+        first = int(seed) == int(s.seeds[0])
+        attempts = to_plain(s.testtime_n_attempts if first else s.testtime_other_seeds_n_attempts)
+        modes = to_plain(s.testtime_modes) if first else ["parallel"]
+        rehearsers = ["trained", "base"] if first else ["trained"]
+        return [[*cell, f"paths.rehearsal={s.dir}/testtime/{name}", "rehearsal.benchmarks=[toolworld]",
+                 "rehearsal.split=test", f"rehearsal.n_tasks={s.testtime_n_tasks}",
+                 f"rehearsal.n_attempts=[{','.join(map(str, attempts))}]", f"rehearsal.modes=[{','.join(modes)}]",
+                 f"rehearsal.rehearsers=[{','.join(rehearsers)}]", *_into(s, f"testtime/{name}")]]
+    raise ValueError(f"science: unknown part {part!r}; one of {PARTS}")
+
+
+def write_task_outcomes(directory: Path, pattern: str, out: Path) -> dict[str, Any]:
+    """``tasks.json``: per label (an evaluation's ``policy``/``base``, a sweep's ``n2-parallel-trained``) the
+    per-task outcome rows of its records file."""
+    outcomes = {}
+    for path in sorted(directory.glob(pattern)):
+        rows = read_jsonl(path)
+        outcomes[path.name.removesuffix(pattern.lstrip("*"))] = [{k: r.get(k) for k in TASK_FIELDS} for r in rows]
+    if not outcomes:
+        raise FileNotFoundError(f"science: no {pattern} in {directory}: the stage wrote no per-task records")
+    write_json(out / "tasks.json", outcomes)
+    return outcomes
+
+
+def _stages() -> dict[str, tuple[str, Callable[..., dict[str, Any]], Callable[[DictConfig], Path]]]:
+    from envace.stages import evaluate, prepare_data, rehearsal_sweep, template_prompts, train
+
+    return {"prepare_data": ("prepare_data", prepare_data.run, default_metrics_path("prepare_data")),
+            "template_prompts": ("template_prompts", template_prompts.run, default_metrics_path("template_prompts")),
+            "train": ("train", train.run, default_metrics_path("train")),
+            "evaluate": ("evaluate", evaluate.run, evaluate.metrics_path),
+            "rehearsal_sweep": ("rehearsal_sweep", rehearsal_sweep.run, default_metrics_path("rehearsal_sweep"))}
+
+
+# part -> the ordinary stages it runs, in order
+PART_STAGES = {"data": ("prepare_data", "template_prompts"), "sft": ("train",), "sft_eval": ("evaluate",),
+               "cell": ("train", "evaluate"), "testtime": ("rehearsal_sweep",)}
+
+
+def run_part(part: str, variant: str | None, seed: int | None, extra: list[str]) -> None:
+    """Run ``part`` (its stages in this process, each under its own MLflow run), then its outcome files."""
+    cfg = load_params(PARAMS_FILE, extra)
+    if part == "aggregate":
+        from envace.reporting.science import aggregate  # LIBRARY: envace.reporting (pandas, matplotlib)
+
+        aggregate(cfg)
+        return
+    if part in ("cell", "testtime"):
+        if seed is None or (part == "cell" and variant is None):
+            raise ValueError(f"science {part}: give --seed" + (" and --variant" if part == "cell" else ""))
+        variant = variant or to_plain(cfg.science.testtime_variant)
+    stages = _stages()
+    for stage, overrides in zip(PART_STAGES[part], part_overrides(cfg, part, variant, seed)):
+        name, run_fn, metrics_path = stages[stage]
+        stage_cfg = load_params(PARAMS_FILE, [*overrides, *extra])
+        logger.info("science %s: %s with %s", part, name, " ".join(overrides))
+        execute(f"science_{part}/{name}", run_fn, stage_cfg, metrics_path(stage_cfg))
+        if name in OUTCOME_FILES:
+            key, pattern = OUTCOME_FILES[name]
+            write_task_outcomes(Path(stage_cfg.paths[key]) / "toolworld", pattern, Path(stage_cfg.paths.metrics))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m envace.stages.science", description=__doc__.split("\n\n")[0],
+                                     epilog="Trailing key=value arguments override params.yaml for every stage run.")
+    parser.add_argument("part", choices=PARTS)
+    parser.add_argument("--variant", default=None, help="cell: the algo.name of the cell")
+    parser.add_argument("--seed", type=int, default=None, help="cell/testtime: the training seed of the cell")
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else EXIT_USAGE
+    telemetry_off()
+    configure_logging()
+    try:
+        run_part(args.part, args.variant, args.seed, list(args.overrides))
+    except (Exception, KeyboardInterrupt) as exc:
+        return _failure(f"science {args.part}", exc)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
