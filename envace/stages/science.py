@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import platform
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -109,6 +111,23 @@ def part_overrides(cfg: DictConfig, part: str, variant: str | None = None, seed:
     raise ValueError(f"science: unknown part {part!r}; one of {PARTS}")
 
 
+def torch_threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())
+
+
+def cpu_model() -> str:
+    """``lscpu``'s model name (from /proc/cpuinfo), or the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def write_task_outcomes(directory: Path, pattern: str, out: Path) -> dict[str, Any]:
     """``tasks.json``: per label (an evaluation's ``policy``/``base``, a sweep's ``n2-parallel-trained``) the
     per-task outcome rows of its records file."""
@@ -150,14 +169,20 @@ def run_part(part: str, variant: str | None, seed: int | None, extra: list[str])
             raise ValueError(f"science {part}: give --seed" + (" and --variant" if part == "cell" else ""))
         variant = variant or to_plain(cfg.science.testtime_variant)
     stages = _stages()
+    seconds: dict[str, float] = {}
     for stage, overrides in zip(PART_STAGES[part], part_overrides(cfg, part, variant, seed)):
         name, run_fn, metrics_path = stages[stage]
         stage_cfg = load_params(PARAMS_FILE, [*overrides, *extra])
         logger.info("science %s: %s with %s", part, name, " ".join(overrides))
+        started = time.perf_counter()
         execute(f"science_{part}/{name}", run_fn, stage_cfg, metrics_path(stage_cfg))
+        seconds[name] = time.perf_counter() - started
         if name in OUTCOME_FILES:
             key, pattern = OUTCOME_FILES[name]
             write_task_outcomes(Path(stage_cfg.paths[key]) / "toolworld", pattern, Path(stage_cfg.paths.metrics))
+    # wall time of each stage run, for the report's cost table (the file is part of the part's outputs)
+    write_json(Path(stage_cfg.paths.metrics) / f"timing_{part}.json",
+               {"part": part, "seconds": seconds, "threads": torch_threads(), "cpu": cpu_model()})
 
 
 def main(argv: list[str] | None = None) -> int:
