@@ -12,6 +12,7 @@ MODELS ?=
 PREFECT_PORT ?= 4200
 MLFLOW_PORT ?= 5000
 SERVE_MODEL ?= smollm2
+SCIENCE_JOBS ?= 2
 MODEL_PORT ?= 8011
 
 # telemetry off for every tool this Makefile runs
@@ -27,10 +28,10 @@ export PREFECT_API_URL := http://127.0.0.1:$(PREFECT_PORT)/api
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-e2e pipeline params ablation scale serve stop ui plots serve-model
+.PHONY: help install test test-e2e pipeline params ablation scale serve stop ui plots serve-model science science-testtime
 
 # variables whose $(NAME) in a target's `## ...` text `make help` shows expanded (their values now)
-HELP_VARS := VENV PY PROFILE OVERRIDES ARGS VARIANTS HOME_VARIANT MODELS PREFECT_PORT MLFLOW_PORT PREFECT_API_URL SERVE_MODEL MODEL_PORT
+HELP_VARS := VENV PY PROFILE OVERRIDES ARGS VARIANTS HOME_VARIANT MODELS PREFECT_PORT MLFLOW_PORT PREFECT_API_URL SERVE_MODEL MODEL_PORT SCIENCE_JOBS
 
 help: ## list the targets
 	@awk -v vars='$(foreach v,$(HELP_VARS),$(v)=$($(v))|)' 'BEGIN {FS = ":.*## "; \
@@ -63,6 +64,29 @@ pipeline: install ## install, then `dvc repro` on the $(PROFILE) profile; prints
 	@echo "Metrics per stage:       $(CURDIR)/metrics/*.json   (dvc metrics show)"
 	@echo "MLflow runs:             sqlite:///$(CURDIR)/mlflow.db  -> make ui, then http://127.0.0.1:$(MLFLOW_PORT)"
 	@test -f .envace/pipeline_run.json && echo "MLflow parent run:       $$(cat .envace/pipeline_run.json | $(PY) -c 'import json,sys; print(json.load(sys.stdin)["run_id"])')" || true
+
+# The science matrix (science/dvc.yaml, conf/config.yaml `science:`). `dvc repro` runs one stage at a time,
+# so the independent stages of a phase go to `xargs -P $(SCIENCE_JOBS)`, one `dvc repro <stage>` each: DVC
+# records each stage in science/dvc.lock and skips (or restores from its run cache) a stage already
+# computed. Each runs --single-item, after the phase before it: a plain `dvc repro <stage>` would also
+# write-lock every upstream stage's outputs while checking them, which a sibling reading them refuses
+# (and the aggregate's dependency on science/metrics would pull the test-time stages in). A failed stage
+# fails the target once the others finish.
+science_stages = dvc stage list science/dvc.yaml --name-only | grep -E '$(1)'
+science_phase = $(call science_stages,$(1)) | xargs -r -P $(SCIENCE_JOBS) -n 1 dvc repro --single-item
+
+science: install ## the science matrix: data, one shared SFT, then SFT eval + variant x seed cells ($(SCIENCE_JOBS) at a time), aggregate -> science/report/science.md
+	$(PY) -m envace.config profile=$(PROFILE) $(OVERRIDES)
+	dvc repro science/dvc.yaml:sft
+	$(call science_phase,:(sft_eval|cell@))
+	dvc repro --single-item science/dvc.yaml:aggregate
+	@echo "Science report: $(CURDIR)/science/report/science.md   (science/science.json; per-cell files in science/metrics/)"
+
+science-testtime: install ## test-time sweep on the science cells ($(SCIENCE_JOBS) at a time; after `make science`), then the aggregate
+	$(PY) -m envace.config profile=$(PROFILE) $(OVERRIDES)
+	$(call science_phase,:testtime@)
+	dvc repro --single-item science/dvc.yaml:aggregate
+	@echo "Science report: $(CURDIR)/science/report/science.md"
 
 # exp_sweep(group, values, home): one `dvc exp run -S profile=$(PROFILE) -S group=value` per value, in
 # the workspace, named $(PROFILE)-value (an older experiment of that name is removed first; unchanged

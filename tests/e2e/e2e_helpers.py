@@ -13,7 +13,8 @@ from envace.utils.telemetry import TELEMETRY_OFF
 
 ROOT = Path(__file__).resolve().parents[2]
 # local state a clone would not have
-_SKIP = ("mlflow.db", ".prefect/", ".envace/", "mlartifacts/", "dvc.lock", "metrics/", "plots/", "reports/")
+_SKIP = ("mlflow.db", ".prefect/", ".envace/", "mlartifacts/", "dvc.lock", "metrics/", "plots/", "reports/",
+         "science/dvc.lock", "science/metrics/", "science/report/", "science/science.json")
 
 
 def project_files() -> list[str]:

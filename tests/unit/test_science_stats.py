@@ -1,0 +1,144 @@
+"""The science matrix's statistics (envace.reporting.science_stats) and its layout (envace.stages.science)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from envace.config import compose
+from envace.reporting.science_stats import comparisons, mean_interval, outcomes_of, paired_difference
+from envace.stages.science import cell_name, part_overrides
+
+
+def rows(successes, held_out_every: int = 0):
+    return [{"task_id": f"t{i:02d}", "success": bool(s), "domain": "bank",
+             "held_out": bool(held_out_every and i % held_out_every == 0),
+             "held_out_kind": "domain" if held_out_every and i % held_out_every == 0 else None}
+            for i, s in enumerate(successes)]
+
+
+def test_runs_on_different_tasks_are_refused():
+    a, b = rows([1, 0, 1]), rows([1, 0, 1])
+    b[2]["task_id"] = "other"
+    with pytest.raises(ValueError, match="different test tasks"):
+        outcomes_of([a, b], " of variant x")
+
+
+def test_pairing_on_tasks_finds_a_small_consistent_gain():
+    """B solves 10 of 40 tasks; A solves the same 10 plus 5 more. Paired on tasks, every resample's
+    difference is >= 0 and 0 only if no gained task is drawn (p ~ 0.5%), so the interval excludes 0.
+    Unpaired, the same rates (37.5% vs 25%) over 40 tasks would give an interval covering 0."""
+    base = [1] * 10 + [0] * 30
+    better = [1] * 15 + [0] * 25
+    d = paired_difference(outcomes_of([rows(better)]), outcomes_of([rows(base)]), n_boot=2000)
+    assert d["diff"] == pytest.approx(5 / 40)
+    assert d["ci95"][0] > 0 and d["verdict"] == "A > B"
+    # the order of tasks in a file does not matter: the pairing is by task id
+    shuffled = list(reversed(rows(base)))
+    assert paired_difference(outcomes_of([rows(better)]), outcomes_of([shuffled]), n_boot=2000) == d
+
+
+def test_identical_outcomes_cannot_tell_and_opposite_ones_can():
+    same = outcomes_of([rows([1, 0] * 20)])
+    d = paired_difference(same, same, n_boot=500)
+    assert d["diff"] == 0 and d["ci95"] == [0.0, 0.0] and d["verdict"] == "cannot tell"
+    worse = paired_difference(outcomes_of([rows([0] * 40)]), outcomes_of([rows([1] * 40)]), n_boot=500)
+    assert worse["diff"] == -1 and worse["verdict"] == "A < B"
+
+
+def test_seed_spread_widens_the_interval():
+    """Two seeds that disagree (one solves 30 of 40, the other 10) resample to a wider interval than one
+    seed at their mean; a single run keeps its one row."""
+    split = outcomes_of([rows([1] * 30 + [0] * 10), rows([0] * 30 + [1] * 10)])
+    one = outcomes_of([rows([1, 0] * 20)])
+    wide, narrow = mean_interval(split, 2000), mean_interval(one, 2000)
+    assert wide["mean"] == narrow["mean"] == 0.5
+    assert wide["n_seeds"] == 2 and narrow["n_seeds"] == 1 and wide["per_seed"] == [0.75, 0.25]
+    assert (wide["ci95"][1] - wide["ci95"][0]) > (narrow["ci95"][1] - narrow["ci95"][0])
+
+
+def test_held_out_subset_keeps_only_held_out_domain_tasks():
+    o = outcomes_of([rows([1, 0, 0, 1, 1, 0], held_out_every=3)])
+    held = o.subset("held_out_domain")
+    assert held.task_ids == ("t00", "t03") and held.mean == 1.0
+    assert o.subset("in_domain").task_ids == ("t01", "t02", "t04", "t05")
+
+
+def test_comparisons_are_envace_vs_each_variant_and_each_vs_the_sft_base():
+    assert comparisons(["envace", "grpo", "per_role"]) == [
+        ("envace", "grpo"), ("envace", "per_role"), ("envace", "sft_base"), ("grpo", "sft_base"),
+        ("per_role", "sft_base")]
+
+
+def test_cells_share_data_and_start_but_not_outputs():
+    cfg = compose(["profile=cpu"])
+    s = cfg.science
+    runs = {(v, k): part_overrides(cfg, "cell", v, k) for v in ("envace", "grpo") for k in (0, 1)}
+    for (variant, seed), (train, evaluate) in runs.items():
+        for overrides in (train, evaluate):
+            assert f"data.seed={s.data_seed}" in overrides and f"seed={seed}" in overrides
+            assert f"model.path={s.dir}/sft/final/policy" in overrides and "train.sft_epochs=0" in overrides
+            assert f"paths.checkpoints={s.dir}/cells/{cell_name(variant, seed)}/checkpoints" in overrides
+        assert f"algo.name={variant}" in train and f"train.steps={s.steps}" in train
+        assert "eval.compare_base=false" in evaluate
+    sft_eval, = part_overrides(cfg, "sft_eval")
+    assert "eval.compare_base=true" in sft_eval and f"paths.checkpoints={s.dir}/sft" in sft_eval
+
+
+def test_testtime_grid_is_whole_for_the_first_seed_only():
+    cfg = compose(["profile=cpu"])
+    first, = part_overrides(cfg, "testtime", "envace", 0)
+    other, = part_overrides(cfg, "testtime", "envace", 1)
+    assert "rehearsal.rehearsers=[trained,base]" in first and "rehearsal.modes=[parallel,sequential]" in first
+    assert f"rehearsal.n_attempts=[{','.join(map(str, cfg.science.testtime_n_attempts))}]" in first
+    assert "rehearsal.rehearsers=[trained]" in other and "rehearsal.n_attempts=[0,2]" in other
+    assert np.all([f"rehearsal.n_tasks={cfg.science.testtime_n_tasks}" in o for o in (first, other)])
+
+
+def _write(path, data):
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+def test_aggregate_writes_science_json_and_the_report(tmp_path):
+    """Per-part files as the science stages write them -> science.json's layout and science.md's tables."""
+    import json
+
+    from envace.reporting.science import aggregate
+
+    cfg = compose(["profile=cpu", f"science.metrics={tmp_path}/m", f"science.json={tmp_path}/science.json",
+                   f"science.reports={tmp_path}/report", "science.variants=[envace,grpo]", "science.seeds=[0,1]",
+                   "science.bootstrap_resamples=300"])
+    m = tmp_path / "m"
+    base = [1] * 4 + [0] * 36
+    _write(m / "sft" / "tasks.json", {"policy": rows(base, 5), "base": rows([0] * 40, 5)})
+    _write(m / "sft" / "evaluate_toolworld.json", {"policy": {"success_rate": 0.1, "n_tasks": 40}})
+    for variant, gained in (("envace", 10), ("grpo", 4)):
+        for seed in (0, 1):
+            cell = m / "cells" / f"{variant}-seed{seed}"
+            _write(cell / "tasks.json", {"policy": rows([1] * (gained + seed) + [0] * (40 - gained - seed), 5)})
+            _write(cell / "train.json", {"steps_done": 4, "final": {"reward/mean": 0.3}})
+            _write(cell / "evaluate_toolworld.json", {"policy": {"success_rate": 0.1, "n_tasks": 40}})
+    sweep = {"cells": {"toolworld/none/n0/none": {"success_rate": 0.1, "n_attempts": 0},
+                       "toolworld/parallel/n2/trained": {"success_rate": 0.2, "n_attempts": 2},
+                       "toolworld/parallel/n2/base": {"success_rate": 0.1, "n_attempts": 2}}}
+    tt = m / "testtime" / "envace-seed0"
+    _write(tt / "rehearsal_sweep.json", sweep)
+    _write(tt / "tasks.json", {"n0-none-none": rows(base), "n2-parallel-trained": rows([1] * 8 + [0] * 32),
+                               "n2-parallel-base": rows(base)})
+    aggregate(cfg)
+    out = json.loads((tmp_path / "science.json").read_text())
+    assert out["envace/seed1"]["success"] == pytest.approx(11 / 40) and out["envace/seed1"]["n"] == 40
+    assert out["envace/seed0"]["tasks"]["t00"] == 1 and out["sft_base"]["success"] == pytest.approx(0.1)
+    diffs = out["aggregate"]["differences"]
+    assert set(diffs) == {"envace-grpo", "envace-sft_base", "grpo-sft_base"}
+    assert diffs["envace-sft_base"]["all"]["diff"] == pytest.approx(10.5 / 40 - 0.1)
+    assert diffs["envace-sft_base"]["all"]["verdict"] == "A > B"  # a consistent gain on the same tasks
+    assert out["aggregate"]["variants"]["envace"]["held_out_domain"]["n_tasks"] == 8
+    assert "envace/seed0/parallel/n2/trained" in out["testtime"]
+    assert out["testtime_comparisons"]["envace/seed0/parallel/n2/trained-vs-base"]["diff"] == pytest.approx(0.1)
+    report = (tmp_path / "report" / "science.md").read_text()
+    assert "envace − sft_base = +16.2" in report and "paper (Qwen3-8B, reference)" in report
+    assert {p.name for p in (tmp_path / "report").glob("*.png")} >= {"science_main.png", "science_testtime.png"}
