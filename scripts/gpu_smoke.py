@@ -196,7 +196,7 @@ def estimator_on(device: str) -> dict[str, Any]:
 def loss_on(device: str) -> dict[str, Any]:
     import torch
 
-    from envace.core.losses import compute_policy_loss
+    from envace.engines.losses import compute_policy_loss
 
     gen = torch.Generator().manual_seed(1)
     shape = (8, 24)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import asdict, dataclass, field
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -262,3 +262,76 @@ def truncate_after_turn(trajectory: Trajectory, turn: int) -> Trajectory:
         reward=trajectory.reward, status=trajectory.status, termination=Termination.REQUIRED_ITEM_FAILED,
         info={**trajectory.info, "truncated_after_turn": turn},
     )
+
+
+# ---- what an engine consumes: one instruction ------------------------------------------------------
+@dataclass(frozen=True)
+class GoldStep:
+    """One reference step: calls issued together and, when known, the real responses (same order)."""
+
+    calls: tuple[ToolCall, ...]
+    responses: tuple[Any, ...] | None = None
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """One instruction as an engine sees it.
+
+    ``user_turns`` are replayed in order; ``checklists[t]`` are the CM2 items of user turn t (for the
+    judge); ``gold[t]`` are the reference steps of turn t (source of REHEARSE few-shot examples from
+    earlier turns, of the SFT warm-up targets and of the built-in verifiable reward);
+    ``gold_answers[t]`` the reference final reply and ``answer_values[t]`` strings a correct final
+    reply of turn t must contain.
+    """
+
+    task_id: str
+    system_prompt: str
+    tools: tuple[dict[str, Any], ...]
+    user_turns: tuple[str, ...]
+    checklists: tuple[tuple[dict[str, Any], ...], ...] = ()
+    gold: tuple[tuple[GoldStep, ...], ...] = ()
+    gold_answers: tuple[str, ...] = ()
+    answer_values: tuple[tuple[str, ...], ...] = ()
+    domain: str = ""
+    source: str = "toolworld"
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.user_turns:
+            raise ValueError(f"EpisodeSpec {self.task_id!r}: no user turns; every episode needs at least one")
+        for name, per_turn in (("gold", self.gold), ("checklists", self.checklists)):
+            if per_turn and len(per_turn) != len(self.user_turns):
+                raise ValueError(
+                    f"EpisodeSpec {self.task_id!r}: {name} has {len(per_turn)} turns but user_turns has "
+                    f"{len(self.user_turns)}; give one entry per user turn (empty tuple when none)"
+                )
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        return tuple(tool_schema_name(t) for t in self.tools)
+
+    def tool_schema(self, name: str) -> dict[str, Any] | None:
+        for tool in self.tools:
+            if tool_schema_name(tool) == name:
+                return tool
+        return None
+
+    def examples_before(self, turn: int) -> tuple[tuple[ToolCall, Any], ...]:
+        """(call, real response) pairs of reference turns < ``turn`` — never of the current or later ones."""
+        pairs: list[tuple[ToolCall, Any]] = []
+        for steps in self.gold[:turn]:
+            for step in steps:
+                if step.responses is not None:
+                    pairs.extend(zip(step.calls, step.responses))
+        return tuple(pairs)
+
+    def examples_of_turn(self, turn: int) -> tuple[tuple[ToolCall, Any], ...]:
+        return self.examples_before(turn + 1)[len(self.examples_before(turn)) :]
+
+
+def tool_schema_name(tool: Mapping[str, Any]) -> str:
+    """The function name of an OpenAI tool schema ({"type": "function", "function": {"name": ...}})."""
+    fn = tool.get("function", tool)
+    if "name" not in fn:
+        raise ValueError(f"tool schema without a name: {json.dumps(tool)[:200]}; expected OpenAI function format")
+    return str(fn["name"])

@@ -33,7 +33,7 @@ from typing import Any, Iterable, Sequence
 from tqdm import tqdm
 
 from envace.data.cm2_episodes import (
-    EpisodeSpec,
+    Cm2Episode,
     RecordedExchange,
     cm2_row_to_episode_spec,
     rehearsal_examples,
@@ -50,7 +50,7 @@ __all__ = [
     "Cm2Stats",
     "Cm2ValidationConfig",
     "Distribution",
-    "EpisodeSpec",
+    "Cm2Episode",
     "Problem",
     "RawRow",
     "RecordedExchange",

@@ -2,8 +2,9 @@
 the REHEARSE few-shot examples drawn strictly from turns before the rehearsed one (no future-turn leak).
 
 ``cm2_row_to_episode_spec`` validates the row again (``envace.data.cm2_schema.check_row``), so a raw row
-from anywhere can be passed; ``to_engine_spec`` converts the result into the training engines'
-``EpisodeSpec`` (imported lazily: the data layer needs no engine at import).
+from anywhere can be passed, and returns a ``Cm2Episode`` (the row's recorded exchanges and checklist
+variant); ``to_engine_spec`` converts it into the one ``envace.core.records.EpisodeSpec`` every engine
+consumes (the tool world produces the same record: ``envace.engines.episode_spec_from_task``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from envace.core.checklist import Checklist, conversation_steps, json_or_text, split_thinking
-from envace.core.records import ToolCall
+from envace.core.records import EpisodeSpec, GoldStep, ToolCall
 from envace.data.cm2_reasons import Cm2ValidationConfig
 from envace.data.cm2_schema import check_row
 from envace.envs.base import Task
@@ -30,8 +31,8 @@ class RecordedExchange:
 
 
 @dataclass(frozen=True)
-class EpisodeSpec:
-    """What a rollout needs from one CM2 row."""
+class Cm2Episode:
+    """What a rollout needs from one CM2 row (its recorded exchanges; ``to_engine_spec`` -> ``EpisodeSpec``)."""
 
     uuid: str
     system_prompt: str  # "" when the row has no system message
@@ -45,8 +46,8 @@ class EpisodeSpec:
     def n_turns(self) -> int:
         return len(self.user_turns)
 
-    def to_engine_spec(self) -> Any:
-        """This episode as an ``envace.engines.base.EpisodeSpec`` (see ``to_engine_spec``)."""
+    def to_engine_spec(self) -> EpisodeSpec:
+        """This episode as the engines' ``envace.core.records.EpisodeSpec`` (see ``to_engine_spec``)."""
         return to_engine_spec(self)
 
     def to_task(self, split: str = "train", domain: str = "cm2") -> Task:
@@ -70,11 +71,8 @@ class EpisodeSpec:
         )
 
 
-def to_engine_spec(spec: EpisodeSpec) -> Any:
-    """The ``envace.engines.base.EpisodeSpec`` of a CM2 episode (recorded responses kept as gold)."""
-    from envace.engines.base import EpisodeSpec as EngineSpec  # lazy: data needs no engine at import
-    from envace.engines.base import GoldStep
-
+def to_engine_spec(spec: Cm2Episode) -> EpisodeSpec:
+    """The ``envace.core.records.EpisodeSpec`` of a CM2 episode (recorded responses kept as gold)."""
     gold = []
     for turn in spec.exchanges:
         by_step: dict[int, list[RecordedExchange]] = {}
@@ -86,7 +84,7 @@ def to_engine_spec(spec: EpisodeSpec) -> Any:
                 for s in sorted(by_step)
             )
         )
-    return EngineSpec(
+    return EpisodeSpec(
         task_id=spec.uuid,
         system_prompt=spec.system_prompt,
         tools=spec.tools,
@@ -112,7 +110,7 @@ def _tool_call(call: Mapping[str, Any]) -> ToolCall:
 
 def cm2_row_to_episode_spec(
     row: Mapping[str, Any], variant: int = 0, config: Cm2ValidationConfig = Cm2ValidationConfig()
-) -> EpisodeSpec:
+) -> Cm2Episode:
     """Episode spec of a raw CM2 row (validated here again; ``ValueError`` names the first problem)."""
     check_row(row, config)
     if not 0 <= variant < len(row["checklists"]):
@@ -131,7 +129,7 @@ def cm2_row_to_episode_spec(
             )
         replies[st.turn] = split_thinking(st.assistant.get("content"))[1]
     system = messages[0]["content"] if messages[0]["role"] == "system" else ""
-    return EpisodeSpec(
+    return Cm2Episode(
         uuid=row["uuid"],
         system_prompt=system,
         tools=tuple(row["tools"]),
@@ -145,7 +143,7 @@ def cm2_row_to_episode_spec(
 
 
 def rehearsal_examples(
-    spec: EpisodeSpec, turn_index: int, max_examples: int | None = None
+    spec: Cm2Episode, turn_index: int, max_examples: int | None = None
 ) -> tuple[RecordedExchange, ...]:
     """Recorded (call, response) pairs usable as REHEARSE few-shot examples for ``turn_index``.
 

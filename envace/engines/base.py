@@ -32,7 +32,8 @@ from typing import (
     runtime_checkable,
 )
 
-from envace.core.records import Role, ToolCall, Trajectory, TrajectoryStatus
+from envace.core.records import EpisodeSpec, GoldStep, Role, ToolCall, Trajectory, TrajectoryStatus, tool_schema_name
+from envace.data.cm2_episodes import cm2_row_to_episode_spec
 from envace.envs.base import Executor, Task
 from envace.envs.toolworld.bindings import MISSING as BINDING_MISSING
 from envace.envs.toolworld.bindings import CallCorrespondence
@@ -41,76 +42,7 @@ logger = logging.getLogger(__name__)
 
 
 # ---- what an engine consumes ----------------------------------------------------------------------
-@dataclass(frozen=True)
-class GoldStep:
-    """One reference step: calls issued together and, when known, the real responses (same order)."""
-
-    calls: tuple[ToolCall, ...]
-    responses: tuple[Any, ...] | None = None
-
-
-@dataclass(frozen=True)
-class EpisodeSpec:
-    """One instruction as an engine sees it.
-
-    ``user_turns`` are replayed in order; ``checklists[t]`` are the CM2 items of user turn t (for the
-    judge); ``gold[t]`` are the reference steps of turn t (source of REHEARSE few-shot examples from
-    earlier turns, of the SFT warm-up targets and of the built-in verifiable reward);
-    ``gold_answers[t]`` the reference final reply and ``answer_values[t]`` strings a correct final
-    reply of turn t must contain.
-    """
-
-    task_id: str
-    system_prompt: str
-    tools: tuple[dict[str, Any], ...]
-    user_turns: tuple[str, ...]
-    checklists: tuple[tuple[dict[str, Any], ...], ...] = ()
-    gold: tuple[tuple[GoldStep, ...], ...] = ()
-    gold_answers: tuple[str, ...] = ()
-    answer_values: tuple[tuple[str, ...], ...] = ()
-    domain: str = ""
-    source: str = "toolworld"
-    meta: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not self.user_turns:
-            raise ValueError(f"EpisodeSpec {self.task_id!r}: no user turns; every episode needs at least one")
-        for name, per_turn in (("gold", self.gold), ("checklists", self.checklists)):
-            if per_turn and len(per_turn) != len(self.user_turns):
-                raise ValueError(
-                    f"EpisodeSpec {self.task_id!r}: {name} has {len(per_turn)} turns but user_turns has "
-                    f"{len(self.user_turns)}; give one entry per user turn (empty tuple when none)"
-                )
-
-    @property
-    def tool_names(self) -> tuple[str, ...]:
-        return tuple(tool_schema_name(t) for t in self.tools)
-
-    def tool_schema(self, name: str) -> dict[str, Any] | None:
-        for tool in self.tools:
-            if tool_schema_name(tool) == name:
-                return tool
-        return None
-
-    def examples_before(self, turn: int) -> tuple[tuple[ToolCall, Any], ...]:
-        """(call, real response) pairs of reference turns < ``turn`` — never of the current or later ones."""
-        pairs: list[tuple[ToolCall, Any]] = []
-        for steps in self.gold[:turn]:
-            for step in steps:
-                if step.responses is not None:
-                    pairs.extend(zip(step.calls, step.responses))
-        return tuple(pairs)
-
-    def examples_of_turn(self, turn: int) -> tuple[tuple[ToolCall, Any], ...]:
-        return self.examples_before(turn + 1)[len(self.examples_before(turn)) :]
-
-
-def tool_schema_name(tool: Mapping[str, Any]) -> str:
-    """The function name of an OpenAI tool schema ({"type": "function", "function": {"name": ...}})."""
-    fn = tool.get("function", tool)
-    if "name" not in fn:
-        raise ValueError(f"tool schema without a name: {json.dumps(tool)[:200]}; expected OpenAI function format")
-    return str(fn["name"])
+# GoldStep, EpisodeSpec, tool_schema_name: envace.core.records (one record, shared by every data source)
 
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -175,17 +107,14 @@ def to_episode_spec(item: Any, *, executor: Executor | None = None) -> EpisodeSp
     """Hook converting any supported input to an ``EpisodeSpec``.
 
     ``Task`` → ``episode_spec_from_task``; a raw CM2 row (a mapping with ``messages`` and ``tools``) →
-    ``envace.data.cm2.cm2_row_to_episode_spec`` (imported lazily; it is written in envace/data).
+    ``envace.data.cm2.cm2_row_to_episode_spec``, then its ``to_engine_spec``.
     """
     if isinstance(item, EpisodeSpec):
         return item
     if isinstance(item, Task):
         return episode_spec_from_task(item, executor)
     if isinstance(item, Mapping) and "messages" in item and "tools" in item:
-        cm2 = importlib.import_module("envace.data.cm2")
-        converted = cm2.cm2_row_to_episode_spec(item)
-        # the data layer returns its own episode record; it converts itself to the engine's spec
-        return converted if isinstance(converted, EpisodeSpec) else converted.to_engine_spec()
+        return cm2_row_to_episode_spec(item).to_engine_spec()  # CM2's record keeps its recorded exchanges
     raise TypeError(
         f"to_episode_spec: cannot convert {type(item).__name__}; pass an EpisodeSpec, an envace.envs.base.Task "
         "or a raw CM2 row (mapping with 'messages' and 'tools')"

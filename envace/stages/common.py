@@ -48,28 +48,6 @@ class Budgets:
     seed: int
 
 
-def _toolworld_probe_set(cfg: DictConfig, rows: list[dict[str, Any]]) -> Any:
-    """The oracle's episodes (real responses) on ``train.fidelity_tasks`` of the validation ``rows``."""
-    from envace.envs.toolworld import task_from_cm2_row  # LIBRARY: envace.envs.toolworld
-    from envace.evaluation import oracle_probe_set, sample_tasks  # LIBRARY: envace.evaluation
-    from envace.stages.suites import Suite, make_adapter  # imports this module: import it here
-
-    if not rows:
-        raise ValueError(f"train.fidelity_every={cfg.train.fidelity_every} needs validation tasks, but none were "
-                         f"kept in {cfg.paths.prepared}/val.jsonl; set data.n_val > 0 or train.fidelity_every=0")
-    tasks = sample_tasks([task_from_cm2_row(r) for r in rows], int(cfg.train.fidelity_tasks), data_seed(cfg))
-    steps = max((len(turn) for t in tasks for turn in t.gold_calls), default=0) + 1  # gold steps + the reply
-    suite = Suite("toolworld", "val", 0, Budgets(steps, 64, 0.0, int(cfg.seed)), {})
-    return oracle_probe_set(make_adapter(cfg, suite), tasks)
-
-
-# data.source -> the training-time fidelity probe set from validation rows (None: no real executor)
-PROBE_SETS: dict[str, Callable[[DictConfig, list[dict[str, Any]]], Any] | None] = {
-    "toolworld": _toolworld_probe_set,
-    "cm2": None,
-}
-
-
 def model_spec(cfg: DictConfig, path: str | Path | None = None) -> Any:
     """``ModelSpec`` of the configured base model, or of a trained HF directory when ``path`` is given."""
     from envace.models import ModelSpec  # LIBRARY: envace.models

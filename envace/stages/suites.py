@@ -28,7 +28,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig
 
 from envace.config import to_plain
-from envace.stages.common import Budgets, toolworld_config
+from envace.stages.common import Budgets, data_seed, toolworld_config
 
 
 @dataclass(frozen=True)
@@ -163,3 +163,24 @@ def make_adapter(cfg: DictConfig, suite: Suite, rehearser: Any = None) -> Any:
         raise ValueError(f"eval.suites.{suite.benchmark} sets {unknown}, which {suite.benchmark} does not use; "
                          f"remove them (options per benchmark — {users})")
     return get_benchmark(suite.benchmark, **BENCHMARK_KWARGS[suite.benchmark](cfg, suite, rehearser))
+
+
+def _toolworld_probe_set(cfg: DictConfig, rows: list[dict[str, Any]]) -> Any:
+    """The oracle's episodes (real responses) on ``train.fidelity_tasks`` of the validation ``rows``."""
+    from envace.envs.toolworld import task_from_cm2_row  # LIBRARY: envace.envs.toolworld
+    from envace.evaluation import oracle_probe_set, sample_tasks  # LIBRARY: envace.evaluation
+
+    if not rows:
+        raise ValueError(f"train.fidelity_every={cfg.train.fidelity_every} needs validation tasks, but none were "
+                         f"kept in {cfg.paths.prepared}/val.jsonl; set data.n_val > 0 or train.fidelity_every=0")
+    tasks = sample_tasks([task_from_cm2_row(r) for r in rows], int(cfg.train.fidelity_tasks), data_seed(cfg))
+    steps = max((len(turn) for t in tasks for turn in t.gold_calls), default=0) + 1  # gold steps + the reply
+    suite = Suite("toolworld", "val", 0, Budgets(steps, 64, 0.0, int(cfg.seed)), {})
+    return oracle_probe_set(make_adapter(cfg, suite), tasks)
+
+
+# data.source -> the training-time fidelity probe set from validation rows (None: no real executor)
+PROBE_SETS: dict[str, Callable[[DictConfig, list[dict[str, Any]]], Any] | None] = {
+    "toolworld": _toolworld_probe_set,
+    "cm2": None,
+}

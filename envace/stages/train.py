@@ -5,14 +5,13 @@ spec (tool-world rows are rebuilt into tasks whose gold calls run once on a real
 warm-up's REHEARSE targets are real responses, as CM2's recorded ones are). Step metrics go to MLflow (``step=``)
 and ``paths.plots/train_steps.csv``; ``envace.mlflow_logging`` logs rollout tables, data sets, system metrics, model.
 
-With ``train.fidelity_every`` = k > 0 (engine local, tool-world data) REHEARSE predicts the real responses
-of the oracle's calls on ``train.fidelity_tasks`` val tasks at step 0 (before any GRPO update), every k
-steps and at the last (``fidelity/*``); train.json adds ``curves`` (``envace.engines.curves``) to ``final/*``.
+With ``train.fidelity_every`` = k > 0 (engine local, tool-world data) REHEARSE predicts the real responses of
+the oracle's calls on ``train.fidelity_tasks`` val tasks at step 0 (before any GRPO update), every k steps and
+at the last (``fidelity/*``); train.json adds ``curves`` (``envace.engines.curves``) to ``final/*``.
 
-Resumable: the engine checkpoints into ``.envace/train/<config hash>`` (outside DVC's outputs, which
-DVC deletes before a run); a re-run of the same config continues from the latest checkpoint. On
-success the final weights move into ``paths.checkpoints/final`` with ``manifest.json`` (which
-directory plays which role, files and sizes, the config hash) and the work directory is removed.
+Resumable: the engine checkpoints into ``.envace/train/<config hash>`` (outside DVC's outputs); a re-run of
+the same config continues from the latest one. On success the final weights move into ``paths.checkpoints/
+final`` with ``manifest.json`` (roles' directories, files, config hash) and the work directory is removed.
 """
 
 from __future__ import annotations
@@ -28,7 +27,8 @@ from omegaconf import DictConfig
 
 from envace.config import flatten, to_plain
 from envace.inference.preflight import preflight
-from envace.stages.common import MANIFEST, PROBE_SETS, model_spec
+from envace.stages.common import MANIFEST, model_spec
+from envace.stages.suites import PROBE_SETS
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.mlflow_logging import train_logging
 from envace.tracking import default_tracking_uri

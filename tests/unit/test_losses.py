@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from envace.core.losses import LossOutput, compute_policy_loss
+from envace.engines.losses import LossOutput, compute_policy_loss
 
 pytest.importorskip("verl.trainer.ppo.core_algos")
 

@@ -54,7 +54,7 @@ def test_every_registration_is_found_after_import_verl() -> None:
     from verl.trainer.ppo import core_algos
     from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls
 
-    from envace.core.advantages import verl_grpo_advantage, verl_rolewise_advantage
+    from envace.engines.verl.advantages import verl_grpo_advantage, verl_rolewise_advantage
     from envace.engines.verl.agent_loop import ActRehearseAgentLoop
 
     assert core_algos.get_adv_estimator_fn("envace_rolewise") is verl_rolewise_advantage

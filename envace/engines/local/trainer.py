@@ -3,7 +3,7 @@
 Per step: every output y (one ACT or one REHEARSE generation) inherits its trajectory's reward R and
 gets A(y) = R − μ_{x, role(y)} (``compute_rolewise_advantages``; ``compute_grpo_advantages`` — one
 baseline per prompt over ACT outputs — for the ``grpo`` variant). A(y) is applied to every generated
-token of y in the clipped objective of ``envace.core.losses.compute_policy_loss`` (token-mean over the
+token of y in the clipped objective of ``envace.engines.losses.compute_policy_loss`` (token-mean over the
 mini-batch, optional low_var_kl to a frozen reference), then AdamW with constant LR and grad-norm
 clipping at 1.0; ``ppo_epochs`` passes over ``mini_batch_streams``-sized mini-batches.
 
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from envace.core.advantages import compute_grpo_advantages, compute_rolewise_advantages
-from envace.core.losses import compute_policy_loss
+from envace.engines.losses import compute_policy_loss
 from envace.core.records import Role, Trajectory, TrajectoryStatus
 from envace.engines.base import Variant
 from envace.engines.local.batching import (

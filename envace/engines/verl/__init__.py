@@ -2,6 +2,8 @@
 
 Importing this package is light (no verl, no Ray). What lives where:
 
+- ``advantages``: the role-wise estimator (envace.core.advantages) in verl's estimator signature, and
+  its registration (``envace_rolewise``, ``envace_grpo``).
 - ``plugin``: verl's plugin entry point; registers the estimators, the ``envace`` trainer mode and the
   ``envace_act_rehearse`` agent loop in every process that imports verl.
 - ``agent_loop`` / ``episode``: the act/rehearse agent loop over verl's server manager.

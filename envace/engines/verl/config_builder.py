@@ -50,7 +50,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from envace.core.advantages import VERL_GRPO_NAME, VERL_ROLEWISE_NAME
+from envace.engines.verl.advantages import VERL_GRPO_NAME, VERL_ROLEWISE_NAME
 from envace.core.records import Role
 from envace.engines.base import get_variant
 from envace.engines.lora import lora_spec

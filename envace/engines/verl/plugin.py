@@ -34,7 +34,7 @@ def register_all() -> dict[str, str]:
     Raises the first registration error after logging it (so verl's swallowed-plugin path still leaves
     an ERROR line in the worker log).
     """
-    from envace.core.advantages import register_with_verl
+    from envace.engines.verl.advantages import register_with_verl
 
     done: dict[str, str] = {}
     try:

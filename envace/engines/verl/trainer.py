@@ -30,7 +30,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
-from envace.core.advantages import VERL_GRPO_NAME, VERL_ROLEWISE_NAME
+from envace.engines.verl.advantages import VERL_GRPO_NAME, VERL_ROLEWISE_NAME
 from envace.engines.verl.rows import role_metrics, row_inputs
 from envace.engines.verl.settings import TRAINER_MODE
 

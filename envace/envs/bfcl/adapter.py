@@ -96,6 +96,35 @@ def memory_question(entry: dict[str, Any], category: str, raw: BfclExecutor) -> 
     return bfcl().handler_utils.add_memory_instruction_system_prompt(question, category, entry["scenario"], instance)
 
 
+def category_counts(records: list[EpisodeRecord]) -> dict[str, tuple[int, int]]:
+    """``{category: (correct, total)}``; crashed tasks are in the total."""
+    counts: dict[str, list[int]] = {}
+    for record in records:
+        category = record.info.get("bfcl_category", record.domain)
+        pair = counts.setdefault(category, [0, 0])
+        pair[0] += int(record.success)
+        pair[1] += 1
+    return {k: (v[0], v[1]) for k, v in counts.items()}
+
+def category_table(subset: str, records: list[EpisodeRecord]) -> dict[str, dict[str, Any]]:
+    """Every category of ``subset`` with its status, and its accuracy when it ran."""
+    counts = category_counts(records)
+    crashed: dict[str, int] = {}
+    for r in records:
+        crashed[r.domain] = crashed.get(r.domain, 0) + int(r.crashed)
+    table = {}
+    for name, status in category_status(subset).items():
+        row: dict[str, Any] = dict(status)
+        if name in counts:
+            correct, total = counts[name]
+            row.update(status="ran", n=total, correct=correct, crashed=crashed.get(name, 0),
+                       accuracy=correct / total if total else 0.0)
+        elif status["status"] == "runnable":
+            row["status"] = "no_tasks_selected"
+        table[name] = row
+    return table
+
+
 class BfclAdapter(BenchmarkAdapter):
     """``get_benchmark("bfcl", config=BfclConfig(...), executor_wrapper=None, work_dir=None)``."""
 
@@ -251,7 +280,6 @@ class BfclAdapter(BenchmarkAdapter):
         return BfclOracle(tasks)
 
     def summarize(self, subset: str, records: Sequence[EpisodeRecord]) -> dict[str, Any]:
-        from envace.envs.bfcl.runner import category_counts, category_table
         from envace.envs.bfcl.scoring import bfcl_summary
 
         records = list(records)

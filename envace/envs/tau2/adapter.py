@@ -39,6 +39,39 @@ def tau2_task_of(task: Task) -> Any:
     return inner
 
 
+def pass_hat_ks(records: Sequence[EpisodeRecord], trials: int) -> dict[str, float]:
+    """``{"pass^k": value}`` for k = 1..trials over the tasks of ``records``."""
+    from envace.envs.tau2.upstream import tau2
+
+    successes: dict[str, list[bool]] = {}
+    for r in records:
+        successes.setdefault(r.task_id, []).append(bool(r.success))
+    out = {}
+    for k in range(1, trials + 1):
+        values = [tau2().metrics.pass_hat_k(len(s), sum(s), k) for s in successes.values() if len(s) >= k]
+        out[f"pass^{k}"] = sum(values) / len(values) if values else 0.0
+    return out
+
+def domain_table(subset: str, adapter: Tau2Adapter, records: Sequence[EpisodeRecord], trials: int) -> dict[str, dict[str, Any]]:
+    """Status and metrics per ``domain:split`` of the subset."""
+    table: dict[str, dict[str, Any]] = {}
+    for domain, split in parse_subset(subset):
+        key = f"{domain}:{split}"
+        if key in adapter.skipped:
+            table[key] = {"status": "not_runnable", "reason": adapter.skipped[key]}
+            continue
+        mine = [r for r in records if r.domain == domain and r.split == split]
+        rewards = [r.score for r in mine]
+        table[key] = {
+            "status": "ran", "mode": adapter.config.mode.value, "n_tasks": len({r.task_id for r in mine}),
+            "trials": trials, "crashed": sum(r.crashed for r in mine),
+            "avg_reward": sum(rewards) / len(rewards) if rewards else 0.0,
+            "success_rate": sum(r.success for r in mine) / len(mine) if mine else 0.0,
+            **pass_hat_ks(mine, trials),
+        }
+    return table
+
+
 class Tau2Adapter(BenchmarkAdapter):
     """See the module docstring. Keyword arguments other than ``config``/``executor_wrapper`` build a
     ``Tau2Config`` (``mode``, ``user_base_url``, ``user_model`` …)."""
@@ -87,7 +120,7 @@ class Tau2Adapter(BenchmarkAdapter):
     def episode_program(
         self, task: Task, *, ledger: GenerationLedger | None = None, turn_hook: TurnHook | None = None
     ) -> Program[EpisodeRecord]:
-        from envace.envs.tau2 import episode as ep
+        import envace.envs.tau2.episode as ep
         from envace.envs.tau2.agent import make_user
         from envace.envs.tau2.data import make_agent, make_environment, user_tools
         from envace.envs.tau2.executor import EnvironmentProxy, Tau2Executor
@@ -119,7 +152,7 @@ class Tau2Adapter(BenchmarkAdapter):
         return self._record(task, simulation, stats, raw, ledger, start)
 
     def _record(self, task: Task, simulation: Any, stats: Any, raw: Any, ledger: GenerationLedger, start: float) -> EpisodeRecord:
-        from envace.envs.tau2 import episode as ep
+        import envace.envs.tau2.episode as ep
         from envace.envs.tau2.upstream import tau2
 
         turns, answers = ep.trajectory_turns(simulation.messages)
@@ -140,7 +173,7 @@ class Tau2Adapter(BenchmarkAdapter):
         )
 
     def score(self, task: Task, record: EpisodeRecord) -> float:
-        from envace.envs.tau2 import episode as ep
+        import envace.envs.tau2.episode as ep
         from envace.envs.tau2.upstream import tau2
 
         data = record.info.get("tau2_simulation")
@@ -156,8 +189,6 @@ class Tau2Adapter(BenchmarkAdapter):
         return Tau2Oracle(tasks)
 
     def summarize(self, subset: str, records: Sequence[EpisodeRecord]) -> dict[str, Any]:
-        from envace.envs.tau2.runner import domain_table
-
         per_task: dict[str, int] = {}
         for r in records:
             per_task[r.task_id] = per_task.get(r.task_id, 0) + 1

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from envace.envs.tau2.adapter import Tau2Adapter
-from envace.envs.tau2.config import Tau2Mode, parse_subset
+from envace.envs.tau2.adapter import Tau2Adapter, domain_table, pass_hat_ks
+from envace.envs.tau2.config import Tau2Mode
 from envace.envs.tau2.episode import CUSTOMER
 from envace.evaluation.base import with_trials
 from envace.evaluation.metrics import compute_metrics
@@ -36,38 +36,8 @@ class Tau2Report:
                 "metrics": self.run.metrics.to_json()}
 
 
-def pass_hat_ks(records: Sequence[EpisodeRecord], trials: int) -> dict[str, float]:
-    """``{"pass^k": value}`` for k = 1..trials over the tasks of ``records``."""
-    from envace.envs.tau2.upstream import tau2
-
-    successes: dict[str, list[bool]] = {}
-    for r in records:
-        successes.setdefault(r.task_id, []).append(bool(r.success))
-    out = {}
-    for k in range(1, trials + 1):
-        values = [tau2().metrics.pass_hat_k(len(s), sum(s), k) for s in successes.values() if len(s) >= k]
-        out[f"pass^{k}"] = sum(values) / len(values) if values else 0.0
-    return out
 
 
-def domain_table(subset: str, adapter: Tau2Adapter, records: Sequence[EpisodeRecord], trials: int) -> dict[str, dict[str, Any]]:
-    """Status and metrics per ``domain:split`` of the subset."""
-    table: dict[str, dict[str, Any]] = {}
-    for domain, split in parse_subset(subset):
-        key = f"{domain}:{split}"
-        if key in adapter.skipped:
-            table[key] = {"status": "not_runnable", "reason": adapter.skipped[key]}
-            continue
-        mine = [r for r in records if r.domain == domain and r.split == split]
-        rewards = [r.score for r in mine]
-        table[key] = {
-            "status": "ran", "mode": adapter.config.mode.value, "n_tasks": len({r.task_id for r in mine}),
-            "trials": trials, "crashed": sum(r.crashed for r in mine),
-            "avg_reward": sum(rewards) / len(rewards) if rewards else 0.0,
-            "success_rate": sum(r.success for r in mine) / len(mine) if mine else 0.0,
-            **pass_hat_ks(mine, trials),
-        }
-    return table
 
 
 def run_tau2(

@@ -1,0 +1,122 @@
+"""The import graph of envace/ has no circles, and the core stays free of the verl engine.
+
+Every import counts: module-level and inside functions, ``from x import y`` (an edge to ``x``, and to
+``x.y`` when that is a module), and ``importlib.import_module("...")`` with a literal name. A package's
+``__init__`` is a module of its own, so a submodule importing its own package while the package imports
+it is a circle too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2] / "envace"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(path: Path, name: str, modules: set[str]) -> set[str]:
+    """The envace modules ``path`` (module ``name``) imports."""
+    out: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            targets = [node.args[0].value]
+        out.update(t for t in targets if t in modules and t != name)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = {module_name(p): p for p in ROOT.rglob("*.py")}
+    modules = set(paths)
+    return {name: imported(path, name, modules) for name, path in paths.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_finder_finds_a_circle():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circles_in_envace():
+    found = circles(import_graph())
+    assert not found, "import circles (break each by moving the shared piece down a layer): " + "; ".join(
+        " <-> ".join(c) for c in found)
+
+
+def test_core_never_imports_verl_nor_the_engines():
+    graph = import_graph()
+    core = {m for m in graph if m.startswith("envace.core")}
+    for module in sorted(core):
+        text = (ROOT.parent / (module.replace(".", "/"))).with_suffix(".py")
+        source = text.read_text() if text.exists() else (ROOT.parent / module.replace(".", "/") / "__init__.py").read_text()
+        tree = ast.parse(source)
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [n for n in names if n.split(".")[0] == "verl"], f"{module} imports verl"
+        assert not {m for m in graph[module] if not m.startswith("envace.core")}, \
+            f"{module} imports {sorted(m for m in graph[module] if not m.startswith('envace.core'))} outside core"
+
+
+def test_one_episode_spec_class():
+    defining = [p for p in ROOT.rglob("*.py") if "class EpisodeSpec" in p.read_text()
+                and any(isinstance(n, ast.ClassDef) and n.name == "EpisodeSpec" for n in ast.walk(ast.parse(p.read_text())))]
+    assert [p.relative_to(ROOT.parent).as_posix() for p in defining] == ["envace/core/records.py"]
