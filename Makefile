@@ -28,7 +28,7 @@ export PREFECT_API_URL := http://127.0.0.1:$(PREFECT_PORT)/api
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-e2e pipeline params ablation scale serve stop ui plots serve-model science science-testtime
+.PHONY: help install lint test test-e2e pipeline params ablation scale serve stop ui plots serve-model science science-testtime
 
 # variables whose $(NAME) in a target's `## ...` text `make help` shows expanded (their values now)
 HELP_VARS := VENV PY PROFILE OVERRIDES ARGS VARIANTS HOME_VARIANT MODELS PREFECT_PORT MLFLOW_PORT PREFECT_API_URL SERVE_MODEL MODEL_PORT SCIENCE_JOBS
@@ -46,9 +46,12 @@ INSTALL_SETS ?=
 install: ## create/refresh the venv ($(VENV)) from requirements/cpu.lock (hashes checked, CPU torch first); INSTALL_SETS=bench adds TRL
 	bash scripts/install.sh $(VENV) $(INSTALL_SETS)
 
-test: install ## unit + integration tests (no e2e/slow/gpu); pytest's "no tests ran" (exit 5) fails
+test: install lint ## ruff check, then unit + integration tests (no e2e/slow/gpu); pytest's "no tests ran" (exit 5) fails
 	@rc=0; $(PY) -m pytest $(ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5) - failing"; exit 1; fi; exit $$rc
+
+lint: install ## ruff check (pyproject.toml [tool.ruff]: pyflakes, pycodestyle at 120 columns, import order, bugbear, pyupgrade)
+	$(VENV)/bin/ruff check .
 
 test-e2e: install ## end-to-end: smoke profile through `dvc exp run` and a real Prefect server + deployment
 	$(PY) -m pytest -m e2e tests/e2e tests/integration $(ARGS)

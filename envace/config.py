@@ -20,7 +20,7 @@ import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union, Any, List, Optional
+from typing import Any, List, Optional, Union
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -505,7 +505,8 @@ def compose(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path | str = 
         with initialize_config_dir(str(Path(conf_dir).resolve()), version_base=None):
             cfg = hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as exc:
-        raise ConfigError(f"cannot compose {conf_dir}/{CONFIG_NAME}.yaml with {list(overrides)}: {_explain(exc)}") from exc
+        raise ConfigError(f"cannot compose {conf_dir}/{CONFIG_NAME}.yaml with {list(overrides)}: "
+                          f"{_explain(exc)}") from exc
     return validate_config(cfg)
 
 
@@ -525,7 +526,8 @@ def write_params(
         try:
             compose_and_dump(tmp, str(conf), None, CONFIG_NAME, str(root), list(overrides))
         except (HydraException, OmegaConfBaseException) as exc:
-            raise ConfigError(f"cannot compose {conf}/{CONFIG_NAME}.yaml with {list(overrides)}: {_explain(exc)}") from exc
+            raise ConfigError(f"cannot compose {conf}/{CONFIG_NAME}.yaml with {list(overrides)}: "
+                              f"{_explain(exc)}") from exc
         load_params(tmp)  # the checks the schema cannot express, before params.yaml changes
         tmp.replace(out)
     finally:

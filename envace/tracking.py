@@ -48,8 +48,9 @@ import socket
 import subprocess
 import time
 import traceback
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import psutil
 
@@ -98,7 +99,7 @@ class Tracker(abc.ABC):
     def set_tags(self, tags: Mapping[str, Any]) -> None: ...
 
     @contextlib.contextmanager
-    def nested(self, name: str, tags: Mapping[str, Any] | None = None) -> Iterator["Tracker"]:
+    def nested(self, name: str, tags: Mapping[str, Any] | None = None) -> Iterator[Tracker]:
         """A child run of this one (e.g. one cell of a sweep), ended FINISHED, or FAILED when the body
         raises. The null tracker's child is itself."""
         yield self

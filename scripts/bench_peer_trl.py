@@ -167,7 +167,8 @@ def run_trl(args) -> dict:
             save_strategy="no", disable_tqdm=True, dataloader_num_workers=0, dataloader_pin_memory=False,
         )
         prompts = build_prompts(args.prompts * args.steps, args.prompt_len)
-        trainer = Timed(model=model, args=cfg, reward_funcs=lambda completion_ids, **_: [even_share(c) for c in completion_ids],
+        trainer = Timed(model=model, args=cfg,
+                        reward_funcs=lambda completion_ids, **_: [even_share(c) for c in completion_ids],
                         processing_class=tok, train_dataset=Dataset.from_dict({"prompt": prompts}), callbacks=[Clock()])
         torch.set_num_threads(args.threads)
         rss, clock0 = rss_now_mb(), machine_clock()
@@ -292,7 +293,8 @@ def main() -> None:
         for name, suffix in (("ours", ""), ("ours_fp32", "_fp32")):
             if name in sides:
                 ours = sides[name]
-                summary[f"ratio_step_tokens_per_s{suffix}"] = ours["step_tokens_per_s_median"] / trl["step_tokens_per_s_median"]
+                summary[f"ratio_step_tokens_per_s{suffix}"] = (ours["step_tokens_per_s_median"]
+                                                               / trl["step_tokens_per_s_median"])
                 summary[f"ratio_gen{suffix}"] = ours["gen_tokens_per_s_median"] / trl["gen_tokens_per_s_median"]
                 summary[f"ratio_train{suffix}"] = ours["train_tokens_per_s_median"] / trl["train_tokens_per_s_median"]
                 summary[f"memory_ratio{suffix}"] = ((ours["peak_rss_mb"] - ours["rss_pre_train_mb"])

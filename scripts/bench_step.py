@@ -126,7 +126,8 @@ def sample_workload(args: argparse.Namespace, path: Path) -> None:
         for traj, j in zip(batch.trajectories, range(len(batch.trajectories))):
             counters = {r: 0 for r in Role}
             for role, seg in traj.outputs():
-                forced[f"{idx[j // args.samples]}|{traj.sample_index}|{role.name}|{counters[role]}"] = list(seg.token_ids)
+                forced[f"{idx[j // args.samples]}|{traj.sample_index}|"
+                       f"{role.name}|{counters[role]}"] = list(seg.token_ids)
                 counters[role] += 1
     path.write_text(json.dumps(forced))
 
@@ -177,7 +178,8 @@ def main() -> None:
         if old["stream_tokens"] != new["stream_tokens"]:
             raise SystemExit(f"paths trained on different streams ({old['stream_tokens']} vs {new['stream_tokens']} "
                              "tokens): the comparison is invalid")
-        summary.update({"speedup_step": old["step_s"] / new["step_s"], "speedup_update": old["update_s"] / new["update_s"],
+        summary.update({"speedup_step": old["step_s"] / new["step_s"],
+                        "speedup_update": old["update_s"] / new["update_s"],
                         "speedup_rollout": old["rollout_s"] / new["rollout_s"]})
     print(json.dumps(summary))
 

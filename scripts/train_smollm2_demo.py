@@ -96,8 +96,10 @@ def main() -> None:
     rl = [m for m in history if "reward/mean" in m]
     summary = {
         "wall_s": wall, "steps": result.steps_done, "reward_trend": [m["reward/mean"] for m in rl],
-        "parse_fail_act": [m["parse_fail/act"] for m in rl], "parse_fail_rehearse": [m["parse_fail/rehearse"] for m in rl],
-        "tokens_per_s": [m["tokens_per_s"] for m in rl], "sft_loss": [m["sft/loss"] for m in history if "sft/loss" in m],
+        "parse_fail_act": [m["parse_fail/act"] for m in rl],
+        "parse_fail_rehearse": [m["parse_fail/rehearse"] for m in rl],
+        "tokens_per_s": [m["tokens_per_s"] for m in rl],
+        "sft_loss": [m["sft/loss"] for m in history if "sft/loss" in m],
         "artifacts": dict(result.artifacts),
     }
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)

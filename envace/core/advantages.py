@@ -43,7 +43,6 @@ import torch
 
 from envace.core.records import Role
 
-
 OUTPUT_MEAN = "output_mean"
 TRAJECTORY_MEAN = "trajectory_mean"
 # keys the verl estimator looks up in verl's batch / non_tensor_batch when not passed as kwargs

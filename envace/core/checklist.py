@@ -36,8 +36,9 @@ import enum
 import json
 import math
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from envace.core.records import TrajectoryStatus
 
@@ -197,7 +198,7 @@ class ChecklistItem:
         return self.focus_on in TOOL_FOCUSES
 
     @classmethod
-    def from_dict(cls, raw: Any, where: str = "item") -> "ChecklistItem":
+    def from_dict(cls, raw: Any, where: str = "item") -> ChecklistItem:
         """Parse one CM2 item; raises ``ChecklistFormatError`` naming the offending field."""
         if not isinstance(raw, Mapping):
             raise ChecklistFormatError(where, f"expected an object, got {type(raw).__name__}")
@@ -286,7 +287,7 @@ class Checklist:
     @classmethod
     def from_raw(
         cls, raw: Any, where: str = "checklist", weight_tolerance: float = DEFAULT_WEIGHT_TOLERANCE
-    ) -> "Checklist":
+    ) -> Checklist:
         """Parse ``[[item, ...] per turn]`` (one CM2 variant); weights of each turn must sum to 1."""
         if not isinstance(raw, list) or not raw:
             raise ChecklistFormatError(where, "expected a non-empty list of turns")

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import asdict, dataclass, field
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -184,7 +184,7 @@ class Trajectory:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Trajectory":
+    def from_json(cls, d: dict[str, Any]) -> Trajectory:
         version = d.get("schema_version")
         if version != SCHEMA_VERSION:
             raise ValueError(

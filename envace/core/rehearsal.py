@@ -49,8 +49,9 @@ import enum
 import json
 import re
 import string
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from envace.core.records import Termination, ToolCall, Turn
 from envace.core.seeds import derive_seed as derive_seed  # re-exported; defined in core.seeds
@@ -351,7 +352,7 @@ class AttemptRecord:
     act_parse_failures: int = 0
     rehearse_parse_failures: int = 0
 
-    def with_critique(self, text: str, parsed: CritiqueParse) -> "AttemptRecord":
+    def with_critique(self, text: str, parsed: CritiqueParse) -> AttemptRecord:
         return AttemptRecord(
             index=self.index,
             turns=self.turns,

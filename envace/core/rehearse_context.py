@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from envace.core.checklist import json_or_text
 from envace.core.prompts import RolePrompts, compact_json, tool_function
@@ -83,7 +83,7 @@ class Answered:
         return self.text if self.text is not None else render_rehearsal(as_result_object(self.result))
 
 
-Event = Union[Said, Answered]
+Event = Said | Answered
 
 
 def visible_text(act_text: str) -> str:

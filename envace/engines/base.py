@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import abc
 import importlib
-import json
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +31,7 @@ from typing import (
     runtime_checkable,
 )
 
-from envace.core.records import EpisodeSpec, GoldStep, Role, ToolCall, Trajectory, TrajectoryStatus, tool_schema_name
+from envace.core.records import EpisodeSpec, GoldStep, Role, Trajectory, TrajectoryStatus
 from envace.data.cm2_episodes import cm2_row_to_episode_spec
 from envace.envs.base import Executor, Task
 from envace.envs.toolworld.bindings import MISSING as BINDING_MISSING
@@ -91,13 +90,16 @@ def episode_spec_from_task(task: Task, executor: Executor | None = None) -> Epis
     )
 
 
-def executor_factory_for(make_executor: Callable[[Task], Executor], tasks: Sequence[Task]) -> Callable[[EpisodeSpec], Executor]:
+def executor_factory_for(
+    make_executor: Callable[[Task], Executor], tasks: Sequence[Task]
+) -> Callable[[EpisodeSpec], Executor]:
     """Adapt an environment's ``make_executor(task)`` to the engines' ``factory(spec)`` (by task id)."""
     by_id = {t.task_id: t for t in tasks}
 
     def factory(spec: EpisodeSpec) -> Executor:
         if spec.task_id not in by_id:
-            raise KeyError(f"no task with id {spec.task_id!r} among the {len(by_id)} tasks given to executor_factory_for")
+            raise KeyError(f"no task with id {spec.task_id!r} among the {len(by_id)} tasks given to "
+                           "executor_factory_for")
         return make_executor(by_id[spec.task_id])
 
     return factory

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from envace.core.rehearsal import RehearsalContext
 from envace.core.seeds import derive_seed
-from envace.envs.base import EpisodeResult, Environment, Executor, Task
+from envace.envs.base import Environment, EpisodeResult, Executor, Task
 from envace.evaluation.episode import ActLoopConfig, Dialogue, ExecutorResponder, TurnHook, run_act_loop
 from envace.evaluation.programs import ACTOR, GenerationLedger, Program, drive
 from envace.evaluation.records import EpisodeRecord

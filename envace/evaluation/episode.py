@@ -19,8 +19,9 @@ them with an error, as a real API would, and the agent may recover.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from envace.core.prompts import DEFAULT_ROLE_PROMPTS, RolePrompts, act_messages, act_observation_messages
 from envace.core.records import Termination, ToolCall, Turn

@@ -26,8 +26,9 @@ A prediction that does not parse (or whose generation failed) scores 0 on all th
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
 from tqdm.auto import tqdm
 

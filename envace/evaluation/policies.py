@@ -14,7 +14,8 @@ the oracle tells them apart by the tool responses seen so far. On a task's real 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from envace.core.prompts import compact_json
 from envace.envs.base import Executor, Task, gold_reply

@@ -21,8 +21,9 @@ import logging
 import time
 import traceback
 from collections import defaultdict
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Generator, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from envace.inference.base import ChatBackend, ChatOutput, ChatRequest
 
@@ -71,7 +72,7 @@ class PurposeCost:
     seconds: float = 0.0
     failures: int = 0
 
-    def plus(self, other: "PurposeCost") -> "PurposeCost":
+    def plus(self, other: PurposeCost) -> PurposeCost:
         return PurposeCost(
             self.calls + other.calls,
             self.prompt_tokens + other.prompt_tokens,

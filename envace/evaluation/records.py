@@ -9,8 +9,9 @@ record too: ``error`` holds the exception, ``termination`` is ``ERROR`` and the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from envace.core.records import Termination, Turn
 from envace.core.rehearsal import turn_from_json, turn_to_json
@@ -69,7 +70,7 @@ class EpisodeRecord:
         )
 
     @classmethod
-    def unscored(cls, benchmark: str, task: Task, **fields: Any) -> "EpisodeRecord":
+    def unscored(cls, benchmark: str, task: Task, **fields: Any) -> EpisodeRecord:
         """A record of ``task`` (its id, domain, split, held-out kind) with score 0, not a success, and
         ``fields`` set; adapters score it afterwards."""
         return cls(
@@ -87,7 +88,7 @@ class EpisodeRecord:
     @classmethod
     def failed(
         cls, benchmark: str, task: Task, error: str, *, policy: str = "", info: Mapping[str, Any] | None = None
-    ) -> "EpisodeRecord":
+    ) -> EpisodeRecord:
         return cls.unscored(
             benchmark,
             task,
@@ -124,7 +125,7 @@ class EpisodeRecord:
         }
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "EpisodeRecord":
+    def from_json(cls, d: Mapping[str, Any]) -> EpisodeRecord:
         version = d.get("schema_version")
         if version != RECORD_SCHEMA_VERSION:
             raise ValueError(

@@ -8,7 +8,8 @@ asked for. Later adapters add a line to ``_BUILTIN`` or call ``register_benchmar
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from envace.evaluation.base import BenchmarkAdapter
 

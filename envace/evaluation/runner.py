@@ -8,8 +8,9 @@ raises becomes an ``EpisodeRecord.failed`` with the error — a crash never abor
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from tqdm.auto import tqdm
 

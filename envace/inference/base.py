@@ -6,8 +6,9 @@ text out. (Training rollouts in the local engine work at token level and use the
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)

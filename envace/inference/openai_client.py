@@ -29,9 +29,10 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import openai
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
@@ -293,7 +294,9 @@ class OpenAIChatBackend:
         payload = request_payload(self.model, request, None)
         return self._call(
             "POST", "/chat/completions",
-            lambda client: client.chat.completions.with_raw_response.create(**payload, extra_body=self.extra_body or None),
+            lambda client: client.chat.completions.with_raw_response.create(
+                **payload, extra_body=self.extra_body or None
+            ),
             parse_completion,
         )
 

@@ -9,8 +9,9 @@ asking anybody (``forced_verdict``).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from envace.core.checklist import (
     Checklist,
@@ -69,7 +70,7 @@ class JudgeCounters:
     n_requests: int = 0
     n_retries: int = 0
 
-    def __add__(self, other: "JudgeCounters") -> "JudgeCounters":
+    def __add__(self, other: JudgeCounters) -> JudgeCounters:
         return JudgeCounters(self.n_requests + other.n_requests, self.n_retries + other.n_retries)
 
 

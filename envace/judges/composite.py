@@ -8,7 +8,8 @@ step of the turn passed the item). On CPU with rule-checkable checklists no endp
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from envace.core.checklist import Checklist, Verdict
 from envace.judges.base import (

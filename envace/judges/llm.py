@@ -28,9 +28,10 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from envace.core.checklist import (
     Checklist,
@@ -190,7 +191,8 @@ class LLMJudge:
         self.budget.check()
         sent = 0
         try:
-            for attempt in self.policy.retrying(lambda e: isinstance(e, MalformedVerdictError), f"judge item {item.id}"):
+            for attempt in self.policy.retrying(lambda e: isinstance(e, MalformedVerdictError),
+                                                f"judge item {item.id}"):
                 with attempt:
                     seed = attempt.retry_state.attempt_number - 1
                     request = build_judge_request(item, messages, step, self.config, seed=seed)

@@ -22,7 +22,8 @@ after that turn from the loss and the baselines (``truncate_after_turn``).
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from envace.core.checklist import Checklist, continue_after_turn
 from envace.core.records import Trajectory, TrajectoryStatus, Turn

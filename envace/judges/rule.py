@@ -23,7 +23,8 @@ that follow; calls written only inside the content are not calls, as in the CM2 
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from envace.core.checklist import (
     TOOL_CALL_ERROR_KEY,

@@ -21,8 +21,9 @@ so an episode that committed twice would report 2.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any
 
 from envace.core.rehearsal import RehearsalContext, RehearsalScope, memory_message
 from envace.envs.base import Task

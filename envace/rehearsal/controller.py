@@ -18,8 +18,9 @@ never receives an environment, an executor or a task with gold data, so it canno
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 from envace.core.prompts import DEFAULT_ROLE_PROMPTS, RolePrompts
 from envace.core.rehearsal import (

@@ -12,8 +12,9 @@ cell records its scope (``"none"`` for N=0); ``scope_label`` marks task scope as
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from envace.core.rehearsal import RehearsalMode, scope_label
 from envace.envs.base import Task

@@ -15,7 +15,7 @@ All bootstraps are seeded (``BOOTSTRAP_SEED``) so a report is reproducible.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy import stats

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -147,7 +148,8 @@ def testtime_table(testtime: Mapping[str, Any], comparisons: Mapping[str, Any]) 
 def fidelity_table(root: Path, cells: Mapping[str, Any]) -> pd.DataFrame:
     """REHEARSE on the oracle's real calls (the same calls for every model): SFT base, untrained, cells."""
     rows = []
-    sft = read_json(root / "sft" / "evaluate_toolworld.json") if (root / "sft" / "evaluate_toolworld.json").exists() else {}
+    path = root / "sft" / "evaluate_toolworld.json"
+    sft = read_json(path) if path.exists() else {}
     models = [("untrained_base", sft.get("base", {})), ("sft_base", sft.get("policy", {}))]
     models += [(key, cell["evaluate"].get("policy", {})) for key, cell in sorted(cells.items())]
     for name, m in models:
@@ -305,7 +307,8 @@ def aggregate(cfg: DictConfig) -> dict[str, Any]:
     result = science_json(summary, cfg)
     agg = summary["aggregate"]
     tables = {"science_main": main_table(agg, variants), "science_differences": differences_table(agg),
-              "science_calibration": calibration_table(root), "science_fidelity": fidelity_table(root, summary["cells"]),
+              "science_calibration": calibration_table(root),
+              "science_fidelity": fidelity_table(root, summary["cells"]),
               "science_testtime": testtime_table(summary["testtime"], agg["testtime"]), "science_costs": timings(root)}
     figures = {"science_main.png": main_figure(agg, variants),
                "science_curves.png": curves_figure(curves_by_variant(summary["cells"])),
@@ -330,12 +333,14 @@ def report_text(cfg: DictConfig, tables: Mapping[str, pd.DataFrame], figures: li
     parts = [
         "# Science run: does EnvACE learn on the tool world?",
         "",
-        f"Model {cfg.model.name} ({to_plain(cfg.model.kind)}); tool world with {s.n_train} training tasks and {s.n_test} test "
+        f"Model {cfg.model.name} ({to_plain(cfg.model.kind)}); tool world with {s.n_train} training tasks and "
+        f"{s.n_test} test "
         f"tasks (data seed {s.data_seed}; held-out domain `{cfg.data.held_out_domain}` never trained on). One SFT "
         f"warm-up ({s.sft_epochs} epochs on gold ACT/REHEARSE targets) is every cell's start; each cell then runs "
         f"{s.steps} role-wise GRPO steps ({cfg.rollout.prompts_per_step} prompts × K={cfg.rollout.samples_per_prompt}) "
         f"with training seed k ∈ {to_plain(s.seeds)}. Trained on the verifiable tool-world reward "
-        f"(judge `{to_plain(cfg.judge.name)}`); the headline metric is the strict success rate (every checklist item met). "
+        f"(judge `{to_plain(cfg.judge.name)}`); the headline metric is the strict success rate (every checklist "
+        "item met). "
         "Intervals: 95% percentile bootstrap over tasks and seeds; differences are paired on the same tasks "
         "(envace.reporting.science_stats). Every number below comes from a run of this code; the paper's "
         f"numbers appear only in the column \"{reference.REFERENCE_COLUMN}\" ({reference.SOURCE})",

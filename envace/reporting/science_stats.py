@@ -16,9 +16,10 @@ A difference whose interval excludes 0 is a finding; one that covers 0 says "can
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +41,7 @@ class Outcomes:
     matrix: np.ndarray  # shape (runs, tasks)
     rows: tuple[Mapping[str, Any], ...]  # one task's descriptive row (domain, held_out, ...) per task
 
-    def subset(self, name: str) -> "Outcomes":
+    def subset(self, name: str) -> Outcomes:
         keep = [i for i, row in enumerate(self.rows) if SUBSETS[name](row)]
         return Outcomes(tuple(self.task_ids[i] for i in keep), self.matrix[:, keep], tuple(self.rows[i] for i in keep))
 

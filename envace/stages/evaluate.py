@@ -22,8 +22,8 @@ from omegaconf import DictConfig
 from envace.config import to_plain
 from envace.inference.preflight import preflight
 from envace.stages.common import base_backend, data_seed, trained_backend
-from envace.stages.suites import eval_suite, make_adapter
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
+from envace.stages.suites import eval_suite, make_adapter
 from envace.utils.io import atomic_dir, write_json, write_jsonl
 
 logger = logging.getLogger(__name__)

@@ -12,8 +12,9 @@ Outputs: ``paths.prepared/{train,val}.jsonl``, ``rejects.jsonl``, ``stats.json``
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -110,7 +111,8 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     plot_stats(stats["train"], plot_path)
     for artifact in (out / "stats.json", plot_path):
         tracker.log_artifact(artifact, "data")
-    logger.info("prepare_data: %s accepted, %d rejected %s", {s: len(r) for s, r in splits.items()}, len(rejects), counts)
+    logger.info("prepare_data: %s accepted, %d rejected %s", {s: len(r) for s, r in splits.items()}, len(rejects),
+                counts)
     return {
         "source": to_plain(cfg.data.source),
         "n_raw": n_raw,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +122,7 @@ def provenance(cfg: DictConfig, tables: dict[str, pd.DataFrame], inputs: list[In
     overrides = json.loads(os.environ.get(ENV_OVERRIDES) or "[]")
     return header_lines(commit=commit, dirty=dirty, profile=to_plain(cfg.profile), overrides=list(overrides),
                         model=cfg.model.name, variant=to_plain(cfg.algo.name), seeds=sorted(seeds),
-                        date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), inputs=inputs)
+                        date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), inputs=inputs)
 
 
 def markdown(cfg: DictConfig, tables: dict[str, pd.DataFrame], plots: list[str], skipped: dict[str, str],

@@ -22,8 +22,9 @@ Setting an option a benchmark does not use fails with the list of who uses what.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from omegaconf import DictConfig
 

@@ -3,10 +3,10 @@
 Per row: one ACT record (role system prompt + first user turn, rendered with the row's tools) and one
 REHEARSE record per reference tool call: ``envace.core.rehearse_context.rehearse_context`` over the
 reference conversation up to that call (user turns, reference replies and earlier calls with their
-recorded responses — nothing later), the layout every REHEARSE path uses. Each record holds its chat messages, the rendered prompt's token length under the
-configured model's chat template, and where it came from. Records longer than
-``rollout.max_prompt_tokens`` are filtered out, and so is the row they belong to (``kept_uuids.json``
-lists the rows training may use).
+recorded responses — nothing later), the layout every REHEARSE path uses. Each record holds its chat
+messages, the rendered prompt's token length under the configured model's chat template, and where it came
+from. Records longer than ``rollout.max_prompt_tokens`` are filtered out, and so is the row they belong to
+(``kept_uuids.json`` lists the rows training may use).
 
 Outputs in ``paths.prompts``: ``{split}.jsonl`` (local engine, inspection), ``{split}.parquet`` (verl:
 ``data_source``, ``messages``, ``extra_info``), ``filtered.jsonl``, ``kept_uuids.json``.
@@ -36,7 +36,8 @@ SPLITS = ("train", "val")
 
 def row_prompts(row: dict[str, Any], variant: int) -> list[dict[str, Any]]:
     """ACT and REHEARSE prompt messages of one CM2 row (no rendering yet)."""
-    from envace.core.prompts import DEFAULT_ROLE_PROMPTS as P, act_messages  # LIBRARY: envace.core.prompts
+    from envace.core.prompts import DEFAULT_ROLE_PROMPTS as P  # LIBRARY: envace.core.prompts
+    from envace.core.prompts import act_messages
     from envace.core.rehearse_context import Answered, Said, rehearse_context  # LIBRARY: envace.core
     from envace.data.cm2 import cm2_row_to_episode_spec  # LIBRARY: envace.data.cm2
 
@@ -104,7 +105,8 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
         for split in SPLITS:
             records = render_records(read_jsonl(Path(cfg.paths.prepared) / f"{split}.jsonl"), split, formatter, variant)
             too_long = {r["uuid"] for r in records if r["n_tokens"] > limit}
-            filtered += [{**r, "reason": f"n_tokens {r['n_tokens']} > {limit}"} for r in records if r["n_tokens"] > limit]
+            filtered += [{**r, "reason": f"n_tokens {r['n_tokens']} > {limit}"}
+                         for r in records if r["n_tokens"] > limit]
             records = [r for r in records if r["uuid"] not in too_long]
             kept[split] = sorted({r["uuid"] for r in records})
             write_jsonl(tmp / f"{split}.jsonl", records)

@@ -5,14 +5,12 @@ spec (tool-world rows are rebuilt into tasks whose gold calls run once on a real
 warm-up's REHEARSE targets are real responses, as CM2's recorded ones are). Step metrics go to MLflow (``step=``)
 and ``paths.plots/train_steps.csv``; ``envace.mlflow_logging`` logs rollout tables, data sets, system metrics, model.
 
-With ``train.fidelity_every`` = k > 0 (engine local, tool-world data) REHEARSE predicts the real responses of
-the oracle's calls on ``train.fidelity_tasks`` val tasks at step 0 (before any GRPO update), every k steps and
-at the last (``fidelity/*``); train.json adds ``curves`` (``envace.engines.curves``) to ``final/*``.
-
-Resumable: the engine checkpoints into ``.envace/train/<config hash>`` (outside DVC's outputs); a re-run of
-the same config continues from the latest one. On success the final weights move into ``paths.checkpoints/
-final`` with ``manifest.json`` (roles' directories, files, config hash) and the work directory is removed.
-"""
+With ``train.fidelity_every`` = k > 0 (engine local, tool-world data) REHEARSE predicts the real responses of the
+oracle's calls on ``train.fidelity_tasks`` val tasks at step 0 (before any GRPO update), every k steps and at the last
+(``fidelity/*``); train.json adds ``curves`` (``envace.engines.curves``) to ``final/*``. Resumable: the engine
+checkpoints into ``.envace/train/<config hash>`` (outside DVC's outputs); a re-run of the same config continues from the
+latest one. On success the final weights move into ``paths.checkpoints/final`` with ``manifest.json`` (roles'
+directories, files, config hash) and the work directory is removed."""
 
 from __future__ import annotations
 
@@ -20,17 +18,18 @@ import hashlib
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from omegaconf import DictConfig
 
 from envace.config import flatten, to_plain
 from envace.inference.preflight import preflight
-from envace.stages.common import MANIFEST, model_spec
-from envace.stages.suites import PROBE_SETS
-from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.mlflow_logging import train_logging
+from envace.stages.common import MANIFEST, model_spec
+from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
+from envace.stages.suites import PROBE_SETS
 from envace.tracking import default_tracking_uri
 from envace.utils.io import atomic_dir, atomic_path, read_json, read_jsonl, write_json
 
@@ -62,8 +61,7 @@ def _cm2_specs(rows: list[dict[str, Any]]) -> tuple[list[Any], None]:
 
 # data.source -> (episode specs, executor factory for grpo's real responses)
 SPEC_BUILDERS: dict[str, Callable[[list[dict[str, Any]]], tuple[list[Any], Any]]] = {
-    "toolworld": _toolworld_specs,
-    "cm2": _cm2_specs,
+    "toolworld": _toolworld_specs, "cm2": _cm2_specs,
 }
 
 
@@ -88,7 +86,11 @@ def probe_every(cfg: DictConfig) -> int:
 
 def local_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> Any:
     from envace.engines.local.config import (  # LIBRARY: envace.engines.local
-        LocalEngineConfig, OptimConfig, RolloutConfig, SFTConfig)
+        LocalEngineConfig,
+        OptimConfig,
+        RolloutConfig,
+        SFTConfig,
+    )
     from envace.engines.lora import lora_spec  # LIBRARY: envace.engines
 
     r, a, t, e = cfg.rollout, cfg.algo, cfg.train, cfg.engine
@@ -111,11 +113,11 @@ def verl_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> A
     from envace.engines.verl.engine import VerlEngineConfig  # LIBRARY: envace.engines.verl (registers "verl")
 
     uri = default_tracking_uri() if tracker.run_id else None
-    return VerlEngineConfig(cfg=to_plain(cfg), output_dir=str(output_dir), tracking_uri=uri, parent_run_id=tracker.run_id)
+    return VerlEngineConfig(cfg=to_plain(cfg), output_dir=str(output_dir), tracking_uri=uri,
+                            parent_run_id=tracker.run_id)
 
 
-# engine.name -> its typed config
-ENGINE_CONFIGS: dict[str, Callable[[DictConfig, Path, Tracker], Any]] = {
+ENGINE_CONFIGS: dict[str, Callable[[DictConfig, Path, Tracker], Any]] = {  # engine.name -> its typed config
     "local": local_engine_config, "verl": verl_engine_config,
 }
 
@@ -147,14 +149,12 @@ def export_checkpoint(result: Any, work: Path, cfg: DictConfig, digest: str) -> 
     with atomic_dir(cfg.paths.checkpoints) as tmp:
         shutil.move(str(work / "final"), tmp / "final")
         files = sorted(p for p in (tmp / "final").rglob("*") if p.is_file())
-        manifest = {
-            "schema_version": 1, "engine": to_plain(cfg.engine.name), "variant": to_plain(cfg.algo.name),
-            "base_model": flatten(cfg.model), "steps_done": result.steps_done, "config_hash": digest,
-            "roles": {role: f"final/{name if name in final else 'policy'}" for role, name in
-                      (("act", "act"), ("rehearse", "rehearse"))},
-            "files": [{"path": str(p.relative_to(tmp)), "bytes": p.stat().st_size} for p in files],
-            "final_metrics": result.final_metrics,
-        }
+        manifest = {"schema_version": 1, "engine": to_plain(cfg.engine.name), "variant": to_plain(cfg.algo.name),
+                    "base_model": flatten(cfg.model), "steps_done": result.steps_done, "config_hash": digest,
+                    "roles": {role: f"final/{name if name in final else 'policy'}" for role, name in
+                              (("act", "act"), ("rehearse", "rehearse"))},
+                    "files": [{"path": str(p.relative_to(tmp)), "bytes": p.stat().st_size} for p in files],
+                    "final_metrics": result.final_metrics}
         write_json(tmp / MANIFEST, manifest)
     return manifest
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import MutableMapping
+from collections.abc import MutableMapping
 
 TELEMETRY_OFF: dict[str, str] = {
     "DO_NOT_TRACK": "true",

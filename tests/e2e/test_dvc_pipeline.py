@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from e2e_helpers import assert_pipeline_in_mlflow, run
 
 pytestmark = pytest.mark.e2e

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from e2e_helpers import run
 
 pytestmark = pytest.mark.e2e
@@ -30,11 +29,13 @@ def test_make_science_smoke_then_noop(project):
     # every cell's per-part files are plain files in the clone (cache: false outputs), with their timing
     for cell in ("envace-seed0", "grpo-seed1"):
         d = project / "science" / "metrics" / "cells" / cell
-        assert {"tasks.json", "train.json", "evaluate_toolworld.json", "timing_cell.json"} <= {p.name for p in d.iterdir()}
+        names = {p.name for p in d.iterdir()}
+        assert {"tasks.json", "train.json", "evaluate_toolworld.json", "timing_cell.json"} <= names
 
     run([*make, "science-testtime"], project, timeout=900)
     out = json.loads((project / "science" / "science.json").read_text())
-    assert "envace/seed0/sequential/n1/base" in out["testtime"] and "envace/seed1/parallel/n1/trained" in out["testtime"]
+    assert "envace/seed0/sequential/n1/base" in out["testtime"]
+    assert "envace/seed1/parallel/n1/trained" in out["testtime"]
     assert "envace/seed1/sequential/n1/trained" not in out["testtime"]  # other seeds: parallel, trained only
 
     status = run(["dvc", "status", "science/dvc.yaml"], project, timeout=120)

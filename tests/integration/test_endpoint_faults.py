@@ -25,15 +25,14 @@ import zlib
 from collections import Counter
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import pytest
+from json_http import JsonHandler, threaded_servers
 
 from envace.config import ConfigError, compose, write_params
 from envace.judges.budget import JudgeFailureBudgetExceeded
 from envace.stages import prepare_data, runner, template_prompts, train
-from json_http import JsonHandler, threaded_servers
 
 REPO = Path(__file__).resolve().parents[2]
 REFUSED = "http://127.0.0.1:9/v1"

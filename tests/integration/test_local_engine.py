@@ -3,8 +3,9 @@
 A random tiny model never emits a parseable tool call, so rollouts are steered toward the gold outputs
 with a finite logit bonus (``gold_guide(strength=...)``, stronger for ACT so that REHEARSE runs, weaker
 for REHEARSE so that its outputs differ): outputs are mostly well-formed, with random deviations that
-make rewards differ. (Runs are deterministic; the strengths were chosen so that both roles get spread.) The reward adds a deterministic per-trajectory term so that both
-roles' baselines see spread, and one sample per step is a judge failure (excluded and counted).
+make rewards differ. (Runs are deterministic; the strengths were chosen so that both roles get spread.) The
+reward adds a deterministic per-trajectory term so that both roles' baselines see spread, and one sample per
+step is a judge failure (excluded and counted).
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def test_act_only_variants(world, runs, variant):
     result, history = runs[variant]
     assert _changed(result.models["policy"], world["initial"])
     assert _total(history, "grad_norm/act") > 0
-    assert not any(k.endswith("/rehearse") and k.startswith(("grad_norm", "tokens_in_loss", "loss/")) for m in history for k in m)
+    assert not any(k.endswith("/rehearse") and k.startswith(("grad_norm", "tokens_in_loss", "loss/"))
+                   for m in history for k in m)
 
 
 def test_grpo_uses_real_executor(runs):

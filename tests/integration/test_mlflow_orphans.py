@@ -87,7 +87,8 @@ def test_a_stage_killed_with_9_is_marked_killed_by_the_next_start(project):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
-    (killed_proc, killed_marker), (alive_proc, alive_marker) = (_start(project, name, 300) for name in ("killed", "alive"))
+    (killed_proc, killed_marker), (alive_proc, alive_marker) = (_start(project, name, 300)
+                                                                for name in ("killed", "alive"))
     try:
         killed, alive = _run_id_of(killed_proc, killed_marker), _run_id_of(alive_proc, alive_marker)
         assert _status(project)[killed] == "RUNNING"

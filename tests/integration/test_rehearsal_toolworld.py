@@ -3,7 +3,8 @@ and an end-to-end run of the tiny random model as actor, rehearser and fidelity 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch

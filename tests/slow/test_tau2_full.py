@@ -9,7 +9,7 @@ import pytest
 pytestmark = pytest.mark.slow
 pytest.importorskip("tau2")
 
-from envace.envs.tau2 import Tau2Adapter, Tau2Oracle, run_tau2
+from envace.envs.tau2 import Tau2Adapter, Tau2Oracle, run_tau2  # noqa: E402 (needs tau2: after importorskip)
 
 
 def test_solo_oracle_on_all_telecom_base_tasks() -> None:

@@ -151,7 +151,8 @@ def test_every_real_call_goes_through_the_executor_wrapper() -> None:
 
 def test_unsafe_call_names_never_reach_eval() -> None:
     bad = ToolCall("__import__('os').system", {"x": 1})
-    assert not is_safe_call(bad) and not is_safe_call(ToolCall("ls", {"a) or (1": 1})) and is_safe_call(ToolCall("ls", {}))
+    assert (not is_safe_call(bad) and not is_safe_call(ToolCall("ls", {"a) or (1": 1}))
+            and is_safe_call(ToolCall("ls", {})))
     executor = BfclExecutor("multi_turn_base_0", "multi_turn_base", {}, ["MathAPI"])
     assert "invalid function or argument name" in executor.execute_text(bad)
     assert executor.execute(ToolCall("mean", {"numbers": [1, 3]})) == {"result": 2.0}
@@ -252,7 +253,8 @@ class MemoryWriter:
                 outputs.append(ChatOutput("I do not know"))
             elif last["role"] == "user":  # a prerequisite turn: remember it
                 key = f"fact_{sum(1 for m in request.messages if m['role'] == 'user')}"
-                outputs.append(ChatOutput(render_tool_calls([ToolCall("core_memory_add", {"key": key, "value": last["content"][:40]})])))
+                outputs.append(ChatOutput(render_tool_calls(
+                    [ToolCall("core_memory_add", {"key": key, "value": last["content"][:40]})])))
             else:
                 outputs.append(ChatOutput(""))
         return outputs

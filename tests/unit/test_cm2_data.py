@@ -21,8 +21,8 @@ from envace.data.cm2 import (
     load_cm2,
     read_cm2_bytes,
     read_cm2_file,
-    reject_counts,
     rehearsal_examples,
+    reject_counts,
     split_of,
     split_rows,
     validate_rows,
@@ -453,7 +453,8 @@ def test_tool_parameters_are_draft_2020_12_schemas() -> None:
     assert reason_of(mutate(lambda r: r["tools"][0]["function"].pop("parameters"))) is None
     not_schema = mutate(lambda r: _set_property(r, "items", 5))
     (reject,) = validate_rows([not_schema])[1]
-    assert (reject.reason_code, reject.field) == (R.BAD_TOOL_SCHEMA, "tools[0].function.parameters.properties.key.items")
+    assert (reject.reason_code, reject.field) == (R.BAD_TOOL_SCHEMA,
+                                                  "tools[0].function.parameters.properties.key.items")
     assert "Draft 2020-12" in reject.message
 
 
@@ -475,7 +476,8 @@ def test_call_arguments_checked_against_the_schema_only_when_configured(monkeypa
     assert "5 is not of type 'string'" in reject.message
     missing = mutate(lambda r: r["messages"][6]["tool_calls"][0]["function"].update(arguments={}))
     (reject,) = validate_rows([missing], strict)[1]
-    assert (reject.field, reject.reason_code) == ("messages[6].tool_calls[0].function.arguments", R.ARGUMENTS_VIOLATE_SCHEMA)
+    assert (reject.field, reject.reason_code) == ("messages[6].tool_calls[0].function.arguments",
+                                                  R.ARGUMENTS_VIOLATE_SCHEMA)
     assert reason_of(make_row(), strict) is None
     remote_ref = mutate(lambda r: _set_property(r, "$ref", "https://example.invalid/schema.json"))
     assert reason_of(remote_ref) is None  # never resolved unless arguments are checked

@@ -49,7 +49,7 @@ def _rows() -> list[TrainRow]:
     g = torch.Generator().manual_seed(3)
     rand = lambda n: torch.randint(3, VOCAB, (n,), generator=g)
     rows = []
-    for p, plen in enumerate((40, 25)):
+    for _p, plen in enumerate((40, 25)):
         prompt = rand(plen)
         for k in range(3):
             rows.append(_row(torch.cat([prompt, rand(6 + 2 * k)]), plen - 1, Role.ACT, 0.5 - 0.4 * k, g))

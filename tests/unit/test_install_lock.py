@@ -105,7 +105,8 @@ def test_lock_pins_every_input_with_hashes(name):
     pins = read_lock(name)
     wanted = listed_names(REQ / f"{name}.in")
     unpinned = sorted(wanted - set(pins))
-    assert not unpinned, f"requirements/{name}.in lists {unpinned}, not pinned in {name}.lock: run bash requirements/lock.sh"
+    assert not unpinned, (f"requirements/{name}.in lists {unpinned}, not pinned in {name}.lock: "
+                          "run bash requirements/lock.sh")
     unhashed = sorted(p for p, (_, n) in pins.items() if n == 0)
     assert not unhashed, f"requirements/{name}.lock pins {unhashed} without --hash (install.sh uses --require-hashes)"
     back = sorted(listed_names(REQ / "excludes.txt") & set(pins))

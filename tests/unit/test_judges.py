@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import pytest
 
@@ -17,6 +17,7 @@ from envace.inference.openai_client import EndpointError
 from envace.judges import evaluate_checklist, get_judge, judge_names
 from envace.judges.budget import FailureBudget, JudgeFailureBudgetExceeded
 from envace.judges.composite import CompositeJudge
+from envace.judges.conditions import parse_pass_condition
 from envace.judges.llm import (
     LLMJudge,
     LLMJudgeConfig,
@@ -24,7 +25,6 @@ from envace.judges.llm import (
     build_judge_request,
     parse_verdict,
 )
-from envace.judges.conditions import parse_pass_condition
 from envace.judges.rule import RuleJudge, json_equal, mentions
 
 SAMPLE = (

@@ -13,13 +13,13 @@ from typing import Any
 
 import openai
 import pytest
+from json_http import JsonHandler, threaded_servers
 from tenacity import RetryCallState
 
 from envace.config import ConfigError, compose
 from envace.inference.base import ChatRequest
 from envace.inference.openai_client import EndpointError, OpenAIChatBackend, RetryPolicy, read_api_key
 from envace.inference.preflight import EndpointUnavailable, preflight, stage_endpoints
-from json_http import JsonHandler, threaded_servers
 
 HELLO = ChatRequest(messages=({"role": "user", "content": "hi"},), max_new_tokens=4)
 FAST = {"backoff_s": 0.01, "max_backoff_s": 0.02}
@@ -106,7 +106,8 @@ def test_completion_text_usage_and_hermes_tool_calls(serve) -> None:
     client = OpenAIChatBackend(server.base_url, "m")
     out = client.generate([ChatRequest(messages=({"role": "user", "content": "w?"},), tools=({"type": "function",
                            "function": {"name": "get_weather", "parameters": {}}},), stop=("END",), seed=7)])[0]
-    assert out.text == '<think>x</think>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert out.text == ('<think>x</think>\n<tool_call>\n'
+                        '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
     assert (out.prompt_tokens, out.completion_tokens, out.finish_reason) == (3, 2, "stop")
     sent = server.seen[0]["body"]
     assert sent["model"] == "m" and sent["seed"] == 7 and sent["stop"] == ["END"] and sent["max_tokens"] == 256
@@ -240,7 +241,8 @@ def test_preflight_unauthenticated_and_missing_key(serve, monkeypatch) -> None:
     server = serve({"/models": [("json", 401, {"error": {"message": "invalid api key"}})]})
     with pytest.raises(EndpointUnavailable) as info:
         preflight(judge_cfg(server.base_url), "train")
-    assert "HTTP 401" in str(info.value) and "judge.api_key_env" in str(info.value) and server.base_url in str(info.value)
+    assert ("HTTP 401" in str(info.value) and "judge.api_key_env" in str(info.value)
+            and server.base_url in str(info.value))
     monkeypatch.delenv("ENVACE_TEST_KEY", raising=False)
     with pytest.raises(EndpointUnavailable, match="judge.api_key_env=ENVACE_TEST_KEY .*judge.api_key_env=null"):
         preflight(judge_cfg(server.base_url, api_key_env="ENVACE_TEST_KEY"), "train")

@@ -360,7 +360,8 @@ def test_request_parsing_keeps_tools_message_keys_and_defaults() -> None:
         "messages": [
             {"role": "system", "content": None},
             {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "sun"}, {"type": "text", "text": "ny"}]},
+            {"role": "tool", "tool_call_id": "c1",
+             "content": [{"type": "text", "text": "sun"}, {"type": "text", "text": "ny"}]},
         ],
         "tools": [tool],
         "max_completion_tokens": 9,
@@ -414,7 +415,8 @@ def test_a_failing_request_fails_alone_and_the_server_keeps_serving() -> None:
             futures = [pool.submit(post_chat, server, user(t)) for t in ("first", "ok1", "boom", "refuse", "ok2")]
             resps = {t: f.result() for t, f in zip(("first", "ok1", "boom", "refuse", "ok2"), futures)}
         after = post_chat(server, user("after"))
-    assert {t: r.status_code for t, r in resps.items()} == {"first": 200, "ok1": 200, "boom": 500, "refuse": 400, "ok2": 200}
+    assert {t: r.status_code for t, r in resps.items()} == {"first": 200, "ok1": 200, "boom": 500, "refuse": 400,
+                                                            "ok2": 200}
     assert "backend failure: RuntimeError: the model crashed" in resps["boom"].json()["error"]["message"]
     assert "the backend refused the request" in resps["refuse"].json()["error"]["message"]
     assert resps["ok2"].json()["choices"][0]["message"]["content"] == "echo:ok2"

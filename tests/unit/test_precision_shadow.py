@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from envace.engines.local import OptimConfig
 from envace.engines.local.attention import use_gqa_attention
 from envace.engines.local.kv import BatchedStreams
-from envace.engines.local import OptimConfig
 from envace.engines.local.precision import inference_model
 from envace.engines.local.trainer import make_optimizer
 

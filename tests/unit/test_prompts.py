@@ -20,8 +20,8 @@ from envace.core.prompts import (
     sft_rehearse_target,
     template_renders_tools,
 )
-from envace.core.rehearse_context import Said, call_message, rehearse_context, rehearse_system_message
 from envace.core.records import ToolCall
+from envace.core.rehearse_context import Said, call_message, rehearse_context, rehearse_system_message
 from envace.core.wire import parse_rehearsal, parse_tool_calls
 from envace.models import ModelSpec, build_tiny_tokenizer
 from envace.models.smollm2 import SMOLLM2_CACHE_NAME, model_cache_root
@@ -231,4 +231,5 @@ def test_sft_targets_round_trip_through_wire_parsers():
 def test_role_prompts_are_versioned_format_strings():
     assert isinstance(DEFAULT_ROLE_PROMPTS, RolePrompts) and DEFAULT_ROLE_PROMPTS.version
     custom = RolePrompts("test", "{task_system}!", "T:{tools}", "{name}|{arguments}|{schema}|{conversation}")
-    assert call_message(custom, (), PARIS, [Said("user", "c")])["content"] == 'get_weather|{"city":"Paris"}|null|User: c'
+    assert (call_message(custom, (), PARIS, [Said("user", "c")])["content"]
+            == 'get_weather|{"city":"Paris"}|null|User: c')

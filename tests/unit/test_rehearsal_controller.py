@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any
 
 import pytest
 
@@ -28,7 +29,7 @@ from envace.core.wire import render_rehearsal, render_tool_calls
 from envace.envs.base import EpisodeResult, Task
 from envace.evaluation import ACTOR, REHEARSER, EnvironmentAdapter, OracleBackend, evaluate
 from envace.evaluation.episode import ActLoopConfig
-from envace.evaluation.programs import drive
+from envace.evaluation.programs import GenerationLedger, drive
 from envace.inference.base import ChatOutput, ChatRequest
 from envace.rehearsal import (
     RehearsalSettings,
@@ -36,7 +37,6 @@ from envace.rehearsal import (
     rehearse,
     run_rehearsal_sweep,
 )
-from envace.evaluation.programs import GenerationLedger
 
 PROMPTS = RehearsalPrompts()
 TOOLS = tuple(

@@ -12,7 +12,8 @@ the real tool world with scripted seats.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 

@@ -28,10 +28,10 @@ from envace.engines.verl.episode import EpisodeRunner, Generation
 from envace.engines.verl.settings import LoopSettings
 from envace.envs.toolworld import ToolWorldEnv
 from envace.evaluation.fidelity import _record_probes
+from envace.evaluation.programs import GenerationLedger
 from envace.evaluation.records import EpisodeRecord
 from envace.models import ModelSpec, load_model_and_tokenizer
 from envace.rehearsal.imagined import RehearserResponder
-from envace.evaluation.programs import GenerationLedger
 
 torch.set_num_threads(1)
 
@@ -46,7 +46,8 @@ def test_layout_is_append_only_and_shows_each_message_once():
     more = [*history, Said("assistant", "found it"), Said("user", "and b?")]
     second = rehearse_context(P, TOOLS, more, ToolCall("find", {"q": "b"}))
     assert second[: len(first)] == first[:-1] + [first[-1]]  # earlier messages never change
-    assert second[len(first)]["role"] == "assistant" and parse_rehearsal(second[len(first)]["content"]).result == {"id": 1}
+    assert (second[len(first)]["role"] == "assistant"
+            and parse_rehearsal(second[len(first)]["content"]).result == {"id": 1})
     assert "User: find a" in first[1]["content"] and "Assistant: looking" in first[1]["content"]
     assert "find a" not in second[-1]["content"] and "User: and b?" in second[-1]["content"]
     assert second[-1] == next_call_message(P, TOOLS, more, ToolCall("find", {"q": "b"}))

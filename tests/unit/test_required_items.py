@@ -35,7 +35,8 @@ def _wrong_first_turn(spec):
     """The spec with turn 0's gold calls pointed at an argument value the checklist does not accept."""
     steps = []
     for step in spec.gold[0]:
-        calls = tuple(replace(c, arguments={k: f"{v}-wrong" if isinstance(v, str) else v for k, v in c.arguments.items()})
+        calls = tuple(replace(c, arguments={k: f"{v}-wrong" if isinstance(v, str) else v
+                                            for k, v in c.arguments.items()})
                       for c in step.calls)
         steps.append(GoldStep(calls, step.responses))
     return replace(spec, gold=(tuple(steps), *spec.gold[1:]))

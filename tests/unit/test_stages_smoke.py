@@ -10,8 +10,7 @@ import pandas as pd
 import pytest
 
 from envace.config import compose, to_plain
-from envace.stages import STAGES
-from envace.stages import runner
+from envace.stages import STAGES, runner
 from envace.utils.io import read_json, read_jsonl
 
 
@@ -139,7 +138,8 @@ def test_evaluate_runs_bfcl_and_tau2_suites_with_their_own_tables(chain, paths_u
 
     cfg, _, root = chain
     evaluate = importlib.import_module("envace.stages.evaluate")
-    suites = ["eval.benchmarks=[toolworld,bfcl,tau2]", "eval.suites.bfcl.split='irrelevance,multi_turn_base,web_search_base'",
+    suites = ["eval.benchmarks=[toolworld,bfcl,tau2]",
+              "eval.suites.bfcl.split='irrelevance,multi_turn_base,web_search_base'",
               "eval.suites.bfcl.n_tasks=1", "eval.suites.tau2.split=telecom", "eval.suites.tau2.n_tasks=1",
               "eval.suites.tau2.trials=2", "eval.suites.tau2.max_steps=4"]
     for bench in ("bfcl", "tau2"):
@@ -149,7 +149,8 @@ def test_evaluate_runs_bfcl_and_tau2_suites_with_their_own_tables(chain, paths_u
         assert (root / "evaluation" / bench / "policy.predictions.jsonl").exists()
     bfcl = runner.read_metrics(root / "metrics" / "evaluate_bfcl.json")
     assert bfcl["n_tasks"] == 2
-    assert {k for k, v in bfcl["policy"]["categories"].items() if v["status"] == "ran"} == {"irrelevance", "multi_turn_base"}
+    assert ({k for k, v in bfcl["policy"]["categories"].items() if v["status"] == "ran"}
+            == {"irrelevance", "multi_turn_base"})
     assert bfcl["policy"]["categories"]["web_search_base"]["status"] == "not_runnable_offline"
     assert "SerpAPI" in bfcl["not_runnable"]["web_search_base"]  # reported with its reason, never dropped
     assert "overall" in bfcl["policy"]["aggregates"]

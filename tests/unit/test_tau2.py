@@ -18,7 +18,7 @@ from envace.inference.base import ChatOutput, ChatRequest
 pytest.importorskip("tau2")
 
 from envace.envs.tau2 import Tau2Adapter, Tau2Oracle, run_tau2, with_trials
-from envace.envs.tau2.runner import pass_hat_ks
+from envace.envs.tau2.adapter import pass_hat_ks
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,8 @@ def test_scripted_customer_replays_airline_offline() -> None:
     adapter = Tau2Adapter(mode="scripted_user")
     tasks = adapter.tasks("airline", limit=1, seed=1)
     report = run_tau2(Tau2Oracle(tasks), "airline", limit=1, seed=1, adapter=adapter, progress=False)
-    assert report.domains["airline:base"]["avg_reward"] == 1.0 and report.domains["airline:base"]["mode"] == "scripted_user"
+    assert (report.domains["airline:base"]["avg_reward"] == 1.0
+            and report.domains["airline:base"]["mode"] == "scripted_user")
 
 
 def _record(task_id: str, success: bool) -> EpisodeRecord:
@@ -178,7 +179,9 @@ class Recording:
         return self.inner.state()
 
 
-def test_real_calls_go_through_the_executor_wrapper_and_executors_are_isolated(solo: tuple[Tau2Adapter, list[Any]]) -> None:
+def test_real_calls_go_through_the_executor_wrapper_and_executors_are_isolated(
+    solo: tuple[Tau2Adapter, list[Any]],
+) -> None:
     _, tasks = solo
     log: list[str] = []
     adapter = Tau2Adapter(executor_wrapper=lambda ex: Recording(ex, log))

@@ -52,7 +52,8 @@ def tools_of(task: Task) -> set[str]:
 
 def test_same_seed_same_tasks_different_seed_different() -> None:
     small = {"n_train": 30, "n_val": 10, "n_test": 20}
-    first, again, other = generate_tasks(seed=5, **small), generate_tasks(seed=5, **small), generate_tasks(seed=6, **small)
+    first, again, other = (generate_tasks(seed=5, **small), generate_tasks(seed=5, **small),
+                           generate_tasks(seed=6, **small))
     assert tasks_json(first) == tasks_json(again)
     assert tasks_json(first) != tasks_json(other)
     assert [t.user_turns for t in first["train"]] != [t.user_turns for t in other["train"]]

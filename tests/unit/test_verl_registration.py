@@ -6,10 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from envace.core.advantages import (compute_grpo_advantages, compute_rolewise_advantages, count_output_spans,
-                                    token_advantages)
-from envace.engines.verl.advantages import register_with_verl, verl_grpo_advantage, verl_rolewise_advantage
+from envace.core.advantages import (
+    compute_grpo_advantages,
+    compute_rolewise_advantages,
+    count_output_spans,
+    token_advantages,
+)
 from envace.core.records import NO_ROLE
+from envace.engines.verl.advantages import register_with_verl, verl_grpo_advantage, verl_rolewise_advantage
 
 core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
 

@@ -1,12 +1,12 @@
 """The local engine (HF transformers + torch; CPU or one GPU): rollouts, role-wise GRPO, SFT, checkpoints."""
 
+from envace.core.seeds import derive_seed
 from envace.engines.local.config import (
     LocalEngineConfig,
     OptimConfig,
     RolloutConfig,
     SFTConfig,
 )
-from envace.core.seeds import derive_seed
 from envace.engines.local.decode import DecodeGuide, OutputKey
 from envace.engines.local.engine import LocalEngine, step_examples
 from envace.engines.local.rollout import ResponseSource, RolloutBatch, RolloutRunner

@@ -156,7 +156,8 @@ def decode(
     feed = {row: r.stream[streams.fed_count(row) :] for row, r in live.items()}
     empty = [row for row, piece in feed.items() if not piece]
     if empty:
-        raise ValueError(f"decode: rows {empty} have no unfed prompt tokens; a stream must end with a generation prompt")
+        raise ValueError(f"decode: rows {empty} have no unfed prompt tokens; "
+                         "a stream must end with a generation prompt")
     for row, r in list(live.items()) if guide is not None and guide.replay else ():
         tokens = _replayed(r, guide, stop_ids)
         if tokens is not None:

@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 
 from envace.core.prompts import DEFAULT_ROLE_PROMPTS, ChatFormatter, RolePrompts
 from envace.core.records import Role, Trajectory, truncate_after_turn
+from envace.core.seeds import derive_seed
 from envace.engines.base import (
     Engine,
     EpisodeSpec,
@@ -66,7 +67,6 @@ from envace.engines.local.checkpoint import (
     sft_start_epoch,
 )
 from envace.engines.local.config import LocalEngineConfig
-from envace.core.seeds import derive_seed
 from envace.engines.local.decode import DecodeGuide, OutputKey
 from envace.engines.local.fidelity import FidelityProbe, probe_due
 from envace.engines.local.lora import add_lora, lora_record, merged_copy, unwrap
@@ -206,7 +206,9 @@ class LocalEngine(Engine):
         return ResponseSource(executor_factory=self.executor_factory)
 
     # ---- SFT -----------------------------------------------------------------------------------
-    def _sft(self, cfg: LocalEngineConfig, specs: Sequence[EpisodeSpec], callbacks: Sequence[StepCallback]) -> list[dict]:
+    def _sft(
+        self, cfg: LocalEngineConfig, specs: Sequence[EpisodeSpec], callbacks: Sequence[StepCallback]
+    ) -> list[dict]:
         if cfg.sft.epochs <= 0:
             return []
         policy = self.models.get("policy", self.models.get("act"))
@@ -365,7 +367,9 @@ class LocalEngine(Engine):
         return probe.measure(self.models.get("rehearse", self.models.get("policy")), self.tokenizer, self.formatter)
 
     # ---- entry point ---------------------------------------------------------------------------
-    def train(self, config: LocalEngineConfig, data: Sequence[Any], callbacks: Sequence[StepCallback] = ()) -> TrainResult:
+    def train(
+        self, config: LocalEngineConfig, data: Sequence[Any], callbacks: Sequence[StepCallback] = ()
+    ) -> TrainResult:
         cfg = config
         specs = [to_episode_spec(d) for d in data]
         if not specs:

@@ -121,13 +121,13 @@ def autocast(precision: str, device: str | torch.device = "cpu") -> contextlib.A
 
 # the bf16 copy of each model used for no-grad forwards (rollouts, evaluation), with the parameter
 # versions it was cast from: refreshed in place when an optimiser step (or a load) changed a weight
-_SHADOWS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[int, ...], torch.nn.Module]]" = (
+_SHADOWS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[int, ...], torch.nn.Module]] = (
     weakref.WeakKeyDictionary())
 
 
 # optimiser steps per model (``mark_weights_changed``): a fused AdamW updates the weights in place
 # without bumping their version counters, so the counters alone cannot tell that the copy is stale
-_STEPS: "weakref.WeakKeyDictionary[torch.nn.Module, int]" = weakref.WeakKeyDictionary()
+_STEPS: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
 
 
 def mark_weights_changed(model: torch.nn.Module) -> None:

@@ -45,14 +45,6 @@ from envace.core.prompts import (
     act_messages,
     act_observation_messages,
 )
-from envace.core.rehearse_context import (
-    Answered,
-    Event,
-    Said,
-    next_call_message,
-    rehearse_system_message,
-    stream_text,
-)
 from envace.core.records import (
     Role,
     Segment,
@@ -63,8 +55,16 @@ from envace.core.records import (
     Turn,
     TurnGate,
 )
-from envace.core.wire import parse_rehearsal, parse_tool_calls
+from envace.core.rehearse_context import (
+    Answered,
+    Event,
+    Said,
+    next_call_message,
+    rehearse_system_message,
+    stream_text,
+)
 from envace.core.seeds import derive_seed
+from envace.core.wire import parse_rehearsal, parse_tool_calls
 from envace.engines.base import EpisodeSpec
 from envace.engines.local.config import RolloutConfig
 from envace.engines.local.decode import (

@@ -21,11 +21,11 @@ import torch
 
 from envace.core.prompts import ChatFormatter, sft_act_target, sft_rehearse_target
 from envace.core.records import Role, Termination, Trajectory
+from envace.core.seeds import derive_seed
 from envace.core.wire import as_result_object
 from envace.engines.base import EpisodeSpec
 from envace.engines.local.batching import TrainRow, build_rows
 from envace.engines.local.config import OptimConfig, RolloutConfig, SFTConfig
-from envace.core.seeds import derive_seed
 from envace.engines.local.decode import DecodeGuide, OutputKey
 from envace.engines.local.rollout import ResponseSource, RolloutRunner
 from envace.engines.local.trainer import PolicyUpdater, Slot, set_checkpointing

@@ -39,8 +39,8 @@ from typing import Any
 import torch
 
 from envace.core.advantages import compute_grpo_advantages, compute_rolewise_advantages
-from envace.engines.losses import compute_policy_loss
 from envace.core.records import Role, Trajectory, TrajectoryStatus
+from envace.core.seeds import derive_seed
 from envace.engines.base import Variant
 from envace.engines.local.batching import (
     MicroBatch,
@@ -49,11 +49,11 @@ from envace.engines.local.batching import (
     scatter_back,
     token_logprobs,
 )
+from envace.engines.local.config import OptimConfig
 from envace.engines.local.packing import attention_cost_ratio, collate_packs, plan_packs
 from envace.engines.local.packing import micro_batches as pack_micro_batches
 from envace.engines.local.precision import autocast, mark_weights_changed
-from envace.engines.local.config import OptimConfig
-from envace.core.seeds import derive_seed
+from envace.engines.losses import compute_policy_loss
 
 logger = logging.getLogger(__name__)
 

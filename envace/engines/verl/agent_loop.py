@@ -43,8 +43,8 @@ from envace.engines.verl.rows import (
     TRAJECTORY_KEY,
 )
 from envace.engines.verl.settings import AGENT_LOOP_NAME, SETTINGS_NODE, LoopSettings
-from envace.judges.reward import required_items_gate
 from envace.engines.verl.sources import cached, make_executor, reward_function, score_trajectory, simulator_backend
+from envace.judges.reward import required_items_gate
 
 logger = logging.getLogger(__name__)
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envace.core.prompts import ChatFormatter, RolePrompts, act_messages, act_observation_messages
+from envace.core.records import NO_ROLE, Role, Segment, Stream, Termination, ToolCall, Trajectory, Turn, TurnGate
 from envace.core.rehearse_context import (
     Answered,
     Event,
@@ -43,7 +44,6 @@ from envace.core.rehearse_context import (
     rehearse_system_message,
     stream_text,
 )
-from envace.core.records import NO_ROLE, Role, Segment, Stream, Termination, ToolCall, Trajectory, Turn, TurnGate
 from envace.core.wire import parse_rehearsal, parse_tool_calls
 from envace.engines.base import EpisodeSpec
 from envace.engines.verl.settings import LoopSettings

@@ -25,9 +25,9 @@ import copy
 import logging
 import shutil
 import tempfile
-import weakref
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -165,7 +165,9 @@ class BfclAdapter(BenchmarkAdapter):
         return out
 
     # ---- executors ----------------------------------------------------------------------------
-    def _executor(self, entry: dict[str, Any], category: str, memory_root: Path | None = None) -> tuple[BfclExecutor, Executor]:
+    def _executor(
+        self, entry: dict[str, Any], category: str, memory_root: Path | None = None
+    ) -> tuple[BfclExecutor, Executor]:
         config = entry.get("initial_config", {})
         if memory_root is not None:
             config = memory_initial_config(entry, category, memory_root)
@@ -230,7 +232,8 @@ class BfclAdapter(BenchmarkAdapter):
         seed_tag = (task.task_id, trial)
         if entry.spec.kind in SINGLE_TURN_KINDS:
             ledger.count_real_execution()  # no executor: the one real answer
-            t = yield from single_turn_program(entry.prompt["question"], task.tools, self.config, ledger, seed_tag, turn_hook)
+            t = yield from single_turn_program(entry.prompt["question"], task.tools, self.config, ledger, seed_tag,
+                                               turn_hook)
             return self._record(task, entry, t, ledger, start, {}, {})
         extra: dict[str, Any] = {}
         root = None

@@ -161,7 +161,9 @@ def single_turn_program(
     return t
 
 
-def _turn_messages(turn: int, messages: list[Message], holdout: Mapping[str, list[dict[str, Any]]], t: Transcript) -> list[Message]:
+def _turn_messages(
+    turn: int, messages: list[Message], holdout: Mapping[str, list[dict[str, Any]]], t: Transcript
+) -> list[Message]:
     """The turn's messages; a holdout turn first adds its functions to the tools (as bfcl does)."""
     if str(turn) not in holdout:
         return copy.deepcopy(messages)
@@ -185,7 +187,8 @@ def _play_turn(
             t.turns.append(Turn(act_text=text, rehearsed=False, user_turn=turn))
             answer = parse.content
             break
-        calls = tuple(ToolCall(c.name, c.arguments, f"call_{turn}_{len(outputs) - 1}_{i}") for i, c in enumerate(parse.calls))
+        calls = tuple(ToolCall(c.name, c.arguments, f"call_{turn}_{len(outputs) - 1}_{i}")
+                      for i, c in enumerate(parse.calls))
         results = [_respond(executor, call) for call in calls]
         t.real_calls += len(calls)
         t.messages.append(_assistant(parse.content, calls))

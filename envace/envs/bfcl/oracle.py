@@ -46,7 +46,8 @@ def position(task: Task, messages: Sequence[Message]) -> tuple[int, int] | None:
     turn, last = -1, -1
     for i, message in enumerate(messages):
         nxt = turn + 1
-        if message.get("role") == "user" and nxt < len(task.user_turns) and message.get("content") == task.user_turns[nxt]:
+        if (message.get("role") == "user" and nxt < len(task.user_turns)
+                and message.get("content") == task.user_turns[nxt]):
             turn, last = nxt, i
     if turn < 0:
         return None

@@ -43,7 +43,9 @@ _CSV_COLUMNS = {  # our summary key → (bfcl csv file, column)
 }
 
 
-def result_entry(entry_id: str, category: str, outputs: Sequence[Sequence[str]] | None, error: str | None = None) -> dict[str, Any]:
+def result_entry(
+    entry_id: str, category: str, outputs: Sequence[Sequence[str]] | None, error: str | None = None
+) -> dict[str, Any]:
     """One line of a bfcl result file for an episode's raw generations (or its crash)."""
     if outputs is None:
         return {"id": entry_id, "result": f"Error during inference: {error or 'no output'}"}

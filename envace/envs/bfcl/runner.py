@@ -16,7 +16,6 @@ from envace.envs.bfcl.adapter import BfclAdapter, category_counts, category_tabl
 from envace.envs.bfcl.categories import CATEGORIES
 from envace.envs.bfcl.scoring import bfcl_summary
 from envace.evaluation.programs import ACTOR, drive
-from envace.evaluation.records import EpisodeRecord
 from envace.evaluation.runner import BenchmarkRun, evaluate
 from envace.inference.base import ChatBackend
 

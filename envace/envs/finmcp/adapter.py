@@ -26,9 +26,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from envace.core.records import Termination
 from envace.core.rehearse_context import events_from_messages

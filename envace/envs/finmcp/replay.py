@@ -29,13 +29,14 @@ from __future__ import annotations
 import enum
 import json
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from envace.core.prompts import DEFAULT_ROLE_PROMPTS, RolePrompts, compact_json, tool_function
 from envace.core.records import ToolCall
-from envace.core.rehearse_context import Answered, Event, rehearse_context
 from envace.core.rehearsal import derive_seed
+from envace.core.rehearse_context import Answered, Event, rehearse_context
 from envace.core.wire import as_result_object, parse_rehearsal
 from envace.envs.finmcp.data import RecordedCall
 from envace.evaluation.episode import ResponseBatch

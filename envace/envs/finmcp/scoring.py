@@ -19,8 +19,9 @@ sample stays in every denominator with no predicted calls (``drop_errors=True`` 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class ToolCallScore:
                 "recall": self.recall, "f1": self.f1}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "ToolCallScore":
+    def from_json(cls, d: Mapping[str, Any]) -> ToolCallScore:
         return cls(int(d["tp"]), int(d["fp"]), int(d["fn"]), bool(d["exact"]))
 
 

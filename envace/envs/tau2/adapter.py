@@ -35,7 +35,8 @@ def tau2_task_of(task: Task) -> Any:
     """The tau2 task behind an envace task."""
     inner = task.meta.get("tau2_task")
     if inner is None:
-        raise KeyError(f"task {task.task_id!r} is not a τ² task (no meta['tau2_task']); build it with Tau2Adapter.tasks")
+        raise KeyError(f"task {task.task_id!r} is not a τ² task (no meta['tau2_task']); "
+                       "build it with Tau2Adapter.tasks")
     return inner
 
 
@@ -52,7 +53,9 @@ def pass_hat_ks(records: Sequence[EpisodeRecord], trials: int) -> dict[str, floa
         out[f"pass^{k}"] = sum(values) / len(values) if values else 0.0
     return out
 
-def domain_table(subset: str, adapter: Tau2Adapter, records: Sequence[EpisodeRecord], trials: int) -> dict[str, dict[str, Any]]:
+def domain_table(
+    subset: str, adapter: Tau2Adapter, records: Sequence[EpisodeRecord], trials: int
+) -> dict[str, dict[str, Any]]:
     """Status and metrics per ``domain:split`` of the subset."""
     table: dict[str, dict[str, Any]] = {}
     for domain, split in parse_subset(subset):
@@ -151,7 +154,9 @@ class Tau2Adapter(BenchmarkAdapter):
         simulation.reward_info = reward
         return self._record(task, simulation, stats, raw, ledger, start)
 
-    def _record(self, task: Task, simulation: Any, stats: Any, raw: Any, ledger: GenerationLedger, start: float) -> EpisodeRecord:
+    def _record(
+        self, task: Task, simulation: Any, stats: Any, raw: Any, ledger: GenerationLedger, start: float
+    ) -> EpisodeRecord:
         import envace.envs.tau2.episode as ep
         from envace.envs.tau2.upstream import tau2
 

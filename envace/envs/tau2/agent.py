@@ -193,7 +193,7 @@ def make_user(config: Tau2Config, task: Any, user_tools: list[Any] | None) -> An
     if config.mode is Tau2Mode.USER_SEAT:
         return BridgedUser(tools=user_tools, instructions=str(task.user_scenario), llm=None, llm_args={})
     key = os.environ.get(config.user_api_key_env, "") if config.user_api_key_env else ""
-    llm_args = {"temperature": config.user_temperature, "api_base": config.user_base_url.removesuffix("/chat/completions"),
-                "api_key": key or "EMPTY"}
+    llm_args = {"temperature": config.user_temperature,
+                "api_base": config.user_base_url.removesuffix("/chat/completions"), "api_key": key or "EMPTY"}
     return sim.UserSimulator(tools=user_tools, instructions=str(task.user_scenario),
                              llm=user_llm_name(config.user_model), llm_args=llm_args)

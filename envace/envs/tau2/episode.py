@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envace.core.records import Termination, ToolCall, Turn
-from envace.core.rehearse_context import events_from_messages
 from envace.core.rehearsal import derive_seed
+from envace.core.rehearse_context import events_from_messages
 from envace.envs.tau2.config import Tau2Config
 from envace.envs.tau2.executor import decode_tool_message
 from envace.envs.tau2.upstream import tau2
@@ -34,9 +34,9 @@ from envace.evaluation.programs import (
     Program,
     generate_one,
 )
+from envace.inference.base import ChatRequest
 
 CUSTOMER = "customer"  # generation seat of the customer in ``user_seat`` mode
-from envace.inference.base import ChatRequest
 
 
 @dataclass
@@ -66,13 +66,16 @@ def _prepare(
     agent.pending = output.text
 
 
-def _prepare_customer(orch: Any, config: Tau2Config, ledger: GenerationLedger, seed_tag: tuple[str, int]) -> Program[None]:
+def _prepare_customer(
+    orch: Any, config: Tau2Config, ledger: GenerationLedger, seed_tag: tuple[str, int]
+) -> Program[None]:
     """Generate the customer's next message (``user_seat`` mode) and leave it with the customer."""
     user = orch.user
     request = ChatRequest(
         messages=tuple(user.request_messages(orch.message, orch.user_state)),
         tools=tuple(tool.openai_schema for tool in user.tools or ()) or None, temperature=config.user_temperature,
-        max_new_tokens=config.user_max_new_tokens, seed=derive_seed(config.seed, *seed_tag, "customer", orch.step_count),
+        max_new_tokens=config.user_max_new_tokens,
+        seed=derive_seed(config.seed, *seed_tag, "customer", orch.step_count),
     )
     output = yield from generate_one(GenerationCall(CUSTOMER, "customer", request), ledger)
     user.pending = output.text

@@ -10,17 +10,16 @@ Domains that cannot run in the configured mode are reported with the reason.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from envace.envs.tau2.adapter import Tau2Adapter, domain_table, pass_hat_ks
+from envace.envs.tau2.adapter import Tau2Adapter, domain_table
 from envace.envs.tau2.config import Tau2Mode
 from envace.envs.tau2.episode import CUSTOMER
 from envace.evaluation.base import with_trials
 from envace.evaluation.metrics import compute_metrics
 from envace.evaluation.programs import ACTOR
-from envace.evaluation.records import EpisodeRecord
 from envace.evaluation.runner import BenchmarkRun, backend_name, run_programs
 from envace.inference.base import ChatBackend
 

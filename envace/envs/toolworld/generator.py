@@ -96,10 +96,12 @@ def composition_domain(composition: str, held_out_domain: str | None = None) -> 
     """The one domain whose tools form ``composition``; raises a ValueError explaining the problem."""
     tools = composition.split("+")
     if len(tools) < 2 or composition != "+".join(sorted(set(tools))):
-        raise ValueError(f"held-out composition {composition!r} must be >= 2 distinct tool names, sorted, joined by '+'")
+        raise ValueError(f"held-out composition {composition!r} must be >= 2 distinct tool names, "
+                         "sorted, joined by '+'")
     domains = {get_tool(t).domain for t in tools}
     if len(domains) != 1 or domains == {held_out_domain}:
-        raise ValueError(f"held-out composition {composition!r} must use tools of one non-held-out domain, got {domains}")
+        raise ValueError(f"held-out composition {composition!r} must use tools of one non-held-out domain, "
+                         f"got {domains}")
     return domains.pop()
 
 
@@ -129,7 +131,9 @@ def recipe_tools(domain: str, recipe: tuple[str, ...]) -> frozenset[str]:
 
 
 @functools.cache
-def eligible_recipes(domain: str, max_turns: int, held_out: tuple[str, ...], target: str | None) -> tuple[tuple[str, ...], ...]:
+def eligible_recipes(
+    domain: str, max_turns: int, held_out: tuple[str, ...], target: str | None
+) -> tuple[tuple[str, ...], ...]:
     """Recipes containing ``target`` (a held-out composition), or none of ``held_out`` when None."""
     recipes = domain_recipes(domain, max_turns)
     if target is not None:

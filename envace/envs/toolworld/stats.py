@@ -48,7 +48,8 @@ def stats_markdown(tasks_by_split: Mapping[str, Sequence[Task]]) -> str:
     """A compact markdown table (split × domain, plus hold-out and structure counts)."""
     stats = split_stats(tasks_by_split)
     domains = list(DOMAINS)
-    header = "| split | " + " | ".join(domains) + " | held-out comp. | held-out domain | parallel steps | dependent calls |"
+    header = ("| split | " + " | ".join(domains)
+              + " | held-out comp. | held-out domain | parallel steps | dependent calls |")
     lines = [header, "|" + "---|" * (len(domains) + 5)]
     for split, s in stats.items():
         cells = [str(s["by_domain"].get(d, 0)) for d in domains]

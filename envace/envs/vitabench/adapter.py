@@ -28,8 +28,9 @@ loads and lists tasks, and ``status()`` says what is missing; every episode then
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from envace.core.records import Termination
 from envace.envs.base import Task

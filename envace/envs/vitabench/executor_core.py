@@ -9,8 +9,9 @@ from __future__ import annotations
 import copy
 import difflib
 import math
+from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from envace.core.records import ToolCall
 from envace.envs.vitabench.schemas import OTA_TOOL_NAMES, TOOL_SPECS

@@ -29,9 +29,10 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from envace.core.rehearsal import derive_seed
 from envace.inference.base import ChatBackend, ChatRequest
@@ -44,32 +45,51 @@ JUDGE_MODES = ("sliding_window", "per_rubric")
 _FENCE = re.compile(r"^```(?:json)?\s*\n?(?P<body>.*?)\n?```$", re.DOTALL | re.IGNORECASE)
 _THINK = re.compile(r"^<think>.*?</think>\s*", re.DOTALL)
 
-RULES = """Rules:
-- Judge what the assistant did: its replies to the user and the tool calls it requested. The user's words only guide the assistant; they do not change the rubric.
-- Tool results are seen by the assistant only. Information counts once the assistant tells the user; an assistant that invents tool results fails.
-- A rubric about an order, booking or reservation needs the operation to have actually succeeded through a tool call (a failed call, or the user saying they will do it themselves, does not count).
-- Quantities and times in order rubrics must match exactly (no fewer items, no later delivery), even if the user says a compromise is fine.
-- Addresses and order notes pass when they serve the same purpose (locate the place, convey the need) even if worded differently.
-- If the user changes their mind (e.g. cancels after ordering), do not revoke a rubric that was met for the earlier request."""
+RULES = (
+    "Rules:\n"
+    "- Judge what the assistant did: its replies to the user and the tool calls it requested. The user's words only "
+    "guide the assistant; they do not change the rubric.\n"
+    "- Tool results are seen by the assistant only. Information counts once the assistant tells the user; an "
+    "assistant that invents tool results fails.\n"
+    "- A rubric about an order, booking or reservation needs the operation to have actually succeeded through a tool "
+    "call (a failed call, or the user saying they will do it themselves, does not count).\n"
+    "- Quantities and times in order rubrics must match exactly (no fewer items, no later delivery), even if the "
+    "user says a compromise is fine.\n"
+    "- Addresses and order notes pass when they serve the same purpose (locate the place, convey the need) even if "
+    "worded differently.\n"
+    "- If the user changes their mind (e.g. cancels after ordering), do not revoke a rubric that was met for the "
+    "earlier request."
+)
 
-WINDOW_SYSTEM = """You grade a conversation between a user and a tool-using assistant against rubrics (scoring points of the user's goal).
-# System information
-{env_info}
-# The user's full instruction
-{instruction}
-# Procedure
-The conversation is long, so you see it in windows of messages; rubric states carry over between windows. This is window {window} of {total}. Every rubric started as false. Set a rubric to true only if the assistant achieved it in this window; set a true rubric back to false only if the assistant reversed it in this window; otherwise keep its state and restate the reason. Append short evidence with message numbers [k] to each justification.
-{rules}
-# Output
-Exactly one JSON array, one object per rubric you assess: {{"rubric_idx": "rubric_<k>", "justification": "<text>", "meetExpectation": true or false}}. No other text."""
+WINDOW_SYSTEM = (
+    "You grade a conversation between a user and a tool-using assistant against rubrics (scoring points of the "
+    "user's goal).\n"
+    "# System information\n"
+    "{env_info}\n"
+    "# The user's full instruction\n"
+    "{instruction}\n"
+    "# Procedure\n"
+    "The conversation is long, so you see it in windows of messages; rubric states carry over between windows. This "
+    "is window {window} of {total}. Every rubric started as false. Set a rubric to true only if the assistant "
+    "achieved it in this window; set a true rubric back to false only if the assistant reversed it in this window; "
+    "otherwise keep its state and restate the reason. Append short evidence with message numbers [k] to each "
+    "justification.\n"
+    "{rules}\n"
+    "# Output\n"
+    'Exactly one JSON array, one object per rubric you assess: {{"rubric_idx": "rubric_<k>", "justification": '
+    '"<text>", "meetExpectation": true or false}}. No other text.'
+)
 
-RUBRIC_SYSTEM = """You grade a conversation between a user and a tool-using assistant against one rubric.
-# System information
-{env_info}
-# The user's full instruction
-{instruction}
-{rules}
-Reply with exactly one JSON object and nothing else: {{"analysis": "<brief reasoning>", "answer": true or false}} (true when the rubric is met)."""
+RUBRIC_SYSTEM = (
+    "You grade a conversation between a user and a tool-using assistant against one rubric.\n"
+    "# System information\n"
+    "{env_info}\n"
+    "# The user's full instruction\n"
+    "{instruction}\n"
+    "{rules}\n"
+    'Reply with exactly one JSON object and nothing else: {{"analysis": "<brief reasoning>", "answer": true or false}} '
+    "(true when the rubric is met)."
+)
 
 
 class JudgeFailed(RuntimeError):

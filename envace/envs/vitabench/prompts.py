@@ -10,8 +10,9 @@ and ends with ``###STOP###`` (``###TRANSFER###`` / ``###OUT-OF-SCOPE###`` also e
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 STOP = "###STOP###"
 STOP_MARKERS = (STOP, "###TRANSFER###", "###OUT-OF-SCOPE###")
@@ -47,23 +48,33 @@ AGENT_PROMPT = {
     ),
 }
 
-USER_PROMPT = """You play a customer talking to a service assistant. Stay in character for the whole conversation.
-<persona>
-{persona}
-</persona>
-<instructions>
-{instructions}
-</instructions>
-How to talk:
-- Write only your next message, a line or two, in {language}. Speak as the persona would (tone, patience, word choice).
-- Describe your situation, then what you need. Spread the details of the instructions over several messages, but make sure every detail is mentioned before the end, background included.
-- When a choice is needed, give the conditions and preferences from the instructions and ask the assistant to recommend.
-- Answer the assistant's questions from the persona and instructions only. If they hold no answer, say you don't know or don't remember; never invent order ids or other facts. If asked who you are, give your user id.
-- Keep to the needs as stated: do not broaden, replace or drop them, even if the assistant tries to talk you out of them. If the assistant offers to place an order for you, accept.
-- If the assistant asks again something you already answered several times, show impatience and refuse to repeat it.
-When to stop:
-- Not before you have expressed every need and constraint, and not while the assistant's results are missing, wrong or incomplete.
-- Once everything is done correctly, or the assistant states clearly that it cannot do it, reply with exactly ###STOP###."""
+USER_PROMPT = (
+    "You play a customer talking to a service assistant. Stay in character for the whole conversation.\n"
+    "<persona>\n"
+    "{persona}\n"
+    "</persona>\n"
+    "<instructions>\n"
+    "{instructions}\n"
+    "</instructions>\n"
+    "How to talk:\n"
+    "- Write only your next message, a line or two, in {language}. Speak as the persona would (tone, patience, word "
+    "choice).\n"
+    "- Describe your situation, then what you need. Spread the details of the instructions over several messages, "
+    "but make sure every detail is mentioned before the end, background included.\n"
+    "- When a choice is needed, give the conditions and preferences from the instructions and ask the assistant to "
+    "recommend.\n"
+    "- Answer the assistant's questions from the persona and instructions only. If they hold no answer, say you "
+    "don't know or don't remember; never invent order ids or other facts. If asked who you are, give your user id.\n"
+    "- Keep to the needs as stated: do not broaden, replace or drop them, even if the assistant tries to talk you "
+    "out of them. If the assistant offers to place an order for you, accept.\n"
+    "- If the assistant asks again something you already answered several times, show impatience and refuse to "
+    "repeat it.\n"
+    "When to stop:\n"
+    "- Not before you have expressed every need and constraint, and not while the assistant's results are missing, "
+    "wrong or incomplete.\n"
+    "- Once everything is done correctly, or the assistant states clearly that it cannot do it, reply with exactly "
+    "###STOP###."
+)
 
 
 def weekday(time_text: str, language: str) -> str:

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import ast
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
-S, I, N, B = {"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"}
-SL, IL = {"type": "array", "items": S}, {"type": "array", "items": I}
+S, INT, N, B = {"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"}
+SL, IL = {"type": "array", "items": S}, {"type": "array", "items": INT}
 
 
 @dataclass(frozen=True)
@@ -81,17 +82,17 @@ _SPECS = [
     _spec("instore", "read", "instore_product_search_recommend", "In-store products ranked by keyword match.",
           {"keywords": SL}),
     _spec("instore", "write", "create_instore_product_order", "Create an unpaid order for a shop's product.",
-          {"user_id": S, "shop_id": S, "product_id": S, "quantity": I}, optional=("quantity",)),
+          {"user_id": S, "shop_id": S, "product_id": S, "quantity": INT}, optional=("quantity",)),
     _spec("instore", "write", "pay_instore_order", "Pay an unpaid in-store order.", {"order_id": S}),
     _spec("instore", "write", "instore_cancel_order", "Cancel an in-store order.", {"order_id": S}),
     _spec("instore", "write", "instore_book", "Book a table (paid booking when the shop charges for it).",
-          {"user_id": S, "shop_id": S, "time": S, "customer_count": I}, optional=("customer_count",)),
+          {"user_id": S, "shop_id": S, "time": S, "customer_count": INT}, optional=("customer_count",)),
     _spec("instore", "write", "pay_instore_book", "Pay an unpaid table booking.", {"book_id": S}),
     _spec("instore", "write", "instore_cancel_book", "Cancel a table booking.", {"book_id": S}),
     _spec("instore", "write", "instore_reservation", "Reserve a visit (free).",
-          {"user_id": S, "shop_id": S, "time": S, "customer_count": I}, optional=("customer_count",)),
+          {"user_id": S, "shop_id": S, "time": S, "customer_count": INT}, optional=("customer_count",)),
     _spec("instore", "write", "instore_modify_reservation", "Change the time and party size of a reservation.",
-          {"reservation_id": S, "time": S, "customer_count": I}, optional=("customer_count",)),
+          {"reservation_id": S, "time": S, "customer_count": INT}, optional=("customer_count",)),
     _spec("instore", "write", "instore_cancel_reservation", "Cancel a reservation.", {"reservation_id": S}),
     _spec("instore", "read", "get_instore_orders", "The user's in-store orders.", {"user_id": S}),
     _spec("instore", "read", "get_instore_reservations", "The user's reservations.", {"user_id": S}),

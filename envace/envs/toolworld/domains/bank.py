@@ -110,7 +110,10 @@ TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec("deposit", NAME, "Deposit money into an account.", (_ACCOUNT_ID, _AMOUNT), _deposit),
     ToolSpec(
         "get_transactions", NAME, "List the most recent transactions of an account, newest first.",
-        (_ACCOUNT_ID, Param("limit", "integer", "How many to return.", required=False, minimum=1, maximum=10, default=3)),
+        (
+            _ACCOUNT_ID,
+            Param("limit", "integer", "How many to return.", required=False, minimum=1, maximum=10, default=3),
+        ),
         _get_transactions,
     ),
 )

@@ -82,7 +82,8 @@ def _transfer_by_name(inp: ScenarioInput) -> PlannedTurn | None:
     kl, kt = inp.key("accounts"), inp.key("transfer")
     src_name, dst_name = _name(inp, src), _name(inp, dst)
     user = phrase(inp, ("Transfer {amount} from my {s} account to my {d} account.",
-                        "Please move {amount} from {s} to {d}.", "Can you send {amount} from my {s} to my {d} account?"),
+                        "Please move {amount} from {s} to {d}.",
+                        "Can you send {amount} from my {s} to my {d} account?"),
                   amount=amount, s=src_name, d=dst_name)
     src_ref = Ref(kl, ("accounts", Match.of(name=src_name), "account_id"))
     dst_ref = Ref(kl, ("accounts", Match.of(name=dst_name), "account_id"))
@@ -119,7 +120,8 @@ def _recent_transactions(inp: ScenarioInput) -> PlannedTurn:
         planned = call(k, "get_transactions", account_id=acc, limit=limit)
     rows = account_history(dict(inp.state), acc, limit)
     if not rows:
-        return PlannedTurn(user, one_step(planned), "There are no recent transactions on {acc}.", {"acc": acc}, ("acc",))
+        return PlannedTurn(user, one_step(planned), "There are no recent transactions on {acc}.", {"acc": acc},
+                           ("acc",))
     listing = "; ".join(f"{r['transaction_id']} {r['kind']} {r['amount']}" for r in rows)
     fields = {"acc": acc, "listing": listing, **enumerate_fields("txn", [r["transaction_id"] for r in rows])}
     keys = tuple(f"txn_{i}" for i in range(len(rows)))

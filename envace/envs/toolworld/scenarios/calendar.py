@@ -57,7 +57,8 @@ def _new_emails(inp: ScenarioInput, event_id: str, count: int) -> list[str]:
 def _create(inp: ScenarioInput) -> PlannedTurn:
     title, (date, time) = _new_title(inp), _free_slot(inp)
     k = inp.key("create")
-    user = phrase(inp, ("Schedule '{title}' on {date} at {time}.", "Please add {title} to my calendar for {date} at {time}.",
+    user = phrase(inp, ("Schedule '{title}' on {date} at {time}.",
+                        "Please add {title} to my calendar for {date} at {time}.",
                         "Book '{title}' on {date} at {time}."), title=title, date=date, time=time)
     eid = Ref(k, ("event_id",))
     return PlannedTurn(user, one_step(call(k, "create_event", title=title, date=date, time=time)),

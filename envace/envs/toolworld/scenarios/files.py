@@ -61,8 +61,8 @@ def _write(inp: ScenarioInput) -> PlannedTurn | None:
     k = inp.key("write")
     user = phrase(inp, ("Create {path} with the text '{content}'.", "Write '{content}' into a new file {path}.",
                         "Save a note at {path} saying '{content}'."), path=path, content=content)
-    return PlannedTurn(user, one_step(call(k, "write_file", path=path, content=content)), "Saved {path} ({size} characters).",
-                       {"path": path, "size": Ref(k, ("size",))}, ("path", "size"),
+    return PlannedTurn(user, one_step(call(k, "write_file", path=path, content=content)),
+                       "Saved {path} ({size} characters).", {"path": path, "size": Ref(k, ("size",))}, ("path", "size"),
                        {"file": {"path": Ref(k, ("path",))}})
 
 

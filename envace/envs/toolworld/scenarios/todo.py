@@ -41,7 +41,8 @@ def _add(inp: ScenarioInput) -> PlannedTurn:
     user = phrase(inp, ("Add '{title}' to my to-do list, due {due}.", "Remind me to {title} by {due}.",
                         "New to-do: {title}, due {due}."), title=title, due=due)
     tid = Ref(k, ("todo_id",))
-    return PlannedTurn(user, one_step(call(k, "add_todo", title=title, due=due)), "Added '{title}' as {todo_id}, due {due}.",
+    return PlannedTurn(user, one_step(call(k, "add_todo", title=title, due=due)),
+                       "Added '{title}' as {todo_id}, due {due}.",
                        {"title": title, "due": due, "todo_id": tid}, ("todo_id",), {"todo": {"id": tid}})
 
 
@@ -52,7 +53,8 @@ def _add_with_priority(inp: ScenarioInput) -> PlannedTurn:
                         "Remind me to {title} by {due}, and make it {priority} priority."),
                   title=title, due=due, priority=priority)
     tid = Ref(ka, ("todo_id",))
-    steps = ((call(ka, "add_todo", title=title, due=due),), (call(kp, "set_todo_priority", todo_id=tid, priority=priority),))
+    steps = ((call(ka, "add_todo", title=title, due=due),),
+             (call(kp, "set_todo_priority", todo_id=tid, priority=priority),))
     return PlannedTurn(user, steps, "Added '{title}' as {todo_id}, due {due}, with {priority} priority.",
                        {"title": title, "due": due, "todo_id": tid, "priority": priority}, ("todo_id",),
                        {"todo": {"id": tid}})
@@ -100,8 +102,8 @@ def _prioritise(inp: ScenarioInput) -> PlannedTurn:
     user = phrase(inp, ("Set the priority of {tid} to {priority}.", "Make {tid} {priority} priority."),
                   tid=tid, priority=priority)
     planned = call(inp.key("priority"), "set_todo_priority", todo_id=tid, priority=priority)
-    return PlannedTurn(user, one_step(planned), "{tid} now has {priority} priority.", {"tid": tid, "priority": priority},
-                       ("priority",), {"todo": {"id": tid}})
+    return PlannedTurn(user, one_step(planned), "{tid} now has {priority} priority.",
+                       {"tid": tid, "priority": priority}, ("priority",), {"todo": {"id": tid}})
 
 
 def _delete(inp: ScenarioInput) -> PlannedTurn:
