@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -147,7 +148,8 @@ def testtime_table(testtime: Mapping[str, Any], comparisons: Mapping[str, Any]) 
 def fidelity_table(root: Path, cells: Mapping[str, Any]) -> pd.DataFrame:
     """REHEARSE on the oracle's real calls (the same calls for every model): SFT base, untrained, cells."""
     rows = []
-    sft = read_json(root / "sft" / "evaluate_toolworld.json") if (root / "sft" / "evaluate_toolworld.json").exists() else {}
+    path = root / "sft" / "evaluate_toolworld.json"
+    sft = read_json(path) if path.exists() else {}
     models = [("untrained_base", sft.get("base", {})), ("sft_base", sft.get("policy", {}))]
     models += [(key, cell["evaluate"].get("policy", {})) for key, cell in sorted(cells.items())]
     for name, m in models:
@@ -155,6 +157,37 @@ def fidelity_table(root: Path, cells: Mapping[str, Any]) -> pd.DataFrame:
         if fid:
             rows.append({"rehearser": name, "calls": fid.get("n_calls"), "exact match": pct(fid.get("exact_match")),
                          "field F1": pct(fid.get("field_f1")), "error agreement": pct(fid.get("error_agreement"))})
+    return pd.DataFrame(rows)
+
+
+PROBE_KEYS = ("fidelity/exact_match", "fidelity/field_f1", "fidelity/error_agreement")
+
+
+def probe_fidelity_table(cells: Mapping[str, Any]) -> pd.DataFrame:
+    """REHEARSE on the oracle's real calls of the training probe's val tasks (the same calls in every cell):
+    at step 0 (the SFT start, before any GRPO update) and at the last step, mean over a variant's seeds."""
+    per_variant: dict[str, list[tuple[pd.Series, pd.Series, float]]] = {}
+    for cell in cells.values():
+        csv = Path(cell["dir"]) / "train_steps.csv"
+        if not csv.exists():
+            continue
+        frame = pd.read_csv(csv)
+        if not set(PROBE_KEYS) <= set(frame.columns):
+            continue
+        probed = frame.dropna(subset=["fidelity/field_f1"]).sort_values("step")
+        if len(probed) >= 2:
+            per_variant.setdefault(cell["variant"], []).append(
+                (probed.iloc[0], probed.iloc[-1], float(probed.iloc[0].get("fidelity/n_calls", float("nan")))))
+    rows = []
+    for variant, probes in sorted(per_variant.items()):
+        row: dict[str, Any] = {"variant": variant, "seeds": len(probes), "calls": probes[0][2],
+                               "last step": int(probes[0][1]["step"])}
+        for key in PROBE_KEYS:
+            start = float(np.mean([p[0][key] for p in probes]))
+            end = float(np.mean([p[1][key] for p in probes]))
+            name = key.removeprefix("fidelity/").replace("_", " ")
+            row[f"{name}: step 0 → last"] = f"{pct(start)} → {pct(end)} ({100 * (end - start):+.1f})"
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -305,7 +338,9 @@ def aggregate(cfg: DictConfig) -> dict[str, Any]:
     result = science_json(summary, cfg)
     agg = summary["aggregate"]
     tables = {"science_main": main_table(agg, variants), "science_differences": differences_table(agg),
-              "science_calibration": calibration_table(root), "science_fidelity": fidelity_table(root, summary["cells"]),
+              "science_calibration": calibration_table(root),
+              "science_fidelity": fidelity_table(root, summary["cells"]),
+              "science_fidelity_training": probe_fidelity_table(summary["cells"]),
               "science_testtime": testtime_table(summary["testtime"], agg["testtime"]), "science_costs": timings(root)}
     figures = {"science_main.png": main_figure(agg, variants),
                "science_curves.png": curves_figure(curves_by_variant(summary["cells"])),
@@ -330,12 +365,14 @@ def report_text(cfg: DictConfig, tables: Mapping[str, pd.DataFrame], figures: li
     parts = [
         "# Science run: does EnvACE learn on the tool world?",
         "",
-        f"Model {cfg.model.name} ({to_plain(cfg.model.kind)}); tool world with {s.n_train} training tasks and {s.n_test} test "
+        f"Model {cfg.model.name} ({to_plain(cfg.model.kind)}); tool world with {s.n_train} training tasks and "
+        f"{s.n_test} test "
         f"tasks (data seed {s.data_seed}; held-out domain `{cfg.data.held_out_domain}` never trained on). One SFT "
         f"warm-up ({s.sft_epochs} epochs on gold ACT/REHEARSE targets) is every cell's start; each cell then runs "
         f"{s.steps} role-wise GRPO steps ({cfg.rollout.prompts_per_step} prompts × K={cfg.rollout.samples_per_prompt}) "
         f"with training seed k ∈ {to_plain(s.seeds)}. Trained on the verifiable tool-world reward "
-        f"(judge `{to_plain(cfg.judge.name)}`); the headline metric is the strict success rate (every checklist item met). "
+        f"(judge `{to_plain(cfg.judge.name)}`); the headline metric is the strict success rate (every checklist "
+        "item met). "
         "Intervals: 95% percentile bootstrap over tasks and seeds; differences are paired on the same tasks "
         "(envace.reporting.science_stats). Every number below comes from a run of this code; the paper's "
         f"numbers appear only in the column \"{reference.REFERENCE_COLUMN}\" ({reference.SOURCE})",
@@ -343,7 +380,10 @@ def report_text(cfg: DictConfig, tables: Mapping[str, pd.DataFrame], figures: li
         "## Calibration: the starting point", "", markdown(tables["science_calibration"]), "",
         "## Main comparison and ablation (test split)", "", markdown(tables["science_main"]), "",
         "## Paired differences", "", markdown(tables["science_differences"]), "",
-        "## World-model fidelity on the oracle's calls", "", markdown(tables["science_fidelity"]), "",
+        "## World-model fidelity on the oracle's calls", "",
+        "During training (the probe: REHEARSE predicts the real responses of the oracle's calls on the "
+        "validation tasks; step 0 is the shared SFT start):", "", markdown(tables["science_fidelity_training"]), "",
+        "On the test tasks' oracle calls (`eval.gold_fidelity_tasks`):", "", markdown(tables["science_fidelity"]), "",
         "## Test-time rehearsal", "", markdown(tables["science_testtime"]), "",
         "## What each part cost", "", markdown(tables["science_costs"]), "",
         "## Figures", "", *[f"![{name}]({name})" for name in figures], "",
