@@ -31,7 +31,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -48,7 +47,7 @@ from envace.engines import episode_spec_from_task
 from envace.engines.local import DecodeGuide, LocalEngine, LocalEngineConfig, OptimConfig, RolloutConfig
 from envace.engines.local.attention import use_gqa_attention
 from envace.engines.local.engine import step_examples
-from envace.engines.local.precision import cpu_has_bf16, resolve_precision
+from envace.engines.local.precision import cpu_has_bf16, cpu_model, resolve_precision
 from envace.engines.local.rollout import ResponseSource, RolloutRunner
 from envace.engines.local.sft import gold_targets
 from envace.envs.toolworld import ToolWorldEnv
@@ -78,13 +77,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--workload", default=None, help=argparse.SUPPRESS)
     return p.parse_args()
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def rss_mb() -> float:

@@ -29,6 +29,7 @@ from envace.config import to_plain
 from envace.reporting import reference
 from envace.reporting.plots import integer_ticks, legend_outside, new_figure, save_figure
 from envace.reporting.science_stats import SUBSETS, summarize
+from envace.stages.runner import read_metrics
 from envace.utils.io import atomic_dir, read_json, write_json
 
 logger = logging.getLogger(__name__)
@@ -195,8 +196,6 @@ def calibration_table(root: Path) -> pd.DataFrame:
     path = root / "sft" / "evaluate_toolworld.json"
     if not path.exists():
         return pd.DataFrame()
-    from envace.stages.runner import read_metrics
-
     m = read_metrics(path)
     rows = []
     for label, name in (("base", "untrained base"), ("policy", "SFT'd base (every cell's start)")):

@@ -16,7 +16,7 @@ A difference whose interval excludes 0 is a finding; one that covers 0 says "can
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,15 +111,20 @@ def paired_difference(a: Outcomes, b: Outcomes, n_boot: int, seed: int = 0) -> d
     return out
 
 
+def cell_dirs(folder: Path, required: str) -> Iterator[tuple[Path, str, int]]:
+    """``(directory, variant, seed)`` of each ``<variant>-seed<k>`` directory in ``folder`` holding ``required``."""
+    for path in sorted(folder.glob("*")):
+        match = CELL_DIR.match(path.name)
+        if match and (path / required).exists():
+            yield path, match["variant"], int(match["seed"])
+
+
 def load_cells(root: Path) -> dict[str, dict[str, Any]]:
     """``{"<variant>/seed<k>": {"variant", "seed", "tasks", "train", "evaluate"}}`` from ``root/cells``."""
     cells: dict[str, dict[str, Any]] = {}
-    for path in sorted((root / "cells").glob("*")):
-        match = CELL_DIR.match(path.name)
-        if not match or not (path / "tasks.json").exists():
-            continue
-        cells[f"{match['variant']}/seed{match['seed']}"] = {
-            "variant": match["variant"], "seed": int(match["seed"]), "dir": path,
+    for path, variant, seed in cell_dirs(root / "cells", "tasks.json"):
+        cells[f"{variant}/seed{seed}"] = {
+            "variant": variant, "seed": seed, "dir": path,
             "tasks": read_json(path / "tasks.json")["policy"],
             "train": read_metrics(path / "train.json") if (path / "train.json").exists() else {},
             "evaluate": read_metrics(path / "evaluate_toolworld.json")}
@@ -141,18 +146,15 @@ def comparisons(variants: Iterable[str]) -> list[tuple[str, str]]:
 def testtime_cells(root: Path) -> dict[str, dict[str, Any]]:
     """``{"<variant>/seed<k>/<mode>/n<N>/<rehearser>": metrics + per-task rows}`` from ``root/testtime``."""
     out: dict[str, dict[str, Any]] = {}
-    for path in sorted((root / "testtime").glob("*")):
-        match = CELL_DIR.match(path.name)
-        if not match or not (path / "rehearsal_sweep.json").exists():
-            continue
+    for path, variant, seed in cell_dirs(root / "testtime", "rehearsal_sweep.json"):
         sweep = read_metrics(path / "rehearsal_sweep.json")
         tasks = read_json(path / "tasks.json") if (path / "tasks.json").exists() else {}
         for key, cell in sweep.get("cells", {}).items():
             _, mode, n, rehearser = key.split("/")
             label = f"{n}-{mode}-{rehearser}"
-            out[f"{match['variant']}/seed{match['seed']}/{mode}/{n}/{rehearser}"] = {
-                **cell, "mode": mode, "rehearser": rehearser, "seed": int(match["seed"]),
-                "variant": match["variant"], "tasks": tasks.get(label, [])}
+            out[f"{variant}/seed{seed}/{mode}/{n}/{rehearser}"] = {
+                **cell, "mode": mode, "rehearser": rehearser, "seed": seed, "variant": variant,
+                "tasks": tasks.get(label, [])}
     return out
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -119,14 +118,9 @@ def torch_threads() -> int:
 
 
 def cpu_model() -> str:
-    """``lscpu``'s model name (from /proc/cpuinfo), or the platform's processor string."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from envace.engines.local.precision import cpu_model as model  # torch: loaded by the stages already
+
+    return model()
 
 
 def write_task_outcomes(directory: Path, pattern: str, out: Path) -> dict[str, Any]:

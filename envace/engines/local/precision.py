@@ -18,6 +18,7 @@ import contextlib
 import copy
 import functools
 import logging
+import platform
 import time
 import weakref
 from pathlib import Path
@@ -42,6 +43,17 @@ def cpu_flags() -> frozenset[str]:
         if line.startswith("flags"):
             return frozenset(line.split(":", 1)[1].split())
     return frozenset()
+
+
+def cpu_model() -> str:
+    """``lscpu``'s model name (from ``/proc/cpuinfo``), or the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def cpu_has_bf16() -> bool:
