@@ -92,7 +92,9 @@ def part_overrides(cfg: DictConfig, part: str, variant: str | None = None, seed:
                  *_eval(s, True), *_into(s, "sft")]]
     assert variant is not None and seed is not None
     name = cell_name(variant, seed)
-    cell = [*base, f"seed={seed}", *_from_sft(cfg), f"paths.checkpoints={s.dir}/cells/{name}/checkpoints"]
+    # two cells may run side by side (one per core): one thread each, never the measured ``auto``
+    cell = [*base, f"seed={seed}", *_from_sft(cfg), f"paths.checkpoints={s.dir}/cells/{name}/checkpoints",
+            "engine.num_threads=1"]
     if part == "cell":
         train = [*cell, f"algo.name={variant}", f"train.steps={s.steps}", f"train.fidelity_every={s.fidelity_every}",
                  *_into(s, f"cells/{name}")]

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from envace.core.records import Role
-from envace.engines.local import OptimConfig
-from envace.engines.local.attention import use_gqa_attention
+from envace.engines.local import OptimConfig, attention, precision
+from envace.engines.local.attention import PackLayout, segment_attention, use_gqa_attention
 from envace.engines.local.batching import TrainRow, collate, token_logprobs
 from envace.engines.local.packing import (
     Pack,
@@ -21,7 +22,7 @@ from envace.engines.local.packing import (
     packed_logprobs,
     plan_packs,
 )
-from envace.engines.local.precision import PRECISIONS, autocast, resolve_precision
+from envace.engines.local.precision import PRECISIONS, autocast, resolve_precision, resolve_threads
 from envace.engines.local.trainer import PolicyUpdater, Slot, make_optimizer, needs_checkpointing
 
 torch.set_num_threads(1)
@@ -195,9 +196,62 @@ def test_bf16_update_keeps_fp32_state_and_learns():
     assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), before.parameters()))
 
 
-def test_threads_auto_and_validation():
-    from envace.engines.local.precision import resolve_threads
-
-    assert resolve_threads("auto") == 1 and resolve_threads(2) == 2 and resolve_threads("3") == 3
+def test_threads_auto_is_measured_and_explicit_counts_are_validated(monkeypatch):
+    cores = len(os.sched_getaffinity(0))
+    precision.auto_threads.cache_clear()
+    chosen = resolve_threads("auto")
+    assert chosen in (1, cores) and torch.get_num_threads() == 1  # the probe restores the thread count
+    assert resolve_threads(2) == 2 and resolve_threads("3") == 3
     with pytest.raises(ValueError, match="num_threads"):
         resolve_threads(0)
+    # busy neighbours or a single usable core: one thread, whatever the probe would say
+    precision.auto_threads.cache_clear()
+    monkeypatch.setattr(precision, "foreign_cpu_cores", lambda seconds: 1.0)
+    assert resolve_threads("auto") == 1
+    precision.auto_threads.cache_clear()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert resolve_threads("auto") == 1
+    precision.auto_threads.cache_clear()
+    foreign = precision.foreign_cpu_cores(0.05)
+    assert foreign is None or foreign >= 0.0
+
+
+def test_packed_forward_attends_segment_by_segment(monkeypatch):
+    """The packed batch's mask carries its layout, and the attention runs per segment (not over L × L)."""
+    calls = []
+    real = attention.segment_attention
+    monkeypatch.setattr(attention, "segment_attention", lambda *a: calls.append(a[3]) or real(*a))
+    model, rows = _model(), _rows()
+    batch = collate_packs(rows, plan_packs(rows, min_shared=8))
+    with torch.no_grad():
+        packed_logprobs(model, batch)
+    assert len(calls) == 2  # one call per layer
+    assert any(len(spans) > 1 for _, spans in calls[0].rows)  # a pack with several suffixes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_segment_attention_equals_masked_attention_with_gradients(dtype):
+    """Segment-wise attention = one SDPA under the block-causal pack mask: outputs and input gradients."""
+    g = torch.Generator().manual_seed(0)
+    width, heads, kv_heads, dim = 23, 4, 2, 8
+    rows = ((6, ((6, 10), (10, 15), (15, 21))), (9, ((9, 12),)), (20, ()))
+    layout = PackLayout(width, rows)
+    seg = torch.full((len(rows), width), -1)
+    for b, (prefix, spans) in enumerate(rows):
+        seg[b, :prefix] = 0
+        for j, (s, e) in enumerate(spans, start=1):
+            seg[b, s:e] = j
+    mask = torch.stack([pack_mask(s) for s in seg]).unsqueeze(1)
+    q = torch.randn(len(rows), heads, width, dim, generator=g, dtype=dtype, requires_grad=True)
+    k = torch.randn(len(rows), kv_heads, width, dim, generator=g, dtype=dtype, requires_grad=True)
+    v = torch.randn(len(rows), kv_heads, width, dim, generator=g, dtype=dtype, requires_grad=True)
+    got = segment_attention(q, k, v, layout, None)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True).transpose(1, 2)
+    real = (seg >= 0)[:, :, None, None]  # padding positions are not compared (nothing reads them)
+    tol = {"atol": 1e-6, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(got * real, want * real, **tol)
+    weights = torch.randn(got.shape, generator=g, dtype=dtype) * real
+    grads_got = torch.autograd.grad((got * weights).sum(), (q, k, v))
+    grads_want = torch.autograd.grad((want * weights).sum(), (q, k, v))
+    for a, b in zip(grads_got, grads_want):
+        torch.testing.assert_close(a, b, **tol)

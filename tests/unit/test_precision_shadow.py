@@ -8,7 +8,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from envace.engines.local import OptimConfig
 from envace.engines.local.attention import use_gqa_attention
 from envace.engines.local.kv import BatchedStreams
-from envace.engines.local.precision import inference_model
+from envace.engines.local.precision import inference_model, release_inference_copy
 from envace.engines.local.trainer import make_optimizer
 
 
@@ -56,3 +56,19 @@ def test_tied_weights_stay_tied_in_the_copy():
     shadow = inference_model(model, "bf16")
     assert shadow.get_output_embeddings().weight is shadow.get_input_embeddings().weight
     assert len(list(shadow.parameters())) == len(list(model.parameters()))
+
+
+def test_released_copy_frees_its_weights_and_recasts_on_next_use():
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True))
+    shadow = inference_model(model, "bf16")
+    release_inference_copy(model)
+    assert all(p.numel() == 0 for p in shadow.parameters())  # the update runs without the copy's memory
+    with torch.no_grad():
+        model.get_input_embeddings().weight.add_(1.0)  # the weights move while the copy is released
+    assert inference_model(model, "bf16") is shadow  # same module, weights cast again
+    for src, dst in zip(model.parameters(), shadow.parameters()):
+        assert torch.equal(dst, src.detach().to(torch.bfloat16))
+    assert shadow.get_output_embeddings().weight is shadow.get_input_embeddings().weight
+    release_inference_copy(LlamaForCausalLM(model.config))  # a model without a copy: nothing to do

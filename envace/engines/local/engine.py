@@ -71,7 +71,7 @@ from envace.engines.local.decode import DecodeGuide, OutputKey
 from envace.engines.local.fidelity import FidelityProbe, probe_due
 from envace.engines.local.lora import add_lora, lora_record, merged_copy, unwrap
 from envace.engines.local.metrics import rollout_metrics
-from envace.engines.local.precision import resolve_precision
+from envace.engines.local.precision import resolve_precision, trim_heap
 from envace.engines.local.rollout import ExecutorFactory, ResponseSource, RolloutRunner
 from envace.engines.local.sft import gold_trajectories, sft_epoch, sft_rows
 from envace.engines.local.trainer import (
@@ -286,6 +286,7 @@ class LocalEngine(Engine):
         metrics = rollout_metrics(batch, trajs, adv)
         if self.sample_hook is not None:
             self.sample_hook(step + 1, trajs, adv)
+        trim_heap()  # the rollout's KV caches are free now: keep them out of the update's peak
         t1 = time.perf_counter()
         temps = {r: cfg.rollout.temperature(r) for r in Role}
         stream_tokens = 0
@@ -299,6 +300,7 @@ class LocalEngine(Engine):
             metrics.update({f"{prefix}{k2}": v for k2, v in updater.update(rows, step).items()})
             if diff is not None:
                 metrics[f"{prefix}rollout/logprob_diff"] = diff
+            trim_heap()
         t2 = time.perf_counter()
         metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0,
                         "engine/bf16": float(self.precision == "bf16")})

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from envace.engines.local.attention import PACK_LAYOUT_ATTR, PackLayout
 from envace.engines.local.batching import TrainRow, value_tensors
 
 
@@ -209,11 +210,14 @@ def collate_packs(rows: Sequence[TrainRow], packs: Sequence[Pack], pad_id: int =
     width = max(p.length for p in packs)
     ids, pos, masks = [], [], []
     pack_idx, tok_idx, row_idx, col_idx, order = [], [], [], [], []
+    layout = []
     for b, pack in enumerate(packs):
         i, p_ids, seg, starts = _pack_tensors(rows, pack, width, pad_id)
         ids.append(i)
         pos.append(p_ids)
         masks.append(pack_mask(seg))
+        ends = [*starts[1:], pack.length]
+        layout.append((pack.prefix_len, tuple((s, e) for s, e in zip(starts, ends) if e > s)))
         for start, r in zip(starts, pack.rows):
             positions = rows[r].positions
             packed = torch.where(positions < pack.prefix_len, positions, positions - pack.prefix_len + start)
@@ -231,9 +235,12 @@ def collate_packs(rows: Sequence[TrainRow], packs: Sequence[Pack], pad_id: int =
         for name, tensor in values.items():
             tensor[k, : r.n_tokens] = getattr(r, name)
     to = lambda t: t.to(device)
+    attention_mask = to(torch.stack(masks).unsqueeze(1))
+    # the layout rides on the mask: ``gqa_sdpa_attention`` then attends segment by segment (same result)
+    setattr(attention_mask, PACK_LAYOUT_ATTR, PackLayout(width, tuple(layout)))
     return PackedBatch(
         rows=tuple(order), input_ids=to(torch.stack(ids)), position_ids=to(torch.stack(pos)),
-        attention_mask=to(torch.stack(masks).unsqueeze(1)), pack_index=to(torch.cat(pack_idx)),
+        attention_mask=attention_mask, pack_index=to(torch.cat(pack_idx)),
         token_index=to(torch.cat(tok_idx)), row_index=to(torch.cat(row_idx)), col_index=to(torch.cat(col_idx)),
         mask=to(mask), values={k: to(v) for k, v in values.items()},
     )

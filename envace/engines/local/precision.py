@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
 import functools
 import logging
+import os
 import platform
 import time
 import weakref
@@ -177,23 +179,125 @@ def inference_model(model: Any, precision: str) -> Any:
         shadow = entry[1]
         with torch.no_grad():
             for src, dst in zip(params, shadow.parameters()):
-                dst.copy_(src)
+                if dst.numel() == src.numel():
+                    dst.copy_(src)
+                else:  # released by ``release_inference_copy``
+                    dst.data = src.detach().to(torch.bfloat16)
     _SHADOWS[model] = (versions, shadow)
     return shadow
 
 
-def resolve_threads(num_threads: int | str) -> int:
-    """Thread count from ``engine.num_threads``: an int ≥ 1, or ``auto``.
+def release_inference_copy(model: torch.nn.Module) -> None:
+    """Free the bf16 copy's weights (kept: the module skeleton) until ``inference_model`` needs them again.
 
-    ``auto`` = 1. Measured on the shared 2-core boxes (scripts/bench_peer_trl.py, bench_step.py):
-    2 threads speed an idle machine's update up ~1.3-1.6× but collapse ~10× as soon as another
-    process holds one core (OpenMP barriers wait on a descheduled thread), and two cells of an
-    experiment matrix run side by side, one per core. One thread per process is the robust choice;
-    set 2 explicitly on a machine you have to yourself.
+    The trainer calls this before an update: the update's forwards run under autocast over the float32
+    weights and the optimiser step makes the copy stale anyway, so its ~270 MB (SmolLM2-135M) would
+    only add to the update's peak memory. The next ``inference_model`` call re-casts it (~0.1 s).
     """
+    entry = _SHADOWS.get(model)
+    if entry is None:
+        return
+    for param in entry[1].parameters():
+        param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+    _SHADOWS[model] = ((-1,), entry[1])  # no version tuple matches: the next call re-casts
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
+
+    A rollout or an update frees hundreds of MB of few-MB tensors (KV caches, activations) that glibc
+    keeps as free heap pages; trimming between the phases keeps them from adding to the next phase's
+    resident peak (measured: ``scripts/bench_step.py``'s ``peak_rss_mb``).
+    """
+    global _LIBC
+    if _LIBC is None:
+        try:
+            _LIBC = ctypes.CDLL("libc.so.6")
+            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC: Any = None
+
+
+def resolve_threads(num_threads: int | str) -> int:
+    """Thread count from ``engine.num_threads``: an int ≥ 1, or ``auto`` (measured, ``auto_threads``)."""
     if num_threads == "auto":
-        return 1
+        return auto_threads()
     n = int(num_threads)
     if n < 1:
         raise ValueError(f"engine.num_threads={num_threads!r}; give an integer >= 1 or 'auto'")
     return n
+
+
+AUTO_MIN_SPEEDUP = 1.3  # a second thread must make the probe this much faster to be used
+AUTO_MAX_FOREIGN = 0.25  # cores other processes may be using while we probe
+
+
+@functools.cache
+def auto_threads() -> int:
+    """Threads for this process, picked by measurement once: all usable cores or 1.
+
+    Two measurements (~0.5 s): the CPU other processes use right now (``/proc/stat`` minus our own
+    time over 0.25 s) and a ``[512, 576] @ [576, 1536]`` matmul at 1 thread vs all cores. More than one
+    thread only when the other cores are idle (< ``AUTO_MAX_FOREIGN`` cores busy) and the probe runs
+    ≥ ``AUTO_MIN_SPEEDUP``× faster. Why so careful: measured on the shared 2-core boxes, 2 threads
+    speed an idle machine's update up ~1.3-1.6× but collapse ~10× once another process holds a core
+    (OpenMP barriers wait on a descheduled thread). A decision is final for the process: a job started
+    later on the same box can still slow a 2-thread run, so a matrix that runs cells side by side
+    sets ``engine.num_threads=1`` explicitly.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cores < 2:
+        logger.info("threads auto -> 1 (one usable core)")
+        return 1
+    foreign = foreign_cpu_cores(0.25)
+    if foreign is not None and foreign >= AUTO_MAX_FOREIGN:
+        logger.info("threads auto -> 1 (other processes use %.2f cores)", foreign)
+        return 1
+    before = torch.get_num_threads()
+    try:
+        one, many = _matmul_seconds(1), _matmul_seconds(cores)
+    finally:
+        torch.set_num_threads(before)
+    speedup = one / many
+    chosen = cores if speedup >= AUTO_MIN_SPEEDUP else 1
+    logger.info("threads auto -> %d (%d cores: measured %.2fx with all of them; other processes %s cores)",
+                chosen, cores, speedup, "?" if foreign is None else f"{foreign:.2f}")
+    return chosen
+
+
+def foreign_cpu_cores(seconds: float) -> float | None:
+    """Cores' worth of CPU that other processes used over the next ``seconds`` (None without /proc/stat)."""
+    def busy() -> float | None:
+        try:
+            fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+        except OSError:
+            return None
+        values = [int(v) for v in fields]
+        idle = values[3] + (values[4] if len(values) > 4 else 0)
+        return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+    start, own = busy(), time.process_time()
+    wall = time.perf_counter()
+    time.sleep(seconds)
+    end = busy()
+    if start is None or end is None:
+        return None
+    return max(0.0, (end - start) - (time.process_time() - own)) / (time.perf_counter() - wall)
+
+
+def _matmul_seconds(threads: int) -> float:
+    torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(512, 576, generator=gen), torch.randn(576, 1536, generator=gen)
+    best = float("inf")
+    for _ in range(6):
+        start = time.perf_counter()
+        for _ in range(4):
+            x @ w
+        best = min(best, time.perf_counter() - start)
+    return best
