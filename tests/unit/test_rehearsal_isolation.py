@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 
+from envace.core.critique import Critique, render_critique
 from envace.core.records import ToolCall
-from envace.core.rehearsal import Critique, RehearsalConfig, render_critique
+from envace.core.rehearsal import RehearsalConfig
 from envace.core.wire import render_rehearsal, render_tool_calls
 from envace.envs.base import Task
 from envace.evaluation import ACTOR, REHEARSER, OracleBackend

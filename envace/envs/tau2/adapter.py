@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from envace.core.rehearsal import derive_seed
+from envace.core.seeds import derive_seed
 from envace.envs.base import Executor, Task
 from envace.envs.tau2.config import Tau2Config, Tau2Mode, Tau2NotRunnable, parse_subset
 from envace.evaluation.base import BenchmarkAdapter, sample_tasks
