@@ -8,7 +8,7 @@ grades against the episode's checklists. The result follows the engines' ``Rewar
 engine ignores: the trajectory is excluded from the loss and counted.
 
 A response that is a JSON object with the key ``error_tool_call`` marks a tool-call error (CM2's
-convention, ``envace.core.checklist``); plain ``{"error": ...}`` tool answers are ordinary responses.
+convention, ``envace.core.conversation``); plain ``{"error": ...}`` tool answers are ordinary responses.
 
 ``required_items_gate()`` enforces CM2's ``required_for_next_turn`` *during* a rollout (SPEC §2: the
 episode ends after a turn whose required item did not pass): at the end of user turn t the rule judge
@@ -25,7 +25,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from envace.core.checklist import Checklist, continue_after_turn
+from envace.core.checklist import Checklist
+from envace.core.checklist_reward import continue_after_turn
 from envace.core.records import Trajectory, TrajectoryStatus, Turn
 from envace.judges.base import ChecklistJudge, evaluate_checklist
 

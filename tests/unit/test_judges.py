@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from envace.core.checklist import Checklist, ItemRule, RuleKind, Verdict, conversation_steps
+from envace.core.checklist import Checklist, ItemRule, RuleKind
+from envace.core.checklist_reward import Verdict
+from envace.core.conversation import conversation_steps
 from envace.core.records import TrajectoryStatus
 from envace.inference.base import ChatOutput, ChatRequest
 from envace.inference.openai_client import EndpointError
