@@ -34,9 +34,10 @@ from typing import Any
 from envace.core.records import Termination
 from envace.core.rehearse_context import events_from_messages
 from envace.envs.base import Task
-from envace.envs.finmcp.data import FinMCPSample, infer_tool_schemas, load_samples, load_tool_schemas
+from envace.envs.finmcp.data import FinMCPSample, load_samples
 from envace.envs.finmcp.replay import ReplayConfig, ReplayExecutor, ReplayResponder, UnrecordedMode
 from envace.envs.finmcp.scoring import ToolCallScore, grouped_metrics, score_tool_names
+from envace.envs.finmcp.tools import infer_tool_schemas, load_tool_schemas
 from envace.evaluation.base import BenchmarkAdapter, sample_tasks
 from envace.evaluation.episode import ActLoopConfig, Dialogue, LoopResult, TurnHook, run_act_loop
 from envace.evaluation.programs import GenerationLedger, Program
