@@ -43,6 +43,7 @@ from envace.evaluation.episode import ActLoopConfig, Dialogue, LoopResult, TurnH
 from envace.evaluation.programs import GenerationLedger, Program
 from envace.evaluation.records import EpisodeRecord
 from envace.inference.base import ChatBackend
+from envace.inference.openai_client import OpenAIChatBackend
 
 TASK_TYPES = ("single_step", "multi_step", "multi_turn")
 HISTORY_MODES = ("gold", "own")
@@ -52,8 +53,6 @@ TOOL_SCOPES = ("all", "sample")
 def _backend(spec: ChatBackend | Mapping[str, Any] | None) -> ChatBackend | None:
     if spec is None or hasattr(spec, "generate"):
         return spec  # type: ignore[return-value]
-    from envace.inference.openai_client import OpenAIChatBackend
-
     return OpenAIChatBackend(**dict(spec))
 
 
