@@ -29,6 +29,7 @@ from envace.core.checklist import Checklist
 from envace.core.checklist_reward import continue_after_turn
 from envace.core.records import Trajectory, TrajectoryStatus, Turn
 from envace.judges.base import ChecklistJudge, evaluate_checklist
+from envace.judges.rule import RuleJudge, item_rule
 
 
 def trajectory_messages(spec: Any, trajectory: Trajectory) -> list[dict[str, Any]]:
@@ -92,8 +93,6 @@ def checklist_reward_fn(
 
 def required_items_gate(parse_pass_conditions: bool = True) -> Callable[[Any, Sequence[Turn], int], bool | None]:
     """A rollout turn gate ``(spec, turns so far, finished turn) -> False | True | None`` (module docstring)."""
-    from envace.judges.rule import RuleJudge, item_rule  # the rule module registers itself on import
-
     judge = RuleJudge(parse_pass_conditions=parse_pass_conditions)
 
     def gate(spec: Any, turns: Sequence[Turn], turn: int) -> bool | None:
