@@ -281,6 +281,3 @@ class Checklist:
                 )
             turns.append(items)
         return cls(turns=tuple(turns))
-
-    def to_raw(self) -> list[list[dict[str, Any]]]:
-        return [[it.to_dict() for it in items] for items in self.turns]
