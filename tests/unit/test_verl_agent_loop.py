@@ -13,9 +13,6 @@ import json
 
 import pytest
 import torch
-
-pytest.importorskip("verl.experimental.agent_loop")
-
 from omegaconf import OmegaConf
 from verl_hf_server import HFServerManager, ScriptedGuide, gold_texts
 
