@@ -47,7 +47,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from envace.core.checklist import json_or_text
+from envace.core.conversation import json_or_text
 from envace.core.prompts import RolePrompts, compact_json, tool_function
 from envace.core.records import ToolCall, Turn
 from envace.core.wire import as_result_object, parse_tool_calls, render_rehearsal

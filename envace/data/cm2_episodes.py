@@ -13,7 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from envace.core.checklist import Checklist, conversation_steps, json_or_text, split_thinking
+from envace.core.checklist import Checklist
+from envace.core.conversation import conversation_steps, json_or_text, split_thinking
 from envace.core.records import EpisodeSpec, GoldStep, ToolCall
 from envace.data.cm2_reasons import Cm2ValidationConfig
 from envace.data.cm2_schema import check_row

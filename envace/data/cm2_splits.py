@@ -10,7 +10,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from envace.core.checklist import conversation_steps
+from envace.core.conversation import conversation_steps
 
 
 def split_of(uuid: str, val_fraction: float, seed: int = 0) -> str:

@@ -5,19 +5,14 @@ Routes: ``POST /v1/chat/completions`` (non-streaming, n=1), ``GET /v1/models``, 
 - **Binding**: 127.0.0.1 only. The socket is bound here (never by uvicorn from a host string, so
   ``localhost`` cannot resolve to another address) and any other ``host`` is refused. A PID file is
   written while the server runs; the process stops cleanly on SIGTERM/SIGINT (exit 0, PID file removed).
-- **Validation**: request bodies are parsed by pydantic models; a bad body is answered HTTP 400 in the
-  OpenAI error envelope, naming each bad field by its path and saying what is expected
-  (``messages.0.role: Field required``). 400 and not FastAPI's usual 422 because the OpenAI API and
-  vLLM answer 400 there, so clients treat our server as they treat theirs. Refused explicitly rather
-  than ignored: ``stream=true``, ``n`` other than 1, ``logprobs``/``top_logprobs``, non-text content
-  parts. Other fields the backend has no use for (``top_p``, ``tool_choice``, ...) are ignored and
-  logged once each.
+- **Validation** (``envace.inference.chat_api``): a bad body is answered HTTP 400 in the OpenAI error
+  envelope, naming each bad field by its path. 400 and not FastAPI's usual 422 because the OpenAI API and
+  vLLM answer 400 there, so clients treat our server as they treat theirs. Fields the backend has no use
+  for (``top_p``, ``tool_choice``, ...) are ignored and logged once each.
 - **Concurrency**: uvicorn accepts any number of connections; health checks and model listings never
-  wait for generation. Chat requests go into one queue drained by a single worker thread, the only
-  thread that calls the backend (local models are not thread-safe). The worker hands the backend every
-  request waiting when it becomes free (up to ``max_batch``) as one ``generate`` call, so concurrent
-  clients share a batch (``LocalHFBackend`` decodes batches together, each row as if alone). When a
-  batch fails, its requests are retried one by one so that one bad request fails alone.
+  wait for generation. Chat requests go to one ``BackendWorker`` thread (``envace.inference.backend_worker``),
+  the only thread that calls the backend; it batches the requests waiting (up to ``max_batch``), so
+  concurrent clients share a batch (``LocalHFBackend`` decodes batches together, each row as if alone).
 - **Tool calls** come back as text in the Hermes wire format inside ``message.content`` (the backend's
   chat template renders ``tools``); there is no server-side tool parser. No log-probs.
 
@@ -61,31 +56,36 @@ import itertools
 import json
 import logging
 import os
-import queue
 import signal
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from envace.inference.base import ChatBackend, ChatOutput, ChatRequest
+from envace.inference.backend_worker import BackendWorker
+from envace.inference.base import ChatBackend
+from envace.inference.chat_api import (
+    ChatCompletionBody,
+    RequestError,
+    completion_body,
+    error_response,
+    parse_chat_body,
+)
+from envace.utils.io import write_text
 
 logger = logging.getLogger(__name__)
 
 ALLOWED_HOSTS = frozenset({"127.0.0.1", "localhost"})
 BIND_ADDRESS = "127.0.0.1"
 MAX_BODY_BYTES = 32 * 1024 * 1024
-DEFAULT_MAX_TOKENS = 256
 MALFORMED_BODY = b'{"id": "chatcmpl-broken", "choices": [{"message": {"content": "cut'
 
 
@@ -96,236 +96,6 @@ class FaultPlan:
     fail_count: int = 0
     fail_status: int = 500
     malformed_count: int = 0
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` so that readers never see a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-class RequestError(ValueError):
-    """A chat request the server cannot serve (answered with HTTP 400)."""
-
-
-# ---- the request schema ---------------------------------------------------------------------------
-
-
-class ChatMessage(BaseModel):
-    """One chat message; extra keys (``tool_calls``, ``tool_call_id``, ``name``) pass through."""
-
-    model_config = ConfigDict(extra="allow")
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | None = None
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _join_text_parts(cls, value: Any) -> Any:
-        if value is None or isinstance(value, str):
-            return value
-        parts_ok = isinstance(value, list) and all(
-            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text", ""), str) for p in value
-        )
-        if not parts_ok:
-            raise ValueError(
-                "must be a string, null or a list of {'type': 'text', 'text': ...} parts "
-                "(image, audio and file parts are not supported)"
-            )
-        return "".join(p.get("text", "") for p in value)
-
-
-class FunctionSpec(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    name: str = Field(min_length=1)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-
-
-class ToolSpec(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: Literal["function"] = "function"
-    function: FunctionSpec
-
-
-class ChatCompletionBody(BaseModel):
-    """The part of the chat.completions request body this server reads; other fields are ignored."""
-
-    model_config = ConfigDict(extra="allow")
-    model: str | None = None  # answered under the served name whatever is asked for, like a one-model vLLM
-    messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[ToolSpec] | None = None
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stream: bool | None = None
-    n: int | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
-
-    @field_validator("stream")
-    @classmethod
-    def _no_streaming(cls, value: bool | None) -> bool | None:
-        if value:
-            raise ValueError("streaming is not supported; send stream=false")
-        return value
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, value: int | None) -> int | None:
-        if value not in (None, 1):
-            raise ValueError("only n=1 is supported; send one request per sample")
-        return value
-
-    @field_validator("logprobs", "top_logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: Any) -> Any:
-        if value:
-            raise ValueError("log-probs are not supported by this server; omit logprobs/top_logprobs")
-        return value
-
-    def to_chat_request(self) -> ChatRequest:
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        return ChatRequest(
-            messages=tuple(m.model_dump() for m in self.messages),
-            tools=tuple(t.model_dump(exclude_unset=True) for t in self.tools) if self.tools else None,
-            temperature=self.temperature or 0.0,
-            max_new_tokens=self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS,
-            seed=self.seed or 0,
-            stop=stop,
-        )
-
-
-def describe_validation_error(exc: ValidationError, limit: int = 5) -> str:
-    """One line naming every bad field by its path (``messages.0.role: Field required``)."""
-    errors = exc.errors(include_url=False)
-    parts = [f"{'.'.join(str(x) for x in e['loc']) or 'body'}: {e['msg']}" for e in errors[:limit]]
-    more = f" (and {len(errors) - limit} more)" if len(errors) > limit else ""
-    return "invalid chat completion request: " + "; ".join(parts) + more
-
-
-def parse_chat_body(body: Any) -> ChatCompletionBody:
-    """The validated body (a dict, or raw JSON bytes); ``RequestError`` naming the bad fields otherwise."""
-    try:
-        if isinstance(body, (bytes, str)):
-            return ChatCompletionBody.model_validate_json(body)
-        return ChatCompletionBody.model_validate(body)
-    except ValidationError as exc:
-        raise RequestError(describe_validation_error(exc)) from None
-
-
-def chat_request_from_body(body: Any) -> ChatRequest:
-    """A ``ChatRequest`` from a chat.completions body (dict or JSON bytes); ``RequestError`` when unusable."""
-    return parse_chat_body(body).to_chat_request()
-
-
-# ---- responses ------------------------------------------------------------------------------------
-
-
-def completion_body(output: ChatOutput, model: str, request_id: int) -> dict[str, Any]:
-    return {
-        "id": f"chatcmpl-{request_id}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": output.text},
-                "finish_reason": output.finish_reason,
-            }
-        ],
-        "usage": {
-            "prompt_tokens": output.prompt_tokens,
-            "completion_tokens": output.completion_tokens,
-            "total_tokens": output.prompt_tokens + output.completion_tokens,
-        },
-    }
-
-
-def error_response(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    """An error in the OpenAI envelope ``{"error": {"message", "type", "code"}}``."""
-    return JSONResponse({"error": {"message": message[:2000], "type": kind, "code": status}}, status_code=status)
-
-
-# ---- the one thread that calls the backend ---------------------------------------------------------
-
-
-class BackendWorker:
-    """Runs ``backend.generate`` from a single thread, batching whatever requests are waiting."""
-
-    def __init__(self, backend: ChatBackend, max_batch: int, batch_sizes: list[int] | None = None) -> None:
-        self.backend = backend
-        self.max_batch = max_batch
-        self.batch_sizes = [] if batch_sizes is None else batch_sizes  # one entry per generate call
-        self._queue: queue.Queue[tuple[ChatRequest, Future] | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="openai-server-backend", daemon=True)
-        self._thread.start()
-
-    @property
-    def pending(self) -> int:
-        return self._queue.qsize()
-
-    def submit(self, request: ChatRequest) -> Future:
-        future: Future = Future()
-        self._queue.put((request, future))
-        return future
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout)
-
-    def _next_batch(self) -> list[tuple[ChatRequest, Future]] | None:
-        """The requests waiting now (blocks for the first; None once stopped). Requests whose caller
-        gave up (cancelled futures) are dropped; the others are marked running, so they cannot be."""
-        batch: list[tuple[ChatRequest, Future]] = []
-        while not batch:
-            item = self._queue.get()
-            if item is None:
-                return None
-            if item[1].set_running_or_notify_cancel():
-                batch.append(item)
-        while len(batch) < self.max_batch:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is None:  # stop after this batch
-                self._queue.put(None)
-                break
-            if item[1].set_running_or_notify_cancel():
-                batch.append(item)
-        return batch
-
-    def _run(self) -> None:
-        while (batch := self._next_batch()) is not None:
-            self._answer(batch)
-        while True:  # fail whatever arrived after the stop
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if item is not None and item[1].set_running_or_notify_cancel():
-                item[1].set_exception(RuntimeError("the server is stopping"))
-
-    def _answer(self, batch: list[tuple[ChatRequest, Future]]) -> None:
-        self.batch_sizes.append(len(batch))
-        try:
-            outputs = self.backend.generate([request for request, _ in batch])
-            if len(outputs) != len(batch):
-                raise RuntimeError(f"backend returned {len(outputs)} outputs for {len(batch)} requests")
-        except Exception as exc:  # noqa: BLE001 - reported to the waiting requests
-            if len(batch) > 1:  # isolate the request that broke the batch
-                for item in batch:
-                    self._answer([item])
-                return
-            batch[0][1].set_exception(exc)
-            return
-        for (_, future), output in zip(batch, outputs):
-            future.set_result(output)
 
 
 # ---- the server -----------------------------------------------------------------------------------
@@ -448,7 +218,7 @@ class ChatCompletionServer:
 
     def write_pid_file(self) -> None:
         if self.pid_file is not None:
-            write_atomic(self.pid_file, f"{os.getpid()}\n")
+            write_text(self.pid_file, f"{os.getpid()}\n")
 
     def _remove_pid(self) -> None:
         if self.pid_file is not None and self.pid_file.exists():
@@ -546,9 +316,8 @@ def build_app(server: ChatCompletionServer) -> FastAPI:
 
 def load_model_backend(model: str) -> ChatBackend:
     """``LocalHFBackend`` for a registered model kind (``tiny``, ``smollm2``) or a local model directory."""
-    from envace.inference.local import (
-        LocalHFBackend,  # torch + transformers: only when serving a model
-    )
+    # lazy: torch + transformers load only when serving a model (--backend-factory servers start without them)
+    from envace.inference.local import LocalHFBackend
     from envace.models import model_spec_from_string
 
     return LocalHFBackend.from_spec(model_spec_from_string(model), name=f"local:{model}")
@@ -613,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def write_ready_file() -> None:
         if args.ready_file:
             info = {"pid": os.getpid(), "port": server.port, "base_url": server.base_url}
-            write_atomic(Path(args.ready_file), json.dumps(info))
+            write_text(Path(args.ready_file), json.dumps(info))
 
     signal.signal(signal.SIGTERM, server.request_stop)
     signal.signal(signal.SIGINT, server.request_stop)

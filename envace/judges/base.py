@@ -2,7 +2,7 @@
 
 A judge reads a conversation (OpenAI-style messages) and a ``Checklist`` and returns one
 ``ItemVerdict`` per (assistant step, item of that step's turn), as ``StepVerdicts``. Turning verdicts
-into a reward is ``envace.core.checklist.score_checklist``; ``evaluate_checklist`` does both. Items
+into a reward is ``envace.core.checklist_reward.score_checklist``; ``evaluate_checklist`` does both. Items
 focused on ``assistant.tool_calls`` / ``tool.content`` at a step with a tool-call error fail without
 asking anybody (``forced_verdict``).
 """
@@ -13,18 +13,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from envace.core.checklist import (
-    Checklist,
-    ChecklistItem,
+from envace.core.checklist import Checklist, ChecklistItem
+from envace.core.checklist_reward import (
     ChecklistScore,
-    ConversationStep,
     ItemVerdict,
     StepVerdicts,
     Verdict,
-    conversation_steps,
     score_checklist,
     step_forces_fail,
 )
+from envace.core.conversation import ConversationStep, conversation_steps
 
 Messages = Sequence[Mapping[str, Any]]
 

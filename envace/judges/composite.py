@@ -11,7 +11,8 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from envace.core.checklist import Checklist, Verdict
+from envace.core.checklist import Checklist
+from envace.core.checklist_reward import Verdict
 from envace.judges.base import (
     LLM_SETTING_NAMES,
     JudgeCounters,

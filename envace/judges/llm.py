@@ -33,14 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from envace.core.checklist import (
-    Checklist,
-    ChecklistItem,
-    ConversationStep,
-    ItemVerdict,
-    Verdict,
-    split_thinking,
-)
+from envace.core.checklist import Checklist, ChecklistItem
+from envace.core.checklist_reward import ItemVerdict, Verdict
+from envace.core.conversation import ConversationStep, split_thinking
 from envace.inference.base import ChatBackend, ChatRequest
 from envace.inference.openai_client import OpenAIChatBackend, RetryPolicy
 from envace.judges.base import (

@@ -8,7 +8,7 @@ grades against the episode's checklists. The result follows the engines' ``Rewar
 engine ignores: the trajectory is excluded from the loss and counted.
 
 A response that is a JSON object with the key ``error_tool_call`` marks a tool-call error (CM2's
-convention, ``envace.core.checklist``); plain ``{"error": ...}`` tool answers are ordinary responses.
+convention, ``envace.core.conversation``); plain ``{"error": ...}`` tool answers are ordinary responses.
 
 ``required_items_gate()`` enforces CM2's ``required_for_next_turn`` *during* a rollout (SPEC §2: the
 episode ends after a turn whose required item did not pass): at the end of user turn t the rule judge
@@ -25,9 +25,11 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from envace.core.checklist import Checklist, continue_after_turn
+from envace.core.checklist import Checklist
+from envace.core.checklist_reward import continue_after_turn
 from envace.core.records import Trajectory, TrajectoryStatus, Turn
 from envace.judges.base import ChecklistJudge, evaluate_checklist
+from envace.judges.rule import RuleJudge, item_rule
 
 
 def trajectory_messages(spec: Any, trajectory: Trajectory) -> list[dict[str, Any]]:
@@ -91,8 +93,6 @@ def checklist_reward_fn(
 
 def required_items_gate(parse_pass_conditions: bool = True) -> Callable[[Any, Sequence[Turn], int], bool | None]:
     """A rollout turn gate ``(spec, turns so far, finished turn) -> False | True | None`` (module docstring)."""
-    from envace.judges.rule import RuleJudge, item_rule  # the rule module registers itself on import
-
     judge = RuleJudge(parse_pass_conditions=parse_pass_conditions)
 
     def gate(spec: Any, turns: Sequence[Turn], turn: int) -> bool | None:

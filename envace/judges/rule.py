@@ -26,18 +26,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from envace.core.checklist import (
-    TOOL_CALL_ERROR_KEY,
-    Checklist,
-    ChecklistItem,
-    ConversationStep,
-    ItemRule,
-    ItemVerdict,
-    RuleKind,
-    Verdict,
-    json_or_text,
-    split_thinking,
-)
+from envace.core.checklist import Checklist, ChecklistItem, ItemRule, RuleKind
+from envace.core.checklist_reward import ItemVerdict, Verdict
+from envace.core.conversation import TOOL_CALL_ERROR_KEY, ConversationStep, json_or_text, split_thinking
 from envace.envs.toolworld.bindings import (
     MISSING,
     bound_or_literal,

@@ -1,6 +1,7 @@
 """Test-time private rehearsal (SPEC §4): attempts, critiques, memory, one committed execution, sweeps.
 
-Pure logic (prompts, critique parser, memory bound, records) lives in ``envace.core.rehearsal``.
+Pure logic lives in ``envace.core``: config and records in ``rehearsal``, prompts in ``rehearsal_prompts``,
+the critique parser in ``critique``, the memory bound in ``rehearsal_memory``.
 """
 
 from envace.rehearsal.committed import REHEARSAL_PURPOSES, evaluate_with_rehearsal, rehearsed_episode

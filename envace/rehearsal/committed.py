@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from envace.core.rehearsal import RehearsalContext, RehearsalScope, memory_message
+from envace.core.rehearsal import RehearsalContext, RehearsalScope
+from envace.core.rehearsal_prompts import memory_message
 from envace.envs.base import Task
 from envace.evaluation.base import BenchmarkAdapter
 from envace.evaluation.episode import TurnHook, TurnView

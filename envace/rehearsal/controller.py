@@ -12,7 +12,7 @@ never receives an environment, an executor or a task with gold data, so it canno
 * A critique that does not parse is recorded on its attempt (error codes, raw text) and rehearsal goes on.
 * The memory is written by the policy (``Summarizer.POLICY``) or built from the critiques
   (``Summarizer.STRUCTURED``; also the fallback when the policy's summary is empty), then bounded by
-  ``core.rehearsal.bound_memory``.
+  ``core.rehearsal_memory.bound_memory``.
 """
 
 from __future__ import annotations
@@ -22,21 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from envace.core.critique import parse_critique
 from envace.core.prompts import DEFAULT_ROLE_PROMPTS, RolePrompts
-from envace.core.rehearsal import (
-    AttemptRecord,
-    RehearsalConfig,
-    RehearsalContext,
-    RehearsalMemory,
-    RehearsalMode,
+from envace.core.rehearsal import AttemptRecord, RehearsalConfig, RehearsalContext, RehearsalMode, Summarizer
+from envace.core.rehearsal_memory import RehearsalMemory, bound_memory, count_approx_tokens
+from envace.core.rehearsal_prompts import (
     RehearsalPrompts,
-    Summarizer,
-    bound_memory,
-    count_approx_tokens,
     critique_messages,
     extract_memory_text,
     history_message,
-    parse_critique,
     structured_memory,
     summary_messages,
 )

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
-pytest.importorskip("prefect")
-
 
 def test_publish_report_creates_markdown_and_table_artifacts_of_the_flow_run(tmp_path):
     from prefect import flow

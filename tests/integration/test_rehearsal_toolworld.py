@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 import torch
 
+from envace.core.critique import Critique, render_critique
 from envace.core.records import ToolCall
-from envace.core.rehearsal import Critique, MemoryBudget, RehearsalConfig, count_approx_tokens, render_critique
+from envace.core.rehearsal import RehearsalConfig
+from envace.core.rehearsal_memory import MemoryBudget, count_approx_tokens
 from envace.core.wire import render_rehearsal, render_tool_calls
 from envace.envs.base import Task
 from envace.envs.toolworld import ToolWorldEnv, ToolWorldExecutor

@@ -18,7 +18,6 @@ from envace.envs.bfcl.oracle import PerturbedOracle
 from envace.envs.bfcl.results import bfcl_evaluate, write_result_files
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("bfcl_eval")
 
 KNOWN_GOLD_QUIRKS = {
     "simple_java_36", "simple_java_64", "simple_java_65", "live_simple_106-63-0", "live_simple_112-68-0",

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.slow
-pytest.importorskip("tau2")
+from envace.envs.tau2 import Tau2Adapter, Tau2Oracle, run_tau2
 
-from envace.envs.tau2 import Tau2Adapter, Tau2Oracle, run_tau2  # noqa: E402 (needs tau2: after importorskip)
+pytestmark = pytest.mark.slow
 
 
 def test_solo_oracle_on_all_telecom_base_tasks() -> None:

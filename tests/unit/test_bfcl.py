@@ -31,8 +31,6 @@ from envace.evaluation import evaluate, get_benchmark
 from envace.evaluation.episode import TurnView
 from envace.inference.base import ChatOutput, ChatRequest
 
-pytest.importorskip("bfcl_eval")
-
 OFFLINE = resolve_categories("offline")
 
 

@@ -14,18 +14,18 @@ from envace.core.checklist import (
     ChecklistFormatError,
     ChecklistItem,
     ChecklistWeightError,
-    ItemOutcome,
     ItemRule,
-    ItemVerdict,
     RuleKind,
+)
+from envace.core.checklist_reward import (
+    ItemOutcome,
+    ItemVerdict,
     StepVerdicts,
     Verdict,
     continue_after_turn,
-    conversation_steps,
-    is_tool_call_error,
     score_checklist,
-    split_thinking,
 )
+from envace.core.conversation import conversation_steps, is_tool_call_error, split_thinking
 from envace.core.records import TrajectoryStatus
 
 SAMPLE = (

@@ -10,8 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from envace.core.checklist import Checklist, ItemRule, RuleKind, Verdict, conversation_steps
+from envace.core.checklist import Checklist, ItemRule, RuleKind
+from envace.core.checklist_reward import Verdict
+from envace.core.conversation import conversation_steps
 from envace.core.records import TrajectoryStatus
+from envace.data.cm2 import cm2_row_to_episode_spec, validate_rows
+from envace.envs.toolworld import generate_tasks, to_cm2_row
+from envace.envs.toolworld.checklist import TurnTranscript, checklist_score
 from envace.inference.base import ChatOutput, ChatRequest
 from envace.inference.openai_client import EndpointError
 from envace.judges import evaluate_checklist, get_judge, judge_names
@@ -508,12 +513,8 @@ def test_bound_arguments_and_required_success(created: dict, deleted: str, rewar
 
 
 def test_rule_judge_agrees_with_tool_world_checker() -> None:
-    toolworld = pytest.importorskip("envace.envs.toolworld")
-    from envace.data.cm2 import cm2_row_to_episode_spec, validate_rows
-    from envace.envs.toolworld.checklist import TurnTranscript, checklist_score
-
-    tasks = toolworld.generate_tasks(n_train=30, n_val=5, n_test=5)["train"]
-    rows = [toolworld.to_cm2_row(t, include_state=True) for t in tasks]
+    tasks = generate_tasks(n_train=30, n_val=5, n_test=5)["train"]
+    rows = [to_cm2_row(t, include_state=True) for t in tasks]
     accepted, rejects = validate_rows(rows)
     assert rejects == [] and len(accepted) == len(rows)
     for task, row in zip(tasks, rows, strict=True):

@@ -9,8 +9,6 @@ import torch
 
 from envace.engines.losses import LossOutput, compute_policy_loss
 
-pytest.importorskip("verl.trainer.ppo.core_algos")
-
 
 @pytest.fixture(autouse=True)
 def _one_thread() -> None:

@@ -28,13 +28,9 @@ import requests
 from envace.core.checklist import Checklist
 from envace.core.records import TrajectoryStatus
 from envace.inference.base import ChatOutput, ChatRequest
+from envace.inference.chat_api import chat_request_from_body
 from envace.inference.openai_client import EndpointError, OpenAIChatBackend
-from envace.inference.openai_server import (
-    ChatCompletionServer,
-    FaultPlan,
-    chat_request_from_body,
-    main,
-)
+from envace.inference.openai_server import ChatCompletionServer, FaultPlan, main
 from envace.judges import evaluate_checklist, get_judge
 
 REPO = Path(__file__).resolve().parents[2]

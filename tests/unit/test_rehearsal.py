@@ -1,4 +1,4 @@
-"""Pure rehearsal logic (envace.core.rehearsal): critique parser, prompts, transcripts, memory bound."""
+"""Pure rehearsal logic (envace.core.rehearsal*, core.critique): critique parser, prompts, transcripts, memory."""
 
 from __future__ import annotations
 
@@ -8,30 +8,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from envace.core.critique import Critique, CritiqueErrorCode, CritiqueParse, parse_critique, render_critique
 from envace.core.records import Termination, ToolCall, Turn
-from envace.core.rehearsal import (
-    AttemptRecord,
-    Critique,
-    CritiqueErrorCode,
-    CritiqueParse,
-    MemoryBudget,
-    RehearsalConfig,
-    RehearsalContext,
-    RehearsalMode,
+from envace.core.rehearsal import AttemptRecord, RehearsalConfig, RehearsalContext, RehearsalMode
+from envace.core.rehearsal_memory import MemoryBudget, bound_memory, count_approx_tokens
+from envace.core.rehearsal_prompts import (
     RehearsalPrompts,
-    bound_memory,
-    count_approx_tokens,
     critique_messages,
-    derive_seed,
     extract_memory_text,
     history_message,
     memory_message,
-    parse_critique,
     render_attempt_transcript,
-    render_critique,
     structured_memory,
     summary_messages,
 )
+from envace.core.seeds import derive_seed
 
 CONTEXT = RehearsalContext(
     task_id="t1",

@@ -15,16 +15,11 @@ from typing import Any
 
 import pytest
 
+from envace.core.critique import Critique, CritiqueErrorCode, render_critique
 from envace.core.records import ToolCall
-from envace.core.rehearsal import (
-    Critique,
-    CritiqueErrorCode,
-    MemoryBudget,
-    RehearsalConfig,
-    RehearsalPrompts,
-    count_approx_tokens,
-    render_critique,
-)
+from envace.core.rehearsal import RehearsalConfig
+from envace.core.rehearsal_memory import MemoryBudget, count_approx_tokens
+from envace.core.rehearsal_prompts import RehearsalPrompts
 from envace.core.wire import render_rehearsal, render_tool_calls
 from envace.envs.base import EpisodeResult, Task
 from envace.evaluation import ACTOR, REHEARSER, EnvironmentAdapter, OracleBackend, evaluate

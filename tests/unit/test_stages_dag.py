@@ -52,7 +52,6 @@ def test_evaluate_runs_once_per_benchmark():
 
 
 def test_every_dvc_stage_has_a_prefect_task():
-    pytest.importorskip("prefect")
     from tasks.stages import STAGE_TASKS
 
     assert set(STAGE_TASKS) == set(DVC)
@@ -68,7 +67,6 @@ def test_every_dvc_stage_has_a_prefect_task():
 
 
 def test_the_flow_is_named_envace_and_served_as_full_pipeline():
-    pytest.importorskip("prefect")
     import inspect
 
     from flows.pipeline import envace_flow

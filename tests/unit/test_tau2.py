@@ -11,14 +11,11 @@ from typing import Any
 import pytest
 
 from envace.core.records import Termination, ToolCall
+from envace.envs.tau2 import Tau2Adapter, Tau2Oracle, run_tau2, with_trials
+from envace.envs.tau2.adapter import pass_hat_ks
 from envace.evaluation import evaluate, get_benchmark
 from envace.evaluation.records import EpisodeRecord
 from envace.inference.base import ChatOutput, ChatRequest
-
-pytest.importorskip("tau2")
-
-from envace.envs.tau2 import Tau2Adapter, Tau2Oracle, run_tau2, with_trials
-from envace.envs.tau2.adapter import pass_hat_ks
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from envace.core.checklist import Checklist
+from envace.data.cm2 import check_row
 from envace.envs.base import Task
 from envace.envs.toolworld import (
     DOMAINS,
@@ -190,13 +192,11 @@ def test_checklist_evidence_points_at_the_gold_messages(splits: dict[str, list[T
 
 
 def test_rows_pass_the_data_stage_validator_and_checklist_parser() -> None:
-    """Contract with envace.data.cm2 / envace.core.checklist (skipped where those are absent)."""
-    data_cm2 = pytest.importorskip("envace.data.cm2")
-    core_checklist = pytest.importorskip("envace.core.checklist")
+    """Contract with envace.data.cm2 / envace.core.checklist."""
     for task in (t for ts in generate_tasks(n_train=40, n_val=10, n_test=20).values() for t in ts):
         row = to_cm2_row(task, include_state=True)
-        data_cm2.check_row(row)
-        core_checklist.Checklist.from_raw(row["checklists"][0])
+        check_row(row)
+        Checklist.from_raw(row["checklists"][0])
 
 
 @pytest.mark.skipif(not SAMPLE.exists(), reason="shared CM2 sample not present")

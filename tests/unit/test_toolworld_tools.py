@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import json
 
+import jsonschema
 import pytest
 
 from envace.core.records import ToolCall
@@ -164,7 +165,6 @@ def test_world_size_and_schema_shape() -> None:
 
 
 def test_schemas_are_valid_json_schema_and_validator_agrees_with_jsonschema() -> None:
-    jsonschema = pytest.importorskip("jsonschema")
     cases = [(name, args) for name, args, _ in SUCCESSES + DOMAIN_ERRORS]
     cases += [(name, {**args, "extra": 1}) for name, args, _ in SUCCESSES]
     cases += [(name, {k: [v] for k, v in args.items()}) for name, args, _ in SUCCESSES]

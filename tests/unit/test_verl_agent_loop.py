@@ -13,17 +13,14 @@ import json
 
 import pytest
 import torch
-
-pytest.importorskip("verl.experimental.agent_loop")
-
 from omegaconf import OmegaConf
+from verl_hf_server import HFServerManager, ScriptedGuide, gold_texts
 
 from envace.config import compose
 from envace.core.records import NO_ROLE, Role
 from envace.engines.verl import sources
 from envace.engines.verl.config_builder import build_overrides, compose_verl_config, loop_settings
 from envace.engines.verl.episodes import dataset_record, spec_from_row
-from envace.engines.verl.hf_server import HFServerManager, ScriptedGuide, gold_texts
 from envace.engines.verl.rows import EXCLUDE_KEY, INFO_KEY, NUM_OUTPUTS_KEY, ROLE_IDS_KEY, ROLE_KEY, TRAJECTORY_KEY
 
 BUDGETS = ["rollout.max_act_tokens=160", "rollout.max_rehearse_tokens=160", "rollout.max_stream_tokens=4096",

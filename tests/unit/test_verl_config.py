@@ -28,8 +28,6 @@ from envace.engines.verl.launcher import (
 )
 from envace.engines.verl.settings import LoopSettings
 
-pytest.importorskip("verl")
-
 
 def plain_cfg(*overrides: str) -> dict:
     return OmegaConf.to_container(compose(list(overrides)), resolve=True)

@@ -7,8 +7,7 @@ import sys
 from importlib.metadata import entry_points
 
 import pytest
-
-verl = pytest.importorskip("verl")
+import verl  # noqa: F401  (loads the verl.plugins entry points, as every verl process does)
 
 SCRIPT_FRESH_PROCESS = """
 import sys

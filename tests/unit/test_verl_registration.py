@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from verl.trainer.ppo import core_algos
 
 from envace.core.advantages import (
     compute_grpo_advantages,
@@ -14,8 +15,6 @@ from envace.core.advantages import (
 )
 from envace.core.records import NO_ROLE
 from envace.engines.verl.advantages import register_with_verl, verl_grpo_advantage, verl_rolewise_advantage
-
-core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
 
 
 @pytest.fixture(autouse=True)

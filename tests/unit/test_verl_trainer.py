@@ -13,9 +13,6 @@ from typing import Any
 
 import pytest
 import torch
-
-pytest.importorskip("verl.trainer.ppo.v1")
-
 from omegaconf import OmegaConf
 from test_verl_agent_loop import build_world, gold_texts, play
 

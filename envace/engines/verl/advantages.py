@@ -198,6 +198,7 @@ def register_with_verl() -> dict[str, Callable[..., tuple[torch.Tensor, torch.Te
     ValueError if another function already holds one of the names. Imports verl (≈ 6–10 s cold, and
     verl's package import loads ray). Returns {name: function}.
     """
+    # lazy: importing verl loads ray (seconds); the estimators themselves need only torch
     from verl.trainer.ppo import core_algos
 
     estimators = {VERL_ROLEWISE_NAME: verl_rolewise_advantage, VERL_GRPO_NAME: verl_grpo_advantage}

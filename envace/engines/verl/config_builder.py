@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import importlib.util
 import logging
 import math
 import os
@@ -49,6 +50,10 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
 
 from envace.core.records import Role
 from envace.engines.base import get_variant
@@ -82,8 +87,6 @@ def plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return plain(dataclasses.asdict(value))
     if type(value).__module__.startswith("omegaconf"):
-        from omegaconf import OmegaConf
-
         return plain(OmegaConf.to_container(value, resolve=True))
     if isinstance(value, enum.Enum):
         return value.value
@@ -305,8 +308,6 @@ def build_overrides(cfg: Mapping[str, Any], *, train_files: Sequence[str], val_f
 
 def verl_config_dir() -> Path:
     """verl's packaged Hydra config directory (found without importing verl)."""
-    import importlib.util
-
     spec = importlib.util.find_spec("verl")
     if spec is None or not spec.submodule_search_locations:
         raise VerlConfigError("verl is not installed; pip install -e '.[verl]' (CPU) or '.[gpu]' (GPU machines)")
@@ -315,9 +316,6 @@ def verl_config_dir() -> Path:
 
 def compose_verl_config(overrides: Sequence[str], config_name: str = "ppo_trainer") -> Any:
     """verl's config composed with ``overrides`` as ``main_ppo`` composes it (raises on struct errors)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     GlobalHydra.instance().clear()
     with initialize_config_dir(str(verl_config_dir()), version_base=None):
         return compose(config_name=config_name, overrides=list(overrides))

@@ -26,6 +26,7 @@ from typing import Any
 
 from envace.engines.base import Engine, EpisodeSpec, StepCallback, TrainResult, register_engine
 from envace.engines.verl.config_builder import checkpoint_dir
+from envace.engines.verl.launcher import launch_verl_training
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +85,6 @@ class VerlEngine(Engine):
 
     def train(self, config: VerlEngineConfig, data: Sequence[EpisodeSpec],
               callbacks: Sequence[StepCallback] = ()) -> TrainResult:
-        from envace.engines.verl.launcher import launch_verl_training
-
         out = Path(config.output_dir).resolve()
         code = launch_verl_training(config.cfg, dry_run=config.dry_run, output_dir=out,
                                     uuids=[spec.task_id for spec in data], tracking_uri=config.tracking_uri,

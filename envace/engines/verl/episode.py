@@ -47,6 +47,7 @@ from envace.core.rehearse_context import (
 from envace.core.wire import parse_rehearsal, parse_tool_calls
 from envace.engines.base import EpisodeSpec
 from envace.engines.verl.settings import LoopSettings
+from envace.inference.base import ChatRequest
 
 logger = logging.getLogger(__name__)
 
@@ -309,8 +310,6 @@ class EpisodeRunner:
 
     async def simulate(self, call: ToolCall) -> Any:
         """A frozen simulator's answer for ``call`` (same REHEARSE prompt, through a chat endpoint)."""
-        from envace.inference.base import ChatRequest
-
         if self.simulator is None:
             raise ValueError("responses='simulator' but no simulator backend was given to EpisodeRunner")
         messages = rehearse_context(self.prompts, self.spec.tools, self.history, call,

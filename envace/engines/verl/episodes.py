@@ -24,9 +24,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
+from envace.core.prompts import DEFAULT_ROLE_PROMPTS, act_messages
 from envace.core.records import ToolCall
-from envace.engines.base import EpisodeSpec, GoldStep
+from envace.engines.base import EpisodeSpec, GoldStep, episode_spec_from_task, to_episode_spec
 from envace.engines.verl.settings import AGENT_LOOP_NAME
+from envace.envs.toolworld import ToolWorldExecutor, task_from_cm2_row
 
 logger = logging.getLogger(__name__)
 
@@ -82,16 +86,11 @@ def spec_from_json(data: Mapping[str, Any] | str) -> EpisodeSpec:
 
 # ---- prepared rows -> specs (same rules as the train stage) -------------------------------------
 def _toolworld_spec(row: Mapping[str, Any]) -> EpisodeSpec:
-    from envace.engines.base import episode_spec_from_task
-    from envace.envs.toolworld import ToolWorldExecutor, task_from_cm2_row
-
     task = task_from_cm2_row(dict(row))
     return episode_spec_from_task(task, ToolWorldExecutor(task))
 
 
 def _cm2_spec(row: Mapping[str, Any]) -> EpisodeSpec:
-    from envace.engines.base import to_episode_spec
-
     return to_episode_spec(dict(row))
 
 
@@ -110,8 +109,6 @@ def spec_from_row(row: Mapping[str, Any], source: str) -> EpisodeSpec:
 def dataset_record(spec: EpisodeSpec, index: int, split: str, source: str,
                    row: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One verl dataset row for ``spec`` (see the module docstring for the columns)."""
-    from envace.core.prompts import DEFAULT_ROLE_PROMPTS, act_messages
-
     return {
         "data_source": f"envace/{source}",
         "prompt": act_messages(DEFAULT_ROLE_PROMPTS, spec.system_prompt, spec.user_turns[0]),
@@ -124,8 +121,6 @@ def dataset_record(spec: EpisodeSpec, index: int, split: str, source: str,
 
 def write_dataset(path: Path | str, records: Sequence[Mapping[str, Any]]) -> Path:
     """Write dataset records as parquet (atomically: a temp file renamed into place)."""
-    import pandas as pd
-
     if not records:
         raise ValueError(f"write_dataset: no records for {path}; the split is empty")
     path = Path(path)
@@ -143,8 +138,6 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def act_prompt_uuids(parquet: Path) -> list[str]:
     """uuids of the ACT records in a ``template_prompts`` parquet, in file order (one per kept row)."""
-    import pandas as pd
-
     frame = pd.read_parquet(parquet, columns=["extra_info"])
     uuids: list[str] = []
     for info in frame["extra_info"]:

@@ -22,6 +22,7 @@ with ``train.resume`` a re-run of the same output directory continues from the l
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -34,6 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+from omegaconf import OmegaConf
+
 from envace.engines.verl.config_builder import (
     VerlConfigError,
     build_overrides,
@@ -42,6 +46,8 @@ from envace.engines.verl.config_builder import (
     plain,
 )
 from envace.engines.verl.episodes import act_prompt_uuids, read_jsonl, split_records, write_dataset
+from envace.models import ModelSpec
+from envace.models.smollm2 import ensure_smollm2_cache, model_cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -76,9 +82,6 @@ def _path_model(model: Mapping[str, Any]) -> str:
 
 
 def _smollm2_model(model: Mapping[str, Any]) -> str:
-    from envace.models import ModelSpec
-    from envace.models.smollm2 import ensure_smollm2_cache, model_cache_root
-
     return str(ensure_smollm2_cache(model_cache_root(ModelSpec(kind="smollm2"))))
 
 
@@ -138,8 +141,6 @@ def prepare_verl_data(cfg: Mapping[str, Any], output_dir: Path | str, *, uuids: 
 
 
 def _check_batch(cfg: Mapping[str, Any], train_file: Path) -> None:
-    import pandas as pd
-
     n_rows = len(pd.read_parquet(train_file, columns=["agent_name"]))
     batch = int(plain(cfg["rollout"])["prompts_per_step"])
     if n_rows < batch:
@@ -160,6 +161,7 @@ def absolute_tracking_uri(uri: str) -> str:
 
 def create_child_run(tracking_uri: str, parent_run_id: str, name: str = "verl") -> str:
     """A run nested under ``parent_run_id`` (same experiment) for verl to attach to; returns its id."""
+    # lazy: mlflow takes seconds to import and is needed only with a parent run
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
@@ -191,6 +193,7 @@ def finish_child_run(env: Mapping[str, str], returncode: int) -> None:
     """Mark the child run FAILED when verl failed (verl ends it FINISHED itself on success)."""
     if "MLFLOW_RUN_ID" not in env or returncode == 0:
         return
+    # lazy: mlflow takes seconds to import and is needed only when verl failed under a child run
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
@@ -291,10 +294,6 @@ def write_multinode_scripts(plan: LaunchPlan, head: str, n_gpus_per_node: int) -
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: ``python -m envace.engines.verl.launcher --params params.yaml [--dry-run | --multinode HEAD_IP]
     [verl overrides…]`` (see docs/GPU.md)."""
-    import argparse
-
-    from omegaconf import OmegaConf
-
     parser = argparse.ArgumentParser(description="Train with verl from a composed envace params.yaml")
     parser.add_argument("--params", default="params.yaml", help="composed envace config (make params)")
     parser.add_argument("--output-dir", default=None, help="run directory (data, checkpoints, metrics)")

@@ -20,6 +20,8 @@ from __future__ import annotations
 import importlib
 import logging
 
+from envace.engines.verl.advantages import register_with_verl
+
 logger = logging.getLogger(__name__)
 
 _MODULES = {
@@ -34,8 +36,6 @@ def register_all() -> dict[str, str]:
     Raises the first registration error after logging it (so verl's swallowed-plugin path still leaves
     an ERROR line in the worker log).
     """
-    from envace.engines.verl.advantages import register_with_verl
-
     done: dict[str, str] = {}
     try:
         done.update({f"estimator '{name}'": "ok" for name in register_with_verl()})

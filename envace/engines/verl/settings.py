@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from envace.core.records import Role
+from envace.engines.base import get_variant
 
 AGENT_LOOP_NAME = "envace_act_rehearse"
 TRAINER_MODE = "envace"
@@ -63,8 +64,6 @@ class LoopSettings:
     simulator: EndpointSettings = field(default_factory=EndpointSettings)
 
     def __post_init__(self) -> None:
-        from envace.engines.base import get_variant
-
         variant = get_variant(self.variant)  # unknown names raise listing the valid ones
         if self.responses not in RESPONSE_SOURCES:
             raise ValueError(f"envace.responses={self.responses!r}; valid: {list(RESPONSE_SOURCES)}")
@@ -82,8 +81,6 @@ class LoopSettings:
 
     @property
     def trainable_roles(self) -> frozenset[Role]:
-        from envace.engines.base import get_variant
-
         return get_variant(self.variant).trainable_roles
 
     def temperature(self, role: Role) -> float:

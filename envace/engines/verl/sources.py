@@ -22,8 +22,11 @@ from dataclasses import asdict
 from typing import Any
 
 from envace.core.records import Trajectory, TrajectoryStatus
-from envace.engines.base import EpisodeSpec, RewardOutcome
+from envace.engines.base import EpisodeSpec, RewardOutcome, toolworld_verifiable_reward
 from envace.engines.verl.settings import EndpointSettings, LoopSettings
+from envace.envs.toolworld import ToolWorldExecutor, task_from_cm2_row
+from envace.inference.openai_client import OpenAIChatBackend
+from envace.judges import checklist_reward_fn, get_judge
 from envace.judges.budget import JudgeFailureBudgetExceeded
 
 logger = logging.getLogger(__name__)
@@ -42,14 +45,10 @@ def cached(key: tuple, build: Callable[[], Any]) -> Any:
 
 # ---- rewards --------------------------------------------------------------------------------------
 def _verifiable(settings: LoopSettings) -> Callable[..., Any]:
-    from envace.engines.base import toolworld_verifiable_reward
-
     return toolworld_verifiable_reward
 
 
 def _judge(settings: LoopSettings) -> Callable[..., Any]:
-    from envace.judges import checklist_reward_fn, get_judge
-
     judge = settings.judge
     return checklist_reward_fn(get_judge(settings.reward, base_url=judge.base_url, model=judge.model,
                                          api_key_env=judge.api_key_env, max_retries=judge.max_retries,
@@ -88,8 +87,6 @@ def score_trajectory(reward_fn: Callable[..., Any], spec: EpisodeSpec, trajector
 
 # ---- executors --------------------------------------------------------------------------------------
 def _toolworld_executor(row: Mapping[str, Any]) -> Any:
-    from envace.envs.toolworld import ToolWorldExecutor, task_from_cm2_row
-
     return ToolWorldExecutor(task_from_cm2_row(dict(row)))
 
 
@@ -118,8 +115,6 @@ def simulator_backend(endpoint: EndpointSettings) -> Any:
                          "(an OpenAI-compatible endpoint serving the frozen simulator)")
 
     def build() -> Any:
-        from envace.inference.openai_client import OpenAIChatBackend
-
         return OpenAIChatBackend(endpoint.base_url, endpoint.model, api_key_env=endpoint.api_key_env,
                                  timeout=endpoint.timeout_s, max_retries=endpoint.max_retries)
 

@@ -55,8 +55,9 @@ from envace.envs.bfcl.episode import (
     single_turn_program,
 )
 from envace.envs.bfcl.executor import BfclExecutor, memory_initial_config
+from envace.envs.bfcl.oracle import BfclOracle
 from envace.envs.bfcl.results import result_entry
-from envace.envs.bfcl.scoring import check_entry
+from envace.envs.bfcl.scoring import bfcl_summary, check_entry
 from envace.envs.bfcl.upstream import bfcl
 from envace.evaluation.base import BenchmarkAdapter, sample_tasks
 from envace.evaluation.episode import TurnHook
@@ -278,13 +279,9 @@ class BfclAdapter(BenchmarkAdapter):
         return 1.0 if check_entry(entry_of(task), outputs).valid else 0.0
 
     def oracle(self, tasks: Sequence[Task]) -> Any:
-        from envace.envs.bfcl.oracle import BfclOracle
-
         return BfclOracle(tasks)
 
     def summarize(self, subset: str, records: Sequence[EpisodeRecord]) -> dict[str, Any]:
-        from envace.envs.bfcl.scoring import bfcl_summary
-
         records = list(records)
         return {"categories": category_table(subset, records), "aggregates": bfcl_summary(category_counts(records))}
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envace.core.records import Termination, ToolCall, Turn
-from envace.core.rehearsal import derive_seed
 from envace.core.rehearse_context import events_from_messages
+from envace.core.seeds import derive_seed
 from envace.envs.bfcl.convert import decode_response, encode_response, openai_tools
 from envace.envs.bfcl.scoring import parse_output
 from envace.envs.bfcl.upstream import bfcl

@@ -57,12 +57,14 @@ def _import_checkers() -> dict[str, Any]:
     if _MODEL_CONFIG in sys.modules:
         real = sys.modules[_MODEL_CONFIG]
         if CHECKER_MODEL not in real.MODEL_CONFIG_MAPPING:
+            # lazy: bfcl-eval loads on first use (see the module docstring)
             from bfcl_eval.model_handler.local_inference.qwen_fc import QwenFCHandler
 
             real.MODEL_CONFIG_MAPPING[CHECKER_MODEL] = real.ModelConfig(
                 model_name=CHECKER_MODEL, display_name="envace (FC, Hermes tool calls)", url="", org="envace",
                 license="Apache-2.0", model_handler=QwenFCHandler, is_fc_model=True, underscore_to_dot=False)
         return {k: importlib.import_module(v) for k, v in names.items()}
+    # lazy: bfcl-eval loads on first use (see the module docstring)
     from bfcl_eval import constants
 
     stand_in = types.ModuleType(_MODEL_CONFIG)
@@ -83,6 +85,7 @@ def bfcl() -> SimpleNamespace:
     project_root()
     try:
         checkers = _import_checkers()
+        # lazy: bfcl-eval loads on first use (see the module docstring)
         from bfcl_eval import utils
         from bfcl_eval.constants import (
             default_prompts,

@@ -34,14 +34,16 @@ from typing import Any
 from envace.core.records import Termination
 from envace.core.rehearse_context import events_from_messages
 from envace.envs.base import Task
-from envace.envs.finmcp.data import FinMCPSample, infer_tool_schemas, load_samples, load_tool_schemas
+from envace.envs.finmcp.data import FinMCPSample, load_samples
 from envace.envs.finmcp.replay import ReplayConfig, ReplayExecutor, ReplayResponder, UnrecordedMode
 from envace.envs.finmcp.scoring import ToolCallScore, grouped_metrics, score_tool_names
+from envace.envs.finmcp.tools import infer_tool_schemas, load_tool_schemas
 from envace.evaluation.base import BenchmarkAdapter, sample_tasks
 from envace.evaluation.episode import ActLoopConfig, Dialogue, LoopResult, TurnHook, run_act_loop
 from envace.evaluation.programs import GenerationLedger, Program
 from envace.evaluation.records import EpisodeRecord
 from envace.inference.base import ChatBackend
+from envace.inference.openai_client import OpenAIChatBackend
 
 TASK_TYPES = ("single_step", "multi_step", "multi_turn")
 HISTORY_MODES = ("gold", "own")
@@ -51,8 +53,6 @@ TOOL_SCOPES = ("all", "sample")
 def _backend(spec: ChatBackend | Mapping[str, Any] | None) -> ChatBackend | None:
     if spec is None or hasattr(spec, "generate"):
         return spec  # type: ignore[return-value]
-    from envace.inference.openai_client import OpenAIChatBackend
-
     return OpenAIChatBackend(**dict(spec))
 
 

@@ -35,8 +35,8 @@ from typing import Any
 
 from envace.core.prompts import DEFAULT_ROLE_PROMPTS, RolePrompts, compact_json, tool_function
 from envace.core.records import ToolCall
-from envace.core.rehearsal import derive_seed
 from envace.core.rehearse_context import Answered, Event, rehearse_context
+from envace.core.seeds import derive_seed
 from envace.core.wire import as_result_object, parse_rehearsal
 from envace.envs.finmcp.data import RecordedCall
 from envace.evaluation.episode import ResponseBatch

@@ -14,40 +14,16 @@ Importing this package registers ``"tau2"`` with the benchmark registry (tau2 is
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-from envace.envs.tau2.config import (
-    DOMAINS,
-    Tau2Config,
-    Tau2Mode,
-    Tau2NotRunnable,
-    parse_subset,
-)
+from envace.envs.tau2.adapter import Tau2Adapter
+from envace.envs.tau2.config import DOMAINS, Tau2Config, Tau2Mode, Tau2NotRunnable, parse_subset
+from envace.envs.tau2.executor import Tau2Executor
+from envace.envs.tau2.oracle import Tau2Oracle
+from envace.envs.tau2.runner import Tau2Report, run_tau2
+from envace.evaluation.base import with_trials
 from envace.evaluation.registry import benchmark_names, register_benchmark
 
-_LAZY = {
-    "Tau2Adapter": "envace.envs.tau2.adapter",
-    "Tau2Oracle": "envace.envs.tau2.oracle",
-    "Tau2Executor": "envace.envs.tau2.executor",
-    "Tau2Report": "envace.envs.tau2.runner",
-    "run_tau2": "envace.envs.tau2.runner",
-    "with_trials": "envace.evaluation.base",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'envace.envs.tau2' has no attribute {name!r}")
-
-
-def _adapter(**kwargs: Any) -> Any:
-    return importlib.import_module("envace.envs.tau2.adapter").Tau2Adapter(**kwargs)
-
-
 if "tau2" not in benchmark_names():
-    register_benchmark("tau2", _adapter)
+    register_benchmark("tau2", Tau2Adapter)
 
 __all__ = [
     "DOMAINS", "Tau2Adapter", "Tau2Config", "Tau2Executor", "Tau2Mode", "Tau2NotRunnable", "Tau2Oracle", "Tau2Report",

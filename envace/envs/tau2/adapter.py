@@ -16,11 +16,16 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from types import ModuleType
 from typing import Any
 
-from envace.core.rehearsal import derive_seed
+import envace.envs.tau2.episode as ep
+from envace.core.seeds import derive_seed
 from envace.envs.base import Executor, Task
 from envace.envs.tau2.config import Tau2Config, Tau2Mode, Tau2NotRunnable, parse_subset
+from envace.envs.tau2.executor import EnvironmentProxy, Tau2Executor
+from envace.envs.tau2.oracle import Tau2Oracle
+from envace.envs.tau2.upstream import tau2
 from envace.evaluation.base import BenchmarkAdapter, sample_tasks
 from envace.evaluation.episode import TurnHook
 from envace.evaluation.programs import GenerationLedger, Program
@@ -29,6 +34,15 @@ from envace.evaluation.records import EpisodeRecord
 logger = logging.getLogger(__name__)
 
 ExecutorWrapper = Callable[[Executor], Executor]
+
+
+def _tau2_bridge() -> tuple[ModuleType, ModuleType]:
+    """``envace.envs.tau2.agent`` and ``envace.envs.tau2.data``, imported on first use."""
+    # lazy: both subclass tau2's classes at import time, which loads tau2 and litellm (seconds)
+    import envace.envs.tau2.agent as agent
+    import envace.envs.tau2.data as data
+
+    return agent, data
 
 
 def tau2_task_of(task: Task) -> Any:
@@ -42,8 +56,6 @@ def tau2_task_of(task: Task) -> Any:
 
 def pass_hat_ks(records: Sequence[EpisodeRecord], trials: int) -> dict[str, float]:
     """``{"pass^k": value}`` for k = 1..trials over the tasks of ``records``."""
-    from envace.envs.tau2.upstream import tau2
-
     successes: dict[str, list[bool]] = {}
     for r in records:
         successes.setdefault(r.task_id, []).append(bool(r.success))
@@ -90,8 +102,7 @@ class Tau2Adapter(BenchmarkAdapter):
         self.skipped: dict[str, str] = {}
 
     def tasks(self, subset: str = "test", limit: int | None = None, seed: int = 0) -> list[Task]:
-        from envace.envs.tau2.data import load_tau2_tasks, solo_valid, to_task
-
+        _, data = _tau2_bridge()
         out: list[Task] = []
         for domain, split in parse_subset(subset):
             reason = self.config.unavailable(domain)
@@ -99,18 +110,16 @@ class Tau2Adapter(BenchmarkAdapter):
                 self.skipped[f"{domain}:{split}"] = reason
                 logger.warning("τ² %s:%s skipped: %s", domain, split, reason)
                 continue
-            inner = [t for t in load_tau2_tasks(domain, split)
-                     if self.config.mode is not Tau2Mode.SOLO or solo_valid(t)]
+            inner = [t for t in data.load_tau2_tasks(domain, split)
+                     if self.config.mode is not Tau2Mode.SOLO or data.solo_valid(t)]
             chosen = sample_tasks([_Stub(f"{domain}:{t.id}", t) for t in inner], limit, seed)
-            out.extend(to_task(s.inner, domain, split, self.config.mode) for s in chosen)
+            out.extend(data.to_task(s.inner, domain, split, self.config.mode) for s in chosen)
         return out
 
     def real_executor(self, task: Task) -> Executor:
-        from envace.envs.tau2.data import make_environment
-        from envace.envs.tau2.executor import Tau2Executor
-
+        _, data = _tau2_bridge()
         inner = tau2_task_of(task)
-        environment = make_environment(task.domain, Tau2Mode(task.meta["tau2_mode"]) is Tau2Mode.SOLO)
+        environment = data.make_environment(task.domain, Tau2Mode(task.meta["tau2_mode"]) is Tau2Mode.SOLO)
         state = inner.initial_state
         environment.set_state(
             initialization_data=state.initialization_data if state else None,
@@ -123,12 +132,7 @@ class Tau2Adapter(BenchmarkAdapter):
     def episode_program(
         self, task: Task, *, ledger: GenerationLedger | None = None, turn_hook: TurnHook | None = None
     ) -> Program[EpisodeRecord]:
-        import envace.envs.tau2.episode as ep
-        from envace.envs.tau2.agent import make_user
-        from envace.envs.tau2.data import make_agent, make_environment, user_tools
-        from envace.envs.tau2.executor import EnvironmentProxy, Tau2Executor
-        from envace.envs.tau2.upstream import tau2
-
+        agent_module, data = _tau2_bridge()
         start = time.perf_counter()
         ledger = ledger if ledger is not None else GenerationLedger()
         mode = Tau2Mode(task.meta["tau2_mode"])
@@ -137,12 +141,12 @@ class Tau2Adapter(BenchmarkAdapter):
         if reason:
             raise Tau2NotRunnable(reason)
         inner, solo, trial = tau2_task_of(task), mode is Tau2Mode.SOLO, int(task.meta.get("trial", 0))
-        environment = make_environment(task.domain, solo)
+        environment = data.make_environment(task.domain, solo)
         raw = Tau2Executor(environment)
         executor = self.executor_wrapper(raw) if self.executor_wrapper else raw
         ledger.count_real_execution()
-        agent = make_agent(task.domain, mode, inner)
-        user = make_user(config, inner, user_tools(environment))
+        agent = data.make_agent(task.domain, mode, inner)
+        user = agent_module.make_user(config, inner, data.user_tools(environment))
         orch = tau2().orchestrator.Orchestrator(
             domain=task.domain, agent=agent, user=user, environment=EnvironmentProxy(environment, executor),
             task=inner, max_steps=self.config.max_steps, max_errors=self.config.max_errors,
@@ -157,9 +161,6 @@ class Tau2Adapter(BenchmarkAdapter):
     def _record(
         self, task: Task, simulation: Any, stats: Any, raw: Any, ledger: GenerationLedger, start: float
     ) -> EpisodeRecord:
-        import envace.envs.tau2.episode as ep
-        from envace.envs.tau2.upstream import tau2
-
         turns, answers = ep.trajectory_turns(simulation.messages)
         reward = float(simulation.reward_info.reward)
         agent_calls = sum(len(t.tool_calls) for t in turns)
@@ -178,9 +179,6 @@ class Tau2Adapter(BenchmarkAdapter):
         )
 
     def score(self, task: Task, record: EpisodeRecord) -> float:
-        import envace.envs.tau2.episode as ep
-        from envace.envs.tau2.upstream import tau2
-
         data = record.info.get("tau2_simulation")
         if record.crashed or data is None:
             return 0.0
@@ -189,8 +187,6 @@ class Tau2Adapter(BenchmarkAdapter):
         return float(ep.evaluate(simulation, tau2_task_of(task), task.domain, solo).reward)
 
     def oracle(self, tasks: Sequence[Task]) -> Any:
-        from envace.envs.tau2.oracle import Tau2Oracle
-
         return Tau2Oracle(tasks)
 
     def summarize(self, subset: str, records: Sequence[EpisodeRecord]) -> dict[str, Any]:

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envace.core.records import Termination, ToolCall, Turn
-from envace.core.rehearsal import derive_seed
 from envace.core.rehearse_context import events_from_messages
+from envace.core.seeds import derive_seed
 from envace.envs.tau2.config import Tau2Config
 from envace.envs.tau2.executor import decode_tool_message
 from envace.envs.tau2.upstream import tau2

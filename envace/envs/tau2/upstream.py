@@ -19,11 +19,13 @@ from types import SimpleNamespace
 def tau2() -> SimpleNamespace:
     """The tau2 modules used by ``envace.envs.tau2`` (imported once)."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    # lazy: tau2 (and litellm) load on first use, after the settings above
     from loguru import logger
 
     if not os.environ.get("ENVACE_TAU2_LOG"):
         logger.disable("tau2")  # before the import: tau2's registry logs at import time
     try:
+        # lazy: tau2 takes seconds to import (litellm); see the module docstring
         from tau2.agent import base as agent_base
         from tau2.agent import llm_agent
         from tau2.data_model import message, simulation, tasks

@@ -68,7 +68,3 @@ def get_tool(name: str) -> ToolSpec:
     if name not in TOOLS:
         raise KeyError(f"unknown tool-world tool {name!r}; valid tools: {sorted(TOOLS)}")
     return TOOLS[name]
-
-
-def domain_of_tool(name: str) -> str:
-    return get_tool(name).domain

@@ -45,6 +45,7 @@ from envace.evaluation.episode import ActLoopConfig, TurnHook
 from envace.evaluation.programs import GenerationLedger, Program
 from envace.evaluation.records import EpisodeRecord
 from envace.inference.base import ChatBackend
+from envace.inference.openai_client import OpenAIChatBackend
 
 NEEDS_ENDPOINTS = "needs endpoints: user simulator, judge"
 _END_TO_TERMINATION = {"user_stop": Termination.FINAL_REPLY, "agent_stop": Termination.FINAL_REPLY,
@@ -55,8 +56,6 @@ _END_TO_TERMINATION = {"user_stop": Termination.FINAL_REPLY, "agent_stop": Termi
 def _backend(spec: ChatBackend | Mapping[str, Any] | None, **defaults: Any) -> ChatBackend | None:
     if spec is None or hasattr(spec, "generate"):
         return spec  # type: ignore[return-value]
-    from envace.inference.openai_client import OpenAIChatBackend
-
     return OpenAIChatBackend(**{**defaults, **dict(spec)})
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -193,11 +193,3 @@ def find_schema_files(path: str | Path) -> dict[str, Path]:
     candidates = {"general": src / "environment" / "toolkit_schema.py"}
     candidates.update({d: src / "domains" / d / "tools_schema.py" for d in ("delivery", "instore", "ota")})
     return {k: p for k, p in candidates.items() if p.is_file()}
-
-
-@dataclass(frozen=True)
-class ToolDescription:
-    description: str = ""
-    preconditions: str = ""
-    postconditions: str = ""
-    args: dict[str, str] = field(default_factory=dict)

@@ -22,7 +22,7 @@ from typing import Any
 
 from envace.core.prompts import act_messages, act_observation_messages
 from envace.core.records import ToolCall, Turn
-from envace.core.rehearsal import derive_seed
+from envace.core.seeds import derive_seed
 from envace.core.wire import parse_tool_calls
 from envace.envs.vitabench.prompts import STOP, flip_for_user, is_stop, user_system_prompt
 from envace.evaluation.episode import ActLoopConfig

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from envace.core.rehearsal import derive_seed
+from envace.core.seeds import derive_seed
 from envace.inference.base import ChatBackend, ChatRequest
 from envace.inference.openai_client import RetryPolicy
 from envace.judges.llm import MalformedVerdictError, parse_verdict

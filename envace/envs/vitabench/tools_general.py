@@ -60,7 +60,8 @@ class GeneralTools(ExecutorCore):
     def _t_get_date_holiday_info(self, date: str) -> dict[str, Any]:
         day = parse_time(date, DATE_FORMAT, "date").date()
         try:
-            import holidays  # optional: the reference uses this package
+            # lazy: optional package (the vitabench extra); the reference uses it for holiday lookups
+            import holidays
         except ImportError:
             raise Failure("NOT_REPRODUCED: holiday lookup needs the optional 'holidays' package") from None
         name = holidays.China(years=day.year).get(day)

@@ -23,10 +23,14 @@ from typing import Any
 
 import pytest
 
+from envace.core.critique import Critique, render_critique
 from envace.core.records import ToolCall
-from envace.core.rehearsal import Critique, RehearsalConfig, render_critique
+from envace.core.rehearsal import RehearsalConfig
 from envace.core.wire import render_rehearsal, render_tool_calls
 from envace.envs.base import Task
+from envace.envs.bfcl import BfclAdapter, BfclOracle
+from envace.envs.finmcp import FinMCPAdapter
+from envace.envs.tau2 import Tau2Adapter, Tau2Oracle
 from envace.evaluation import ACTOR, REHEARSER, OracleBackend
 from envace.evaluation.programs import GenerationLedger, drive
 from envace.inference.base import ChatOutput, ChatRequest
@@ -131,8 +135,6 @@ class Case:
 
 
 def _bfcl_case() -> Case:
-    from envace.envs.bfcl import BfclAdapter, BfclOracle
-
     def pick(adapter: Any) -> list[Task]:
         tasks = [t for t in adapter.tasks("multi_turn_base", limit=None)
                  if "mkdir" in {x["function"]["name"] for x in t.tools}]
@@ -143,15 +145,11 @@ def _bfcl_case() -> Case:
 
 
 def _tau2_case() -> Case:
-    from envace.envs.tau2 import Tau2Adapter, Tau2Oracle
-
     return Case("tau2", lambda w: Tau2Adapter(executor_wrapper=w), RecordingTau2,
                 lambda a: a.tasks("telecom", limit=2, seed=0), Tau2Oracle, ToolCall("toggle_data_saver_mode", {}))
 
 
 def _finmcp_case() -> Case:
-    from envace.envs.finmcp import FinMCPAdapter
-
     def build(w: Callable | None) -> Any:
         return FinMCPAdapter(FINMCP / "samples.json", tools_path=FINMCP / "mcp_tools.json", executor_wrapper=w)
 

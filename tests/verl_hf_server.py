@@ -1,4 +1,4 @@
-"""A token-in/token-out server manager backed by a local Hugging Face model (CPU or one GPU).
+"""Test double: a token-in/token-out server manager backed by a local Hugging Face model (CPU or one GPU).
 
 It implements the part of verl's ``LLMServerClient`` that agent loops use — ``await generate(request_id,
 *, prompt_ids, sampling_params, **kwargs) -> TokenOutput`` — with real ``transformers`` forward passes,
@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 from verl.workers.rollout.replica import TokenOutput
+
+from envace.core.wire import as_result_object, render_rehearsal, render_tool_calls
 
 
 class HFServerManager:
@@ -120,8 +122,6 @@ class ScriptedGuide:
 def gold_texts(spec: Any) -> dict[str, list[str]]:
     """What ACT and REHEARSE say in the reference trajectory of an ``EpisodeSpec`` (in generation order):
     ACT: each gold step's calls, then the turn's reference reply; REHEARSE: each recorded response."""
-    from envace.core.wire import as_result_object, render_rehearsal, render_tool_calls
-
     act: list[str] = []
     rehearse: list[str] = []
     for turn, steps in enumerate(spec.gold):
