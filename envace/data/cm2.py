@@ -26,9 +26,10 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from tqdm import tqdm
 
@@ -241,7 +242,8 @@ def validate_rows(
             uuid = raw.value["uuid"]
             problem = Problem("uuid", RejectReason.DUPLICATE_UUID, f"uuid {uuid!r} appeared before, at {seen[uuid]}")
         if problem is not None:
-            rejects.append(Reject(_row_id(raw.value), raw.index, problem.field, problem.reason, problem.message, origin))
+            rejects.append(Reject(_row_id(raw.value), raw.index, problem.field, problem.reason, problem.message,
+                                  origin))
             continue
         seen[raw.value["uuid"]] = f"{origin} row {raw.index}" if origin else f"row {raw.index}"
         accepted.append(raw.value)

@@ -10,8 +10,9 @@ consumes (the tool world produces the same record: ``envace.engines.episode_spec
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from envace.core.checklist import Checklist
 from envace.core.conversation import conversation_steps, json_or_text, split_thinking

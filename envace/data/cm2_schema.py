@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, best_match
@@ -66,7 +66,8 @@ class PropertySchema(StrictModel):
         types = value if isinstance(value, list) else [] if value is None else [value]
         if not all(isinstance(t, str) and t in JSON_SCHEMA_TYPES for t in types):
             raise fail(
-                RejectReason.BAD_TOOL_SCHEMA, f"unknown type {value!r}; JSON schema types are {sorted(JSON_SCHEMA_TYPES)}"
+                RejectReason.BAD_TOOL_SCHEMA,
+                f"unknown type {value!r}; JSON schema types are {sorted(JSON_SCHEMA_TYPES)}",
             )
         return value
 
@@ -91,7 +92,7 @@ class ParametersSchema(StrictModel):
 
     @model_validator(mode="wrap")
     @classmethod
-    def _valid_json_schema(cls, data: Any, handler: Any) -> "ParametersSchema":
+    def _valid_json_schema(cls, data: Any, handler: Any) -> ParametersSchema:
         model = handler({"type": "object"} if data == {} else data)  # {} is the empty schema
         try:
             problem = _cached_schema_problem(json.dumps(data, sort_keys=True))
@@ -181,8 +182,8 @@ class ToolCallRecord(StrictModel):
 
 class Message(StrictModel):
     role: Any = Field(None, validate_default=True)
-    tool_calls: Optional[list[ToolCallRecord]] = None
-    content: Optional[str] = Field(None, validate_default=True)
+    tool_calls: list[ToolCallRecord] | None = None
+    content: str | None = Field(None, validate_default=True)
     tool_call_id: Any = None
 
     @field_validator("role")
@@ -259,7 +260,7 @@ class Cm2Row(StrictModel):
         return _unique_tool_names(tools)
 
     @model_validator(mode="after")
-    def _rules_across_fields(self, info: ValidationInfo) -> "Cm2Row":
+    def _rules_across_fields(self, info: ValidationInfo) -> Cm2Row:
         config = config_of(info)
         _check_calls(self.messages, self.tools, config.check_call_arguments)
         _check_role_order(self.messages)
@@ -334,7 +335,8 @@ def _check_answer_ids(messages: list[Message], k: int, calls: list[ToolCallRecor
     answer_ids = {m.tool_call_id for m in answers if isinstance(m.tool_call_id, str) and m.tool_call_id}
     if call_ids and answer_ids and answer_ids != call_ids:
         raise fail(
-            RejectReason.UNPAIRED_TOOL_CALL, "tool_call_id values do not match the call ids", f"messages[{k}].tool_calls"
+            RejectReason.UNPAIRED_TOOL_CALL, "tool_call_id values do not match the call ids",
+            f"messages[{k}].tool_calls",
         )
 
 

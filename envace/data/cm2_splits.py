@@ -7,8 +7,9 @@
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from envace.core.conversation import conversation_steps
 
@@ -41,7 +42,7 @@ class Distribution:
     histogram: tuple[tuple[int, int], ...]  # (value, how often), sorted by value
 
     @classmethod
-    def of(cls, values: Sequence[int]) -> "Distribution":
+    def of(cls, values: Sequence[int]) -> Distribution:
         hist: dict[int, int] = {}
         for v in values:
             hist[v] = hist.get(v, 0) + 1
