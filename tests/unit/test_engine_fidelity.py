@@ -17,7 +17,7 @@ from envace.core.prompts import ChatFormatter, compact_json
 from envace.core.wire import as_result_object, render_rehearsal
 from envace.engines import CURVE_KEYS, training_curves
 from envace.engines.local import LocalEngine, LocalEngineConfig
-from envace.engines.local.fidelity import FidelityProbe, probe_due
+from envace.engines.local.fidelity import FidelityProbe, make_probe, probe_at, probe_due
 from envace.envs.toolworld import ToolWorldEnv
 from envace.evaluation import ActLoopConfig, get_benchmark, oracle_probe_set
 from envace.models import ModelSpec, load_model_and_tokenizer
@@ -142,16 +142,14 @@ def test_probe_scores_the_model_through_the_backend_and_leaves_training_state_al
 
 @pytest.mark.parametrize(("models", "probed"), [({"act": "A", "rehearse": "R"}, "R"), ({"policy": "P"}, "P")])
 def test_the_probe_measures_the_rehearse_model(models, probed):
-    engine = LocalEngine()
-    engine.models, engine.tokenizer, engine.formatter = models, "tok", "fmt"
     calls = []
     probe = SimpleNamespace(measure=lambda model, tok, fmt: calls.append(model) or {"fidelity/n_calls": 1.0})
     cfg = LocalEngineConfig(steps=5, fidelity_every=2)
-    assert [s for s in range(6) if engine._probe(probe, cfg, s)] == [0, 2, 4, 5]
+    assert [s for s in range(6) if probe_at(probe, cfg, s, models, "tok", "fmt")] == [0, 2, 4, 5]
     assert calls == [probed] * 4
 
 
 def test_fidelity_every_without_a_probe_set_is_an_actionable_error():
     with pytest.raises(ValueError, match="fidelity_probe_set"):
-        LocalEngine()._fidelity_probe(LocalEngineConfig(fidelity_every=2))
-    assert LocalEngine()._fidelity_probe(LocalEngineConfig(fidelity_every=0)) is None
+        make_probe(LocalEngineConfig(fidelity_every=2), LocalEngine().fidelity_probe_set, "fp32")
+    assert make_probe(LocalEngineConfig(fidelity_every=0), LocalEngine().fidelity_probe_set, "fp32") is None

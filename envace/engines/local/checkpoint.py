@@ -13,6 +13,10 @@ The SFT warm-up checkpoints the same way, once per epoch, under ``<root>/sft/`` 
 over all its models; ``state.json`` holds ``model_index``/``model``/``epoch`` of the last epoch done and
 ``sft_start_epoch`` reads where to continue). The first GRPO checkpoint supersedes them.
 
+``RunCheckpoints`` is one training run's view of this layout under ``<output_dir>/checkpoints``: it writes
+the GRPO and SFT checkpoints with the run's identity (variant, seed, LoRA record), refuses to resume from a
+checkpoint of another variant or LoRA setting, and restores models, optimisers and RNG on resume.
+
 State dicts go through ``torch.save`` (not safetensors) because tied embeddings share storage. A model
 with LoRA adapters (``envace.engines.local.lora``) is stored as its adapter tensors only: its base
 weights never train and are rebuilt from the model spec; ``Checkpoint.restore_model`` checks that the
@@ -34,7 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from envace.engines.local.lora import adapter_keys, adapter_state, load_adapter_state
+from envace.engines.local.config import LocalEngineConfig
+from envace.engines.local.lora import adapter_keys, adapter_state, load_adapter_state, lora_record
 
 logger = logging.getLogger(__name__)
 
@@ -197,3 +202,78 @@ def sft_start_epoch(ckpt: Checkpoint | None, model_index: int, epochs: int) -> i
     if model_index < done_index:
         return epochs
     return done_epoch + 1 if model_index == done_index else 0
+
+
+class RunCheckpoints:
+    """The checkpoints of one run (``cfg.output_dir``/checkpoints); every method is a no-op without an
+    ``output_dir``, and the resume methods find nothing with ``cfg.resume`` off."""
+
+    def __init__(self, cfg: LocalEngineConfig) -> None:
+        self.cfg = cfg
+        self.root = Path(cfg.output_dir) / "checkpoints" if cfg.output_dir else None
+
+    def identity(self) -> dict[str, Any]:
+        """What a checkpoint records of the run that wrote it (``check`` compares it)."""
+        return {"variant": self.cfg.variant, "seed": self.cfg.seed, "lora": lora_record(self.cfg.lora)}
+
+    def check(self, ckpt: Checkpoint) -> None:
+        """Refuse a checkpoint written by another variant or LoRA setting (actionable error)."""
+        cfg = self.cfg
+        if ckpt.state.get("variant") != cfg.variant:
+            raise ValueError(f"checkpoint {ckpt.path} is for variant {ckpt.state.get('variant')!r}, config asks "
+                             f"{cfg.variant!r}; use another output_dir or set resume=False")
+        if ckpt.state.get("lora") != lora_record(cfg.lora):
+            raise ValueError(f"checkpoint {ckpt.path} was written with lora={ckpt.state.get('lora')}, config asks "
+                             f"lora={lora_record(cfg.lora)} (algo.lora_*); use another output_dir or set resume=False")
+
+    def latest(self) -> Checkpoint | None:
+        """The GRPO checkpoint a resume would continue from (None: none, or resume off)."""
+        return load_latest(self.root) if self.root is not None and self.cfg.resume else None
+
+    def save(self, step: int, models: Mapping[str, torch.nn.Module], optimizers: Mapping[str, torch.optim.Optimizer],
+             history: Sequence[Mapping[str, Any]]) -> str | None:
+        """GRPO checkpoint ``step`` (trained and frozen models, optimisers, history); removes the SFT ones."""
+        if self.root is None:
+            return None
+        state = {"data_position": step * self.cfg.prompts_per_step, **self.identity()}
+        path = save_checkpoint(self.root, step, models, optimizers, state, keep=self.cfg.keep_checkpoints,
+                               history=history)
+        shutil.rmtree(self.root / SFT_DIR, ignore_errors=True)  # superseded
+        return str(path)
+
+    def resume(self, models: Mapping[str, torch.nn.Module],
+               optimizers: Mapping[str, torch.optim.Optimizer]) -> tuple[int, list[dict[str, float]]]:
+        """(step, metrics history) of the latest checkpoint, restored into models/optimisers/RNG; (0, [])."""
+        ckpt = self.latest()
+        if ckpt is None:
+            return 0, []
+        self.check(ckpt)
+        for name, model in models.items():
+            ckpt.restore_model(name, model)
+        for name, opt in optimizers.items():
+            opt.load_state_dict(ckpt.optimizer_state(name))
+        ckpt.restore_rng()
+        logger.info("resumed from %s (step %d)", ckpt.path, ckpt.step)
+        return ckpt.step, ckpt.history()
+
+    def save_sft(self, index: int, name: str, epoch: int, models: Mapping[str, torch.nn.Module],
+                 optimizer: torch.optim.Optimizer, history: Sequence[Mapping[str, Any]]) -> None:
+        """The SFT checkpoint after ``epoch`` of the ``index``-th model (``name``) when ``checkpoint_every``."""
+        if self.root is None or not self.cfg.checkpoint_every:
+            return
+        state = {"model_index": index, "model": name, "epoch": epoch, **self.identity()}
+        save_checkpoint(self.root / SFT_DIR, index * self.cfg.sft.epochs + epoch + 1, models, {name: optimizer},
+                        state, keep=self.cfg.keep_checkpoints, history=history)
+
+    def resume_sft(self, models: Mapping[str, torch.nn.Module]) -> Checkpoint | None:
+        """The latest SFT checkpoint restored into the models and RNG (None: none, or resume off)."""
+        ckpt = load_latest(self.root / SFT_DIR) if self.root is not None and self.cfg.resume else None
+        if ckpt is None:
+            return None
+        self.check(ckpt)
+        for name, model in models.items():
+            ckpt.restore_model(name, model)
+        ckpt.restore_rng()
+        logger.info("resumed the SFT warm-up from %s (model %s, epoch %d done)", ckpt.path, ckpt.state["model"],
+                    int(ckpt.state["epoch"]) + 1)
+        return ckpt

@@ -1,14 +1,16 @@
 """The ``local`` engine: HF transformers + torch on CPU or one GPU, registered as ``get_engine("local")``.
 
-``LocalEngine.train(config, data, callbacks)`` runs: optional SFT warm-up (skipped when resuming from a
-GRPO checkpoint; with ``checkpoint_every`` > 0 checkpointed after every epoch and resumed from there) →
-``config.steps`` role-wise GRPO steps, each = rollout (``RolloutRunner``) → rewards (``RewardFn``) →
-per-output advantages → clipped updates of every trained model (``PolicyUpdater``) → metrics to the
-callbacks → checkpoint every ``checkpoint_every`` steps (with the metrics history, so a resumed run
-returns the whole history). With ``fidelity_every`` = k > 0 and a probe set, the REHEARSE model (the
-``rehearse`` copy under ``per_role``, else the policy) is scored against real tool responses after the
-SFT warm-up (a history row with ``step`` 0), after every k-th step and after the last one
-(``envace.engines.local.fidelity``; it leaves weights and RNG untouched). Variants
+``LocalEngine.train(config, data, callbacks)`` runs: optional SFT warm-up (``envace.engines.local.sft``'s
+``warm_up``; skipped when resuming from a GRPO checkpoint; with ``checkpoint_every`` > 0 checkpointed
+after every epoch and resumed from there) → ``config.steps`` role-wise GRPO steps, each = rollout
+(``RolloutRunner``) → rewards (``RewardFn``) → per-output advantages → clipped updates of every trained
+model (``PolicyUpdater``) → metrics to the callbacks → checkpoint every ``checkpoint_every`` steps (with
+the metrics history, so a resumed run returns the whole history). Writing, checking and restoring the
+run's checkpoints (GRPO and SFT) is ``envace.engines.local.checkpoint.RunCheckpoints``. With
+``fidelity_every`` = k > 0 and a probe set, the REHEARSE model (the ``rehearse`` copy under ``per_role``,
+else the policy) is scored against real tool responses after the SFT warm-up (a history row with ``step``
+0), after every k-th step and after the last one (``make_probe`` / ``probe_at`` in
+``envace.engines.local.fidelity``; it leaves weights and RNG untouched). Variants
 (``envace.engines.base.VARIANTS``) decide which models exist and which roles train them:
 
 - ``envace``, ``frozen_act``, ``frozen_rehearse``: one shared policy plays both roles; its rows hold
@@ -32,7 +34,6 @@ from __future__ import annotations
 import copy
 import logging
 import random
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, replace
@@ -59,21 +60,15 @@ from envace.engines.base import (
 )
 from envace.engines.local.attention import use_gqa_attention
 from envace.engines.local.batching import build_rows
-from envace.engines.local.checkpoint import (
-    SFT_DIR,
-    Checkpoint,
-    load_latest,
-    save_checkpoint,
-    sft_start_epoch,
-)
+from envace.engines.local.checkpoint import RunCheckpoints
 from envace.engines.local.config import LocalEngineConfig
 from envace.engines.local.decode import DecodeGuide, OutputKey
-from envace.engines.local.fidelity import FidelityProbe, probe_due
-from envace.engines.local.lora import add_lora, lora_record, merged_copy, unwrap
+from envace.engines.local.fidelity import make_probe, probe_at
+from envace.engines.local.lora import add_lora, merged_copy, unwrap
 from envace.engines.local.metrics import rollout_metrics
 from envace.engines.local.precision import resolve_precision, trim_heap
 from envace.engines.local.rollout import ExecutorFactory, ResponseSource, RolloutRunner
-from envace.engines.local.sft import gold_trajectories, sft_epoch, sft_rows
+from envace.engines.local.sft import warm_up
 from envace.engines.local.trainer import (
     PolicyUpdater,
     Slot,
@@ -205,54 +200,6 @@ class LocalEngine(Engine):
             return ResponseSource(model=self.frozen["simulator"], trainable=False)
         return ResponseSource(executor_factory=self.executor_factory)
 
-    # ---- SFT -----------------------------------------------------------------------------------
-    def _sft(
-        self, cfg: LocalEngineConfig, specs: Sequence[EpisodeSpec], callbacks: Sequence[StepCallback]
-    ) -> list[dict]:
-        if cfg.sft.epochs <= 0:
-            return []
-        policy = self.models.get("policy", self.models.get("act"))
-        trajs = gold_trajectories(specs, policy, self.formatter, cfg.rollout, self.role_prompts,
-                                  precision=self.precision)
-        ckpt = self._resume_sft(cfg)  # after the gold replay, which an uninterrupted run also does first
-        history = ckpt.history() if ckpt else []
-        for index, (name, model) in enumerate(self.models.items()):
-            roles = cfg.sft.roles if name == "policy" else [r for r in cfg.sft.roles if r.name.lower() == name]
-            rows = sft_rows(trajs, roles)
-            first = sft_start_epoch(ckpt, index, cfg.sft.epochs)
-            if not rows or first >= cfg.sft.epochs:
-                continue
-            opt = make_optimizer(model, cfg.optim, lr=cfg.sft.lr)
-            if ckpt is not None and first > 0:
-                opt.load_state_dict(ckpt.optimizer_state(name))
-            for epoch in tqdm(range(first, cfg.sft.epochs), desc=f"sft[{name}]", disable=not cfg.progress,
-                              initial=first, total=cfg.sft.epochs):
-                metrics = sft_epoch(model, opt, rows, cfg.sft, epoch=epoch, seed=derive_seed(cfg.seed, name),
-                                    pad_id=self.pad_id, device=cfg.device, optim=cfg.optim, precision=self.precision)
-                metrics = {**metrics, "sft/epoch": float(epoch), "sft/gold_trajectories": float(len(trajs))}
-                metrics = {k if name == "policy" else f"{k}/{name}": v for k, v in metrics.items()}
-                history.append(metrics)
-                if cfg.output_dir and cfg.checkpoint_every:
-                    state = {"model_index": index, "model": name, "epoch": epoch, **self._identity(cfg)}
-                    save_checkpoint(Path(cfg.output_dir) / "checkpoints" / SFT_DIR, index * cfg.sft.epochs + epoch + 1,
-                                    self.models, {name: opt}, state, keep=cfg.keep_checkpoints, history=history)
-                for cb in callbacks:
-                    cb(epoch, metrics)
-        return history
-
-    def _resume_sft(self, cfg: LocalEngineConfig) -> Checkpoint | None:
-        """The latest SFT checkpoint restored into the models and RNG (None: none, or resume off)."""
-        ckpt = load_latest(Path(cfg.output_dir) / "checkpoints" / SFT_DIR) if cfg.output_dir and cfg.resume else None
-        if ckpt is None:
-            return None
-        self._check_checkpoint(ckpt, cfg)
-        for name, model in self.models.items():
-            ckpt.restore_model(name, model)
-        ckpt.restore_rng()
-        logger.info("resumed the SFT warm-up from %s (model %s, epoch %d done)", ckpt.path, ckpt.state["model"],
-                    int(ckpt.state["epoch"]) + 1)
-        return ckpt
-
     # ---- one RL step ---------------------------------------------------------------------------
     def _score(self, specs: Sequence[EpisodeSpec], trajs: Sequence[Trajectory],
                enforce: bool = True) -> list[Trajectory]:
@@ -309,65 +256,6 @@ class LocalEngine(Engine):
         metrics["update/tokens_per_s"] = stream_tokens * cfg.optim.ppo_epochs / max(t2 - t1, 1e-9)
         return metrics
 
-    # ---- checkpoints ---------------------------------------------------------------------------
-    def _save(self, cfg: LocalEngineConfig, step: int, history: Sequence[dict[str, float]]) -> str | None:
-        if not cfg.output_dir:
-            return None
-        models = {**self.models, **self.frozen}
-        optims = {n: s.optimizer for n, s in self.slots.items()}
-        state = {"data_position": step * cfg.prompts_per_step, **self._identity(cfg)}
-        path = save_checkpoint(Path(cfg.output_dir) / "checkpoints", step, models, optims, state,
-                               keep=cfg.keep_checkpoints, history=history)
-        shutil.rmtree(Path(cfg.output_dir) / "checkpoints" / SFT_DIR, ignore_errors=True)  # superseded
-        return str(path)
-
-    @staticmethod
-    def _identity(cfg: LocalEngineConfig) -> dict[str, Any]:
-        """What a checkpoint records of the run that wrote it (``_check_checkpoint`` compares it)."""
-        return {"variant": cfg.variant, "seed": cfg.seed, "lora": lora_record(cfg.lora)}
-
-    @staticmethod
-    def _check_checkpoint(ckpt: Checkpoint, cfg: LocalEngineConfig) -> None:
-        if ckpt.state.get("variant") != cfg.variant:
-            raise ValueError(f"checkpoint {ckpt.path} is for variant {ckpt.state.get('variant')!r}, config asks "
-                             f"{cfg.variant!r}; use another output_dir or set resume=False")
-        if ckpt.state.get("lora") != lora_record(cfg.lora):
-            raise ValueError(f"checkpoint {ckpt.path} was written with lora={ckpt.state.get('lora')}, config asks "
-                             f"lora={lora_record(cfg.lora)} (algo.lora_*); use another output_dir or set resume=False")
-
-    def _resume(self, cfg: LocalEngineConfig) -> tuple[int, list[dict[str, float]]]:
-        """(step, metrics history) of the latest checkpoint, restored into models/optimisers/RNG; (0, [])."""
-        if not (cfg.output_dir and cfg.resume):
-            return 0, []
-        ckpt = load_latest(Path(cfg.output_dir) / "checkpoints")
-        if ckpt is None:
-            return 0, []
-        self._check_checkpoint(ckpt, cfg)
-        for name, model in {**self.models, **self.frozen}.items():
-            ckpt.restore_model(name, model)
-        for name, slot in self.slots.items():
-            slot.optimizer.load_state_dict(ckpt.optimizer_state(name))
-        ckpt.restore_rng()
-        logger.info("resumed from %s (step %d)", ckpt.path, ckpt.step)
-        return ckpt.step, ckpt.history()
-
-    # ---- world-model fidelity ------------------------------------------------------------------
-    def _fidelity_probe(self, cfg: LocalEngineConfig) -> FidelityProbe | None:
-        if cfg.fidelity_every <= 0:
-            return None
-        if self.fidelity_probe_set is None:
-            raise ValueError(f"fidelity_every={cfg.fidelity_every} needs LocalEngine(fidelity_probe_set=...) (e.g. "
-                             "envace.evaluation.oracle_probe_set on validation tasks); or set fidelity_every=0")
-        return FidelityProbe(self.fidelity_probe_set, max_new_tokens=cfg.rollout.max_rehearse_tokens,
-                             seed=cfg.seed, progress=cfg.progress, precision=self.precision,
-                             context_tokens=cfg.rollout.rehearse_context_tokens)
-
-    def _probe(self, probe: FidelityProbe | None, cfg: LocalEngineConfig, step: int) -> dict[str, float]:
-        """``fidelity/*`` metrics of the REHEARSE model after ``step`` updates when a probe is due, else {}."""
-        if probe is None or not probe_due(step, cfg.fidelity_every, cfg.steps):
-            return {}
-        return probe.measure(self.models.get("rehearse", self.models.get("policy")), self.tokenizer, self.formatter)
-
     # ---- entry point ---------------------------------------------------------------------------
     def train(
         self, config: LocalEngineConfig, data: Sequence[Any], callbacks: Sequence[StepCallback] = ()
@@ -378,13 +266,18 @@ class LocalEngine(Engine):
             raise ValueError("LocalEngine.train: no training data; pass at least one EpisodeSpec or Task")
         torch.manual_seed(cfg.seed)
         self._load(cfg)
-        has_checkpoint = bool(cfg.output_dir and cfg.resume and load_latest(Path(cfg.output_dir) / "checkpoints"))
-        history: list[dict[str, float]] = [] if has_checkpoint else list(self._sft(cfg, specs, callbacks))
+        checkpoints = RunCheckpoints(cfg)
+        has_checkpoint = checkpoints.latest() is not None
+        history: list[dict[str, float]] = [] if has_checkpoint else list(warm_up(
+            self.models, self.formatter, specs, cfg, role_prompts=self.role_prompts, precision=self.precision,
+            pad_id=self.pad_id, checkpoints=checkpoints, callbacks=callbacks))
         self._make_slots(cfg)
-        probe = self._fidelity_probe(cfg)
-        start, restored = self._resume(cfg)
+        probe = make_probe(cfg, self.fidelity_probe_set, self.precision)
+        ckpt_models = {**self.models, **self.frozen}  # what a GRPO checkpoint holds
+        optimizers = {name: slot.optimizer for name, slot in self.slots.items()}
+        start, restored = checkpoints.resume(ckpt_models, optimizers)
         history = restored if has_checkpoint else history
-        if start == 0 and (before := self._probe(probe, cfg, 0)):
+        if start == 0 and (before := probe_at(probe, cfg, 0, self.models, self.tokenizer, self.formatter)):
             history.append({"step": 0.0, **before})
             for cb in callbacks:
                 cb(0, history[-1])
@@ -392,14 +285,15 @@ class LocalEngine(Engine):
         last_ckpt = None
         for step in tqdm(range(start, end), desc=f"train[{cfg.variant}]", disable=not cfg.progress,
                          initial=start, total=cfg.steps):
-            metrics = {"step": float(step + 1), **self._rl_step(cfg, specs, step), **self._probe(probe, cfg, step + 1)}
+            metrics = {"step": float(step + 1), **self._rl_step(cfg, specs, step),
+                       **probe_at(probe, cfg, step + 1, self.models, self.tokenizer, self.formatter)}
             history.append(metrics)
             for cb in callbacks:
                 cb(step + 1, metrics)
             if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
-                last_ckpt = self._save(cfg, step + 1, history)
+                last_ckpt = checkpoints.save(step + 1, ckpt_models, optimizers, history)
         if end > start and (not cfg.checkpoint_every or end % cfg.checkpoint_every):
-            last_ckpt = self._save(cfg, end, history)
+            last_ckpt = checkpoints.save(end, ckpt_models, optimizers, history)
         artifacts = self._export(cfg) if end == cfg.steps else {}
         return TrainResult(steps_done=end, history=tuple(history), checkpoint_dir=last_ckpt,
                            artifacts=artifacts, models=dict(self.models))

@@ -14,12 +14,17 @@ s updates — the probe of RL step s runs after that step's update, so it sits i
 The probe leaves training untouched: the model is switched to eval mode and back, nothing needs
 gradients, and the global RNG states (torch, CUDA, python, numpy) are saved and restored around it,
 so a run with probes has bit-identical weights to one without (a test checks).
+
+The engine builds its probe with ``make_probe`` (None when ``fidelity_every`` is 0) and calls ``probe_at``
+after the SFT warm-up (step 0) and after every RL step; ``probe_at`` measures the REHEARSE model (the
+``rehearse`` copy when the roles have separate models, else the shared policy) only when ``probe_due``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -27,6 +32,7 @@ import torch
 from envace.core.prompts import ChatFormatter
 from envace.core.rehearse_context import DEFAULT_CONTEXT_TOKENS
 from envace.engines.local.checkpoint import rng_state, set_rng_state
+from envace.engines.local.config import LocalEngineConfig
 from envace.evaluation.fidelity import measure_fidelity
 from envace.evaluation.probes import ProbeSet
 from envace.inference import (
@@ -87,3 +93,23 @@ class FidelityProbe:
         logger.info("fidelity probe: %d calls, exact %.3f, field F1 %.3f, error agreement %.3f in %.1f s",
                     stats.n, stats.exact_match, stats.field_f1, stats.error_agreement, metrics["time/fidelity"])
         return metrics
+
+
+def make_probe(cfg: LocalEngineConfig, probe_set: ProbeSet | None, precision: str) -> FidelityProbe | None:
+    """The run's probe (None when ``cfg.fidelity_every`` is 0); an actionable error when it has no probe set."""
+    if cfg.fidelity_every <= 0:
+        return None
+    if probe_set is None:
+        raise ValueError(f"fidelity_every={cfg.fidelity_every} needs LocalEngine(fidelity_probe_set=...) (e.g. "
+                         "envace.evaluation.oracle_probe_set on validation tasks); or set fidelity_every=0")
+    return FidelityProbe(probe_set, max_new_tokens=cfg.rollout.max_rehearse_tokens, seed=cfg.seed,
+                         progress=cfg.progress, precision=precision, context_tokens=cfg.rollout.rehearse_context_tokens)
+
+
+def probe_at(probe: FidelityProbe | None, cfg: LocalEngineConfig, step: int, models: Mapping[str, Any],
+             tokenizer: Any, formatter: ChatFormatter) -> dict[str, float]:
+    """``fidelity/*`` metrics of the REHEARSE model in ``models`` after ``step`` updates when a probe is due,
+    else {}."""
+    if probe is None or not probe_due(step, cfg.fidelity_every, cfg.steps):
+        return {}
+    return probe.measure(models.get("rehearse", models.get("policy")), tokenizer, formatter)

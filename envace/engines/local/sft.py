@@ -7,6 +7,11 @@ ACT targets are the rendered gold tool calls of each step and the gold final rep
 REHEARSE targets are the real executor's responses (recorded in ``EpisodeSpec.gold``) rendered as
 ``<execution_result>`` blocks. Loss: mean negative log-likelihood over target tokens only (end-of-turn
 token included), temperature 1. Specs without recorded gold responses are skipped (counted).
+
+``warm_up`` is the engine's SFT phase: gold replay once, then ``cfg.sft.epochs`` epochs per trained model
+(the shared policy, or the ACT then the REHEARSE copy with its own role), each with a fresh optimiser at
+``cfg.sft.lr``; with ``checkpoint_every`` > 0 it checkpoints after every epoch (``RunCheckpoints.save_sft``)
+and a resumed run continues after the last epoch done.
 """
 
 from __future__ import annotations
@@ -18,17 +23,19 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from envace.core.prompts import ChatFormatter, sft_act_target, sft_rehearse_target
 from envace.core.records import Role, Termination, Trajectory
 from envace.core.seeds import derive_seed
 from envace.core.wire import as_result_object
-from envace.engines.base import EpisodeSpec
+from envace.engines.base import EpisodeSpec, StepCallback
 from envace.engines.local.batching import TrainRow, build_rows
-from envace.engines.local.config import OptimConfig, RolloutConfig, SFTConfig
+from envace.engines.local.checkpoint import RunCheckpoints, sft_start_epoch
+from envace.engines.local.config import LocalEngineConfig, OptimConfig, RolloutConfig, SFTConfig
 from envace.engines.local.decode import DecodeGuide, OutputKey
 from envace.engines.local.rollout import ResponseSource, RolloutRunner
-from envace.engines.local.trainer import PolicyUpdater, Slot, set_checkpointing
+from envace.engines.local.trainer import PolicyUpdater, Slot, make_optimizer, set_checkpointing
 
 logger = logging.getLogger(__name__)
 
@@ -144,3 +151,39 @@ def _add_losses(sums: dict[str, float], counts: dict[str, int], logp: torch.Tens
         if bool(m.any()):
             sums[f"loss/{role.name.lower()}"] += float(-(logp * m).sum())
             counts[f"loss/{role.name.lower()}"] += int(m.sum())
+
+
+def warm_up(
+    models: Mapping[str, torch.nn.Module], formatter: ChatFormatter, specs: Sequence[EpisodeSpec],
+    cfg: LocalEngineConfig, *, role_prompts: Any, precision: str, pad_id: int, checkpoints: RunCheckpoints,
+    callbacks: Sequence[StepCallback] = (),
+) -> list[dict]:
+    """The SFT warm-up of ``models`` (see the module docstring); returns its metrics history, one row per
+    epoch and model (keys suffixed ``/<name>`` for a model other than ``policy``), and calls ``callbacks``
+    with (epoch, row)."""
+    if cfg.sft.epochs <= 0:
+        return []
+    policy = models.get("policy", models.get("act"))
+    trajs = gold_trajectories(specs, policy, formatter, cfg.rollout, role_prompts, precision=precision)
+    ckpt = checkpoints.resume_sft(models)  # after the gold replay, which an uninterrupted run also does first
+    history = ckpt.history() if ckpt else []
+    for index, (name, model) in enumerate(models.items()):
+        roles = cfg.sft.roles if name == "policy" else [r for r in cfg.sft.roles if r.name.lower() == name]
+        rows = sft_rows(trajs, roles)
+        first = sft_start_epoch(ckpt, index, cfg.sft.epochs)
+        if not rows or first >= cfg.sft.epochs:
+            continue
+        opt = make_optimizer(model, cfg.optim, lr=cfg.sft.lr)
+        if ckpt is not None and first > 0:
+            opt.load_state_dict(ckpt.optimizer_state(name))
+        for epoch in tqdm(range(first, cfg.sft.epochs), desc=f"sft[{name}]", disable=not cfg.progress,
+                          initial=first, total=cfg.sft.epochs):
+            metrics = sft_epoch(model, opt, rows, cfg.sft, epoch=epoch, seed=derive_seed(cfg.seed, name),
+                                pad_id=pad_id, device=cfg.device, optim=cfg.optim, precision=precision)
+            metrics = {**metrics, "sft/epoch": float(epoch), "sft/gold_trajectories": float(len(trajs))}
+            metrics = {k if name == "policy" else f"{k}/{name}": v for k, v in metrics.items()}
+            history.append(metrics)
+            checkpoints.save_sft(index, name, epoch, models, opt, history)
+            for cb in callbacks:
+                cb(epoch, metrics)
+    return history
