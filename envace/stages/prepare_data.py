@@ -19,7 +19,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from envace.config import to_plain
-from envace.reporting.plots import data_stats_figure, save_figure
+from envace.reporting.figures import save_figure
+from envace.reporting.plots import data_stats_figure
 from envace.stages.common import data_seed, toolworld_config
 from envace.stages.runner import NULL_TRACKER, Tracker, stage_main
 from envace.utils.io import atomic_dir, atomic_path, write_json, write_jsonl

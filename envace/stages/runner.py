@@ -32,7 +32,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from envace.config import PARAMS_FILE, ConfigError, flatten, load_params, to_plain
-from envace.tracking import NULL_TRACKER, NullTracker, Tracker, stage_run
+from envace.tracking import NULL_TRACKER, NullTracker, Tracker
+from envace.tracking_runs import stage_run
 from envace.utils.io import read_json, write_json
 from envace.utils.seeds import seed_everything
 from envace.utils.telemetry import telemetry_off

@@ -30,7 +30,7 @@ from envace.mlflow_logging import train_logging
 from envace.stages.common import MANIFEST, model_spec
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.stages.suites import PROBE_SETS
-from envace.tracking import default_tracking_uri
+from envace.tracking_store import default_tracking_uri
 from envace.utils.io import atomic_dir, atomic_path, read_json, read_jsonl, write_json
 
 logger = logging.getLogger(__name__)
