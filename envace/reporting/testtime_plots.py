@@ -9,7 +9,6 @@ the success count (rate × n tasks); the legend says which.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from matplotlib.figure import Figure
 
 from envace.reporting import intervals
 from envace.reporting.figures import draw, new_figure
+from envace.reporting.sweep_layout import CELL_NAME
 
 COST_AXES = {"cost/rehearsal_completion_tokens": "rehearsal completion tokens (mean per task)",
              "cost/rehearsal_wall_s": "rehearsal wall time (s, mean per task)"}
@@ -28,12 +28,9 @@ COST_AXES = {"cost/rehearsal_completion_tokens": "rehearsal completion tokens (m
 # ---- inputs ---------------------------------------------------------------------------------------
 
 
-CELL_NAME = re.compile(r"^(?P<benchmark>[^/]+)/(?P<mode>[^/]+)/n(?P<n_attempts>\d+)/(?P<rehearser>[^/]+)$")
-
-
 def _cell_rows(cells: Any) -> list[dict[str, Any]]:
     """Flat cell rows from a list of cells or from cells keyed by name (``<benchmark>/<mode>/n<N>/<rehearser>``,
-    ``envace.stages.rehearsal_sweep.cell_name``); a cell's own fields win over what its name says."""
+    ``envace.reporting.sweep_layout.cell_name``); a cell's own fields win over what its name says."""
     if isinstance(cells, list):
         return [dict(c) for c in cells]
     rows = []

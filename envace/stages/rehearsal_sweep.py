@@ -18,10 +18,10 @@ at ``rehearsal.act_temperature`` 0 — fails there, before any cell runs.
 Outputs in ``paths.rehearsal/<benchmark>``: ``cells.json`` (metrics and costs per cell) and one
 ``<cell>.records.jsonl`` per cell; metrics (the grid over ``rehearsal.benchmarks``, with the gain over
 each benchmark's N=0) in ``paths.metrics/rehearsal_sweep.json``. ``cells`` is keyed by a stable cell name,
-``<benchmark>/<mode>/n<N>/<rehearser>`` (``cell_name``), so that DVC sees every cell's numbers
-(``cells.toolworld/parallel/n2/trained.success_rate``); the cells' strings (mode, rehearser, scope) are in
-``rehearsal_sweep.details.json`` at the same keys, and ``envace.stages.report.load_metrics`` turns the
-merged dict back into the list of rows the tables read (``cells_list``).
+``<benchmark>/<mode>/n<N>/<rehearser>`` (``envace.reporting.sweep_layout``), so that DVC sees every cell's
+numbers (``cells.toolworld/parallel/n2/trained.success_rate``); the cells' strings (mode, rehearser, scope)
+are in ``rehearsal_sweep.details.json`` at the same keys, and ``envace.stages.report.load_metrics`` turns
+the merged dict back into the list of rows the tables read (``sweep_layout.cells_list``).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from envace.config import rehearsal_config, to_plain
 from envace.inference.preflight import preflight
 from envace.mlflow_logging import trace_episodes
 from envace.rehearsal import RehearsalSettings, run_rehearsal_sweep
+from envace.reporting.sweep_layout import keyed_cells
 from envace.stages.common import base_backend, data_seed, trained_backend
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.stages.suites import eval_suite, make_adapter
@@ -69,48 +70,6 @@ def grid_rows(cells: list[Any], benchmark: str) -> list[dict[str, Any]]:
             row["gain_vs_none"] = cell.metrics.success_rate - baseline
         rows.append(row)
     return rows
-
-
-def cell_name(row: dict[str, Any]) -> str:
-    """A grid row's stable name: ``toolworld/parallel/n2/trained`` (``toolworld/none/n0/none`` for N=0)."""
-    return f"{row['benchmark']}/{row['mode']}/n{row['n_attempts']}/{row['rehearser']}"
-
-
-def keyed_cells(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Grid rows keyed by ``cell_name`` (each name once: the grid has one cell per setting)."""
-    keyed: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        name = cell_name(row)
-        if name in keyed:
-            raise ValueError(f"rehearsal_sweep: two cells named {name!r}")
-        keyed[name] = row
-    return keyed
-
-
-def cells_list(cells: dict[str, dict[str, Any]] | list[dict[str, Any]], modes: list[str] | None = None,
-               rehearsers: list[str] | None = None) -> list[dict[str, Any]]:
-    """The rows of ``keyed_cells`` again, in grid order: per benchmark, N ascending, then ``modes`` and
-    ``rehearsers`` in the order given (the config's, as the sweep ran them; default parallel, sequential
-    and trained, base), unknown names last. A list is returned as it is."""
-    if isinstance(cells, list):
-        return cells
-    mode_rank = {m: i for i, m in enumerate(["none", *(modes or ["parallel", "sequential"])])}
-    rehearser_rank = {r: i for i, r in enumerate(["none", *(rehearsers or ["trained", "base"])])}
-
-    def order(row: dict[str, Any]) -> tuple[Any, ...]:
-        mode, rehearser = str(row.get("mode")), str(row.get("rehearser"))
-        return (str(row.get("benchmark", "")), int(row.get("n_attempts") or 0), mode_rank.get(mode, len(mode_rank)),
-                mode, rehearser_rank.get(rehearser, len(rehearser_rank)), rehearser)
-
-    return sorted(cells.values(), key=order)
-
-
-def with_cell_rows(sweep: Any, cfg: DictConfig) -> Any:
-    """This stage's metrics as read back (``load_metrics``), its keyed ``cells`` as the list of rows."""
-    if isinstance(sweep, dict) and isinstance(sweep.get("cells"), dict):
-        r = cfg.get("rehearsal") or {}
-        sweep = {**sweep, "cells": cells_list(sweep["cells"], to_plain(r.get("modes")), to_plain(r.get("rehearsers")))}
-    return sweep
 
 
 def log_cell(tracker: Tracker, benchmark: str, cell: Any, cfg: DictConfig | None = None) -> None:

@@ -42,6 +42,7 @@ from envace.reporting.layout import (
 )
 from envace.reporting.plots import curves_frame, merge_curves, save_plots
 from envace.reporting.provenance import InputState, head_state, header_lines, input_states, repo_root, stale_note
+from envace.reporting.sweep_layout import with_cell_rows
 from envace.reporting.tables import (
     benchmark_table,
     domain_table,
@@ -60,11 +61,10 @@ from envace.utils.io import atomic_dir, read_json, write_text
 
 logger = logging.getLogger(__name__)
 
+
 def load_metrics(cfg: DictConfig) -> dict[str, Any]:
     """What each stage returned: ``<stage>.json`` merged with ``<stage>.details.json`` (runner.read_metrics);
-    the rehearsal grid's cells, keyed by name on disk, as the list of rows (rehearsal_sweep.with_cell_rows)."""
-    from envace.stages.rehearsal_sweep import with_cell_rows
-
+    the rehearsal grid's cells, keyed by name on disk, as the list of rows (sweep_layout.with_cell_rows)."""
     root = Path(cfg.paths.metrics)
     names = ["prepare_data", "template_prompts", "train", "rehearsal_sweep"]
     names += [f"evaluate_{b}" for b in to_plain(cfg.eval.benchmarks)]
