@@ -16,8 +16,6 @@ from omegaconf import DictConfig
 
 from envace.config import to_plain
 from envace.envs.toolworld import ToolWorldConfig
-from envace.inference.local import LocalHFBackend
-from envace.models import ModelSpec
 from envace.utils.io import read_json
 
 logger = logging.getLogger(__name__)
@@ -51,6 +49,9 @@ class Budgets:
 
 def model_spec(cfg: DictConfig, path: str | Path | None = None) -> Any:
     """``ModelSpec`` of the configured base model, or of a trained HF directory when ``path`` is given."""
+    # lazy: envace.models imports transformers (seconds); a stage's preflight fails on a dead endpoint before that
+    from envace.models import ModelSpec
+
     model = cfg.model
     if path is not None:
         return ModelSpec(kind="path", path=str(path), dtype=model.dtype, seed=int(cfg.seed))
@@ -59,6 +60,9 @@ def model_spec(cfg: DictConfig, path: str | Path | None = None) -> Any:
 
 @functools.lru_cache(maxsize=4)
 def _backend(spec: Any, name: str, precision: str, prefix_cache_tokens: int) -> Any:
+    # lazy: the local backend loads torch, transformers and the local engine; preflight runs before that
+    from envace.inference.local import LocalHFBackend
+
     return LocalHFBackend.from_spec(spec, name=name, precision=precision, prefix_cache_tokens=prefix_cache_tokens)
 
 

@@ -26,7 +26,6 @@ from omegaconf import DictConfig
 
 from envace.config import flatten, to_plain
 from envace.engines import episode_spec_from_task, get_engine, to_episode_spec, training_curves
-from envace.engines.local.config import LocalEngineConfig, OptimConfig, RolloutConfig, SFTConfig
 from envace.engines.lora import lora_spec
 from envace.engines.verl.engine import VerlEngineConfig
 from envace.envs.toolworld import ToolWorldExecutor, task_from_cm2_row
@@ -84,6 +83,10 @@ def probe_every(cfg: DictConfig) -> int:
 
 
 def local_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> Any:
+    # lazy: envace.engines.local loads torch, transformers and peft (seconds); a dead judge or simulator endpoint
+    # fails the stage (preflight) before that
+    from envace.engines.local.config import LocalEngineConfig, OptimConfig, RolloutConfig, SFTConfig
+
     r, a, t, e = cfg.rollout, cfg.algo, cfg.train, cfg.engine
     speed = {k: e[k] for k in ("share_prefix", "micro_batch_tokens", "grad_checkpointing", "logprob_check")}
     keys = ("samples_per_prompt", "act_temperature", "rehearse_temperature", "max_steps_per_turn", "max_act_tokens",
