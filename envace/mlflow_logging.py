@@ -29,6 +29,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from envace.core.records import Role
+from envace.core.rehearsal import turn_from_json
+
 logger = logging.getLogger(__name__)
 
 ROLLOUT_ROWS_PER_STEP = 8
@@ -89,8 +92,6 @@ def sample_indices(n: int, group_size: int, limit: int) -> list[int]:
 def rollout_rows(step: int, trajectories: Sequence[Any], advantages: Any, group_size: int,
                  limit: int = ROLLOUT_ROWS_PER_STEP) -> list[dict[str, Any]]:
     """Table rows for a bounded sample of one step's scored trajectories (see the module docstring)."""
-    from envace.core.records import Role
-
     raw = getattr(advantages, "values", None)
     values = [float(v) for v in (raw.tolist() if hasattr(raw, "tolist") else raw or [])]
     per_traj: list[dict[Role, list[float]]] = []
@@ -296,8 +297,6 @@ def train_logging(cfg: Any, tracker: Any, engine: Any, checkpoints: Path | None 
 # ---- episode traces -----------------------------------------------------------------------------------------
 def _turn(value: Any) -> Any:
     if isinstance(value, Mapping):
-        from envace.core.rehearsal import turn_from_json
-
         return turn_from_json(value)
     return value
 

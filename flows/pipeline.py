@@ -27,14 +27,8 @@ from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLi
 from prefect.runtime import flow_run
 
 from envace.config import PARAMS_FILE, load_params, to_plain
-from envace.tracking import (
-    ENV_FLOW_RUN_ID,
-    ENV_OVERRIDES,
-    ENV_PARENT_RUN_ID,
-    MlflowStore,
-    default_tracking_uri,
-    start_pipeline_run,
-)
+from envace.tracking_runs import ENV_FLOW_RUN_ID, ENV_OVERRIDES, ENV_PARENT_RUN_ID, start_pipeline_run
+from envace.tracking_store import MlflowStore, default_tracking_uri
 from tasks.stages import STAGE_TASKS, compose_params, publish_report, stage_order, with_timeout
 
 DEPLOYMENT_NAME = "full-pipeline"

@@ -16,7 +16,7 @@ Design choices (the paper leaves them open, §4.3):
   ``task`` rehearses the whole replayed dialogue once before the first real call and injects the memory
   before the first user turn; its rehearsal, and so the committed execution through the memory, sees
   user turns the benchmark reveals only later. It is kept as an explicit option and reports label it
-  ``SCOPE_LABELS[TASK]`` ("sees future turns").
+  ``SCOPE_LABELS["task"]`` ("sees future turns").
 * Attempts are sampled: ``act_temperature`` defaults to 0.7 and every attempt has its own seed, so
   ``parallel`` attempts are independent draws. ``parallel`` with ``n_attempts > 1`` at
   ``act_temperature == 0`` is refused at construction: greedy decoding of one prompt gives N copies of
@@ -47,18 +47,20 @@ from envace.core.records import Termination, ToolCall, Turn
 from envace.core.rehearsal_memory import MemoryBudget
 
 
+# The members' names are the strings written in conf/ (OmegaConf reads an enum by member name), so that
+# envace.config_schema uses these enums as they are: one enum per concept.
 class RehearsalMode(str, enum.Enum):
-    PARALLEL = "parallel"  # independent attempts from the same context
-    SEQUENTIAL = "sequential"  # attempt k sees attempts 1..k-1 and their critiques
+    parallel = "parallel"  # independent attempts from the same context
+    sequential = "sequential"  # attempt k sees attempts 1..k-1 and their critiques
 
 
 class RehearsalScope(str, enum.Enum):
-    TASK = "task"  # rehearse the whole dialogue once, before any real call (sees future user turns)
-    TURN = "turn"  # rehearse each user turn right before executing it (default)
+    task = "task"  # rehearse the whole dialogue once, before any real call (sees future user turns)
+    turn = "turn"  # rehearse each user turn right before executing it (default)
 
 
 # how reports name a scope; ``task`` rehearses user turns the committed execution has not reached yet
-SCOPE_LABELS = {RehearsalScope.TURN.value: "turn", RehearsalScope.TASK.value: "task (sees future turns)"}
+SCOPE_LABELS = {RehearsalScope.turn.value: "turn", RehearsalScope.task.value: "task (sees future turns)"}
 
 
 def scope_label(scope: RehearsalScope | str) -> str:
@@ -68,27 +70,30 @@ def scope_label(scope: RehearsalScope | str) -> str:
 
 
 class Summarizer(str, enum.Enum):
-    POLICY = "policy"  # the acting policy writes the memory (structured fallback when empty)
-    STRUCTURED = "structured"  # deterministic memory from the critiques, no generation
+    policy = "policy"  # the acting policy writes the memory (structured fallback when empty)
+    structured = "structured"  # deterministic memory from the critiques, no generation
 
 
 @dataclass(frozen=True)
 class RehearsalConfig:
     """How one task is rehearsed. ``n_attempts=0`` is plain evaluation (no rehearsal, no memory).
 
-    Refused at construction: ``mode=parallel`` with ``n_attempts > 1`` and ``act_temperature == 0``
-    (N identical attempts; see the module docstring), and negative temperatures.
+    The defaults are conf/rehearsal/default.yaml's (``envace.config.rehearsal_config`` builds this from a
+    loaded config). Refused at construction, and only here (the config loader and the sweep build one per
+    cell to check it): ``n_attempts < 0``, ``max_steps_per_turn < 1``, negative temperatures and
+    ``mode=parallel`` with ``n_attempts > 1`` at ``act_temperature == 0`` (N identical attempts; see the
+    module docstring).
     """
 
     n_attempts: int = 2
-    mode: RehearsalMode = RehearsalMode.PARALLEL
-    scope: RehearsalScope = RehearsalScope.TURN
-    summarizer: Summarizer = Summarizer.POLICY
-    max_steps_per_turn: int = 6
-    act_max_new_tokens: int = 256
-    rehearse_max_new_tokens: int = 256
-    critique_max_new_tokens: int = 256
-    summary_max_new_tokens: int = 256
+    mode: RehearsalMode = RehearsalMode.parallel
+    scope: RehearsalScope = RehearsalScope.turn
+    summarizer: Summarizer = Summarizer.policy
+    max_steps_per_turn: int = 4
+    act_max_new_tokens: int = 64
+    rehearse_max_new_tokens: int = 64
+    critique_max_new_tokens: int = 64
+    summary_max_new_tokens: int = 64
     act_temperature: float = 0.7  # > 0 so that parallel attempts differ (each has its own seed)
     rehearse_temperature: float = 0.0
     transcript_value_chars: int = 300  # per call/response/reply in transcripts shown to the critic
@@ -116,7 +121,7 @@ def identical_attempts_problem(n_attempts: int, mode: RehearsalMode | str, act_t
     """Why ``n_attempts`` attempts in ``mode`` at ``act_temperature`` would all be the same (None when
     they would not): parallel attempts share one prompt, so at temperature 0 the policy decodes them
     identically. The message names the config keys and how to fix it."""
-    if RehearsalMode(mode) is not RehearsalMode.PARALLEL or n_attempts <= 1 or act_temperature > 0:
+    if RehearsalMode(mode) is not RehearsalMode.parallel or n_attempts <= 1 or act_temperature > 0:
         return None
     return (
         f"rehearsal.act_temperature={act_temperature} with mode=parallel and n_attempts={n_attempts} gives "

@@ -27,6 +27,7 @@ from envace.core.rehearsal import RehearsalContext
 from envace.core.seeds import derive_seed
 from envace.envs.base import Environment, EpisodeResult, Executor, Task
 from envace.evaluation.episode import ActLoopConfig, Dialogue, ExecutorResponder, TurnHook, run_act_loop
+from envace.evaluation.policies import OracleBackend
 from envace.evaluation.programs import ACTOR, GenerationLedger, Program, drive
 from envace.evaluation.records import EpisodeRecord
 from envace.inference.base import ChatBackend
@@ -115,8 +116,6 @@ class EnvironmentAdapter(BenchmarkAdapter):
         return self.env.make_executor(task)
 
     def oracle(self, tasks: Sequence[Task]) -> ChatBackend:
-        from envace.evaluation.policies import OracleBackend
-
         return OracleBackend(tasks, name="oracle", make_executor=self.real_executor)
 
     def score(self, task: Task, record: EpisodeRecord) -> float:

@@ -20,6 +20,7 @@ from typing import Any
 from envace.core.prompts import compact_json
 from envace.envs.base import Executor, Task, gold_reply
 from envace.inference.base import ChatBackend, ChatOutput, ChatRequest, scripted_outputs
+from envace.inference.openai_client import OpenAIChatBackend
 
 PolicyFactory = Callable[..., ChatBackend]
 
@@ -91,7 +92,10 @@ class OracleBackend:
 
 
 def _hf_policy(**kwargs: Any) -> ChatBackend:
+    # lazy: the local HF backend loads torch, transformers and the local engine; other policies need none of them
     from envace.inference.local import LocalHFBackend
+
+    # lazy: envace.models imports transformers (its model kinds), which only a local policy needs
     from envace.models import ModelSpec
 
     spec = kwargs.pop("spec", None)
@@ -101,8 +105,6 @@ def _hf_policy(**kwargs: Any) -> ChatBackend:
 
 
 def _openai_policy(**kwargs: Any) -> ChatBackend:
-    from envace.inference.openai_client import OpenAIChatBackend
-
     return OpenAIChatBackend(**kwargs)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from envace.envs.base import Environment
+from envace.envs.toolworld import ToolWorldEnv
 from envace.evaluation.base import EnvironmentAdapter
 from envace.evaluation.episode import ActLoopConfig
 
@@ -19,8 +20,6 @@ class ToolWorldAdapter(EnvironmentAdapter):
 
     def __init__(self, config: ActLoopConfig | None = None, env: Environment | None = None, **env_kwargs: Any) -> None:
         if env is None:
-            from envace.envs.toolworld import ToolWorldEnv
-
             env = ToolWorldEnv(**env_kwargs)
         elif env_kwargs:
             raise ValueError(f"ToolWorldAdapter: env given, so {sorted(env_kwargs)} cannot configure it")

@@ -46,7 +46,7 @@ def _memory_hook(
     ledger: GenerationLedger,
     outcomes: list[RehearsalOutcome],
 ) -> TurnHook:
-    whole_task = settings.config.scope is RehearsalScope.TASK
+    whole_task = settings.config.scope is RehearsalScope.task
 
     def hook(view: TurnView) -> Program[tuple[dict[str, Any], ...]]:
         if whole_task and view.turn_index != base_context.first_turn_index:

@@ -10,8 +10,8 @@ never receives an environment, an executor or a task with gold data, so it canno
   their generations batched; attempts differ through their seeds (sampling temperature > 0).
 * ``sequential``: attempt k starts with a note holding attempts 1..k-1 and their critiques.
 * A critique that does not parse is recorded on its attempt (error codes, raw text) and rehearsal goes on.
-* The memory is written by the policy (``Summarizer.POLICY``) or built from the critiques
-  (``Summarizer.STRUCTURED``; also the fallback when the policy's summary is empty), then bounded by
+* The memory is written by the policy (``Summarizer.policy``) or built from the critiques
+  (``Summarizer.structured``; also the fallback when the policy's summary is empty), then bounded by
   ``core.rehearsal_memory.bound_memory``.
 """
 
@@ -155,7 +155,7 @@ def _summarise(
     ledger: GenerationLedger,
 ) -> Program[RehearsalMemory]:
     cfg = settings.config
-    if cfg.summarizer is Summarizer.STRUCTURED:
+    if cfg.summarizer is Summarizer.structured:
         return bound_memory(structured_memory(attempts), cfg.memory, "structured", settings.count_tokens)
     request = ChatRequest(
         messages=summary_messages(settings.prompts, context, attempts, cfg.memory, cfg.transcript_value_chars),
@@ -178,7 +178,7 @@ def rehearse(
     n = settings.config.n_attempts
     if n == 0:
         return RehearsalOutcome(context.first_turn_index, (), RehearsalMemory("", "none"), 0.0)
-    if settings.config.mode is RehearsalMode.PARALLEL:
+    if settings.config.mode is RehearsalMode.parallel:
         attempts = tuple((yield from gather([_attempt(context, i, (), settings, ledger) for i in range(n)])))
     else:
         done: list[AttemptRecord] = []

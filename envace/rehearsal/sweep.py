@@ -93,10 +93,9 @@ def cell_costs(records: Sequence[EpisodeRecord]) -> CellCosts:
 
 
 def _cells(n_values: Sequence[int], modes: Sequence[str], rehearsers: Sequence[str]) -> list[tuple[int, str, str]]:
-    if any(n < 0 for n in n_values):
-        raise ValueError(f"n_values={list(n_values)}: attempts must be >= 0")
+    """The grid; a negative N stays in it, so that building its ``RehearsalConfig`` refuses it."""
     grid: list[tuple[int, str, str]] = [(0, NONE, NONE)] if 0 in n_values else []
-    for n in sorted({n for n in n_values if n > 0}):
+    for n in sorted({n for n in n_values if n != 0}):
         grid.extend((n, RehearsalMode(m).value, r) for m in modes for r in rehearsers)
     return grid
 
@@ -120,7 +119,7 @@ def run_rehearsal_sweep(
     rehearsal settings (default ``RehearsalSettings()``); each cell overrides N and the mode.
     ``on_cell`` is called with each finished cell (e.g. to log it as its own run)."""
     settings = settings or RehearsalSettings()
-    if any(n > 0 for n in n_values) and (not rehearsers or not modes):
+    if any(n != 0 for n in n_values) and (not rehearsers or not modes):
         raise ValueError("run_rehearsal_sweep: N > 0 needs at least one rehearser and one mode")
     grid = [
         (n, mode, name, replace(settings.config, n_attempts=n, mode=settings.config.mode if mode == NONE else mode))

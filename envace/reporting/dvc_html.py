@@ -40,7 +40,7 @@ __BUNDLE__
 
 def offline_template() -> str:
     """The HTML template text with Vega-Embed inline (as the global ``vegaEmbed`` DVC's divs call)."""
-    import vl_convert  # LIBRARY: vl-convert-python (bundled Vega, Vega-Lite, Vega-Embed)
+    import vl_convert  # vl-convert-python: Vega, Vega-Lite and Vega-Embed bundled, loaded only here
 
     bundle = vl_convert.javascript_bundle("window.vegaEmbed = vegaEmbed;")
     if "</script" in bundle:

@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 
 from envace.config import to_plain
 from envace.reporting import reference
-from envace.reporting.plots import integer_ticks, legend_outside, new_figure, save_figure
+from envace.reporting.figures import integer_ticks, legend_outside, new_figure, save_figure
 from envace.reporting.science_stats import SUBSETS, summarize
 from envace.stages.runner import read_metrics
 from envace.utils.io import atomic_dir, read_json, write_json

@@ -15,6 +15,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from envace.config import to_plain
+from envace.envs.toolworld import ToolWorldConfig
 from envace.utils.io import read_json
 
 logger = logging.getLogger(__name__)
@@ -31,8 +32,6 @@ def data_seed(cfg: DictConfig) -> int:
 
 def toolworld_config(cfg: DictConfig) -> Any:
     """The tool world's generator config from ``data.*`` (train/val/test sizes, seed, held-out domain)."""
-    from envace.envs.toolworld import ToolWorldConfig  # LIBRARY: envace.envs.toolworld
-
     data = cfg.data
     return ToolWorldConfig(seed=data_seed(cfg), n_train=int(data.n_train), n_val=int(data.n_val),
                            n_test=int(data.n_test), held_out_domain=data.held_out_domain)
@@ -50,7 +49,8 @@ class Budgets:
 
 def model_spec(cfg: DictConfig, path: str | Path | None = None) -> Any:
     """``ModelSpec`` of the configured base model, or of a trained HF directory when ``path`` is given."""
-    from envace.models import ModelSpec  # LIBRARY: envace.models
+    # lazy: envace.models imports transformers (seconds); a stage's preflight fails on a dead endpoint before that
+    from envace.models import ModelSpec
 
     model = cfg.model
     if path is not None:
@@ -60,7 +60,8 @@ def model_spec(cfg: DictConfig, path: str | Path | None = None) -> Any:
 
 @functools.lru_cache(maxsize=4)
 def _backend(spec: Any, name: str, precision: str, prefix_cache_tokens: int) -> Any:
-    from envace.inference.local import LocalHFBackend  # LIBRARY: envace.inference.local
+    # lazy: the local backend loads torch, transformers and the local engine; preflight runs before that
+    from envace.inference.local import LocalHFBackend
 
     return LocalHFBackend.from_spec(spec, name=name, precision=precision, prefix_cache_tokens=prefix_cache_tokens)
 

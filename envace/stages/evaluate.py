@@ -20,7 +20,9 @@ from typing import Any
 from omegaconf import DictConfig
 
 from envace.config import to_plain
+from envace.evaluation import evaluate, measure_fidelity, oracle_probe_set, sample_tasks, with_trials
 from envace.inference.preflight import preflight
+from envace.mlflow_logging import trace_episodes
 from envace.stages.common import base_backend, data_seed, trained_backend
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.stages.suites import eval_suite, make_adapter
@@ -41,8 +43,6 @@ def contenders(cfg: DictConfig) -> dict[str, tuple[Any, Any]]:
 def gold_probe(cfg: DictConfig, adapter: Any, tasks: list[Any], n: int) -> Any:
     """The oracle's real episodes on up to ``n`` of ``tasks`` that have a real executor (None when off
     or impossible: no oracle, no executable task, no call)."""
-    from envace.evaluation import oracle_probe_set, sample_tasks  # LIBRARY: envace.evaluation
-
     if not n:
         return None
     chosen = sample_tasks(tasks, n, data_seed(cfg),
@@ -62,9 +62,6 @@ def fidelity_json(report: Any) -> dict[str, Any]:
 
 def evaluate_one(cfg: DictConfig, adapter: Any, subset: str, tasks: list[Any], actor: Any, rehearser: Any,
                  out: Path, label: str, gold: Any = None, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
-    from envace.evaluation import evaluate, measure_fidelity  # LIBRARY: envace.evaluation
-    from envace.mlflow_logging import trace_episodes
-
     ev = cfg.eval
     overflows = getattr(actor, "context_overflows", 0)
     result = evaluate(adapter, actor, tasks, concurrency=int(ev.concurrency))
@@ -99,7 +96,6 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     # adapters that fall back on a REHEARSE role (FinMCP unrecorded=rehearse) use the contender's own
     adapters = {label: make_adapter(cfg, suite, rehearser) for label, (_, rehearser) in models.items()}
     probe = adapters["policy"]
-    from envace.evaluation import with_trials  # LIBRARY: envace.evaluation
 
     tasks = with_trials(probe.tasks(suite.split, limit=suite.limit, seed=data_seed(cfg)), suite.trials)
     skipped = dict(getattr(probe, "skipped", {}))  # parts of the split that cannot run here, with the reason

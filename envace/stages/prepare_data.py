@@ -19,7 +19,10 @@ from typing import Any
 from omegaconf import DictConfig
 
 from envace.config import to_plain
-from envace.reporting.plots import data_stats_figure, save_figure
+from envace.data.cm2 import dataset_stats, read_cm2_file, reject_counts, split_rows, validate_rows
+from envace.envs.toolworld import generate_tasks, to_cm2_row
+from envace.reporting.figures import save_figure
+from envace.reporting.plots import data_stats_figure
 from envace.stages.common import data_seed, toolworld_config
 from envace.stages.runner import NULL_TRACKER, Tracker, stage_main
 from envace.utils.io import atomic_dir, atomic_path, write_json, write_jsonl
@@ -31,16 +34,12 @@ SPLITS = ("train", "val")
 
 def toolworld_rows(cfg: DictConfig) -> tuple[dict[str, list[Any]], list[Any]]:
     """Rows per split from the tool world generator (its own train/val split); no read rejects."""
-    from envace.envs.toolworld import generate_tasks, to_cm2_row  # LIBRARY: envace.envs.toolworld
-
     tasks = generate_tasks(toolworld_config(cfg))
     return {split: [to_cm2_row(task, include_state=True) for task in tasks[split]] for split in SPLITS}, []
 
 
 def cm2_rows(cfg: DictConfig) -> tuple[dict[str, list[Any]], list[Any]]:
     """All rows of every *.json / *.jsonl under paths.raw_cm2 (split later, by uuid)."""
-    from envace.data.cm2 import read_cm2_file  # LIBRARY: envace.data.cm2
-
     root = Path(cfg.paths.raw_cm2)
     files = sorted(p for p in root.rglob("*") if p.suffix in (".json", ".jsonl"))
     if not files:
@@ -63,8 +62,6 @@ SOURCES: dict[str, Callable[[DictConfig], tuple[dict[str, list[Any]], list[Any]]
 
 def validate_and_split(cfg: DictConfig, raw: dict[str, list[Any]]) -> tuple[dict[str, list[Any]], list[Any]]:
     """Validated rows per split and every reject (CM2 rows are split by uuid after validation)."""
-    from envace.data.cm2 import split_rows, validate_rows  # LIBRARY: envace.data.cm2
-
     accepted: dict[str, list[Any]] = {}
     rejects: list[Any] = []
     for split, rows in raw.items():
@@ -89,8 +86,6 @@ def plot_stats(stats: dict[str, Any], path: Path) -> None:
 
 
 def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
-    from envace.data.cm2 import dataset_stats, reject_counts  # LIBRARY: envace.data.cm2
-
     raw, read_rejects = SOURCES[to_plain(cfg.data.source)](cfg)
     splits, rejects = validate_and_split(cfg, raw)
     rejects = read_rejects + rejects

@@ -11,17 +11,17 @@ metrics: success and costs — rehearsal tokens, wall time, real-environment cal
 
 ``rehearsal.scope`` is ``turn`` by default (rehearse user turn t from what is known at turn t); every row
 records its scope, and ``task`` scope rows carry the label "task (sees future turns)": their rehearsal
-read user turns the committed execution had not reached. The grid's temperatures are checked when the
-config loads (``envace.config``): a parallel cell with N > 1 at ``rehearsal.act_temperature`` 0 is
-refused there, before any cell runs.
+read user turns the committed execution had not reached. Every cell's ``RehearsalConfig`` is built
+(``envace.config.rehearsal_config``) when the config loads, so a refused cell — a parallel cell with N > 1
+at ``rehearsal.act_temperature`` 0 — fails there, before any cell runs.
 
 Outputs in ``paths.rehearsal/<benchmark>``: ``cells.json`` (metrics and costs per cell) and one
 ``<cell>.records.jsonl`` per cell; metrics (the grid over ``rehearsal.benchmarks``, with the gain over
 each benchmark's N=0) in ``paths.metrics/rehearsal_sweep.json``. ``cells`` is keyed by a stable cell name,
-``<benchmark>/<mode>/n<N>/<rehearser>`` (``cell_name``), so that DVC sees every cell's numbers
-(``cells.toolworld/parallel/n2/trained.success_rate``); the cells' strings (mode, rehearser, scope) are in
-``rehearsal_sweep.details.json`` at the same keys, and ``envace.stages.report.load_metrics`` turns the
-merged dict back into the list of rows the tables read (``cells_list``).
+``<benchmark>/<mode>/n<N>/<rehearser>`` (``envace.reporting.sweep_layout``), so that DVC sees every cell's
+numbers (``cells.toolworld/parallel/n2/trained.success_rate``); the cells' strings (mode, rehearser, scope)
+are in ``rehearsal_sweep.details.json`` at the same keys, and ``envace.stages.report.load_metrics`` turns
+the merged dict back into the list of rows the tables read (``sweep_layout.cells_list``).
 """
 
 from __future__ import annotations
@@ -32,8 +32,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from envace.config import to_plain
+from envace.config import rehearsal_config, to_plain
 from envace.inference.preflight import preflight
+from envace.mlflow_logging import trace_episodes
+from envace.rehearsal import RehearsalSettings, run_rehearsal_sweep
+from envace.reporting.sweep_layout import keyed_cells
 from envace.stages.common import base_backend, data_seed, trained_backend
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.stages.suites import eval_suite, make_adapter
@@ -45,20 +48,9 @@ logger = logging.getLogger(__name__)
 REHEARSERS = {"trained": lambda cfg: trained_backend(cfg, "rehearse"), "base": base_backend}
 
 
-def rehearsal_settings(cfg: DictConfig) -> Any:
-    from envace.core.rehearsal import RehearsalConfig  # LIBRARY: envace.core.rehearsal
-    from envace.rehearsal import RehearsalSettings  # LIBRARY: envace.rehearsal
-
-    r = cfg.rehearsal
-    # n_attempts=0: the base config of the grid; each cell sets its own N and mode
-    return RehearsalSettings(config=RehearsalConfig(
-        n_attempts=0, scope=to_plain(r.scope), summarizer=to_plain(r.summarizer),
-        max_steps_per_turn=int(r.max_steps_per_turn),
-        act_max_new_tokens=int(r.act_max_new_tokens), rehearse_max_new_tokens=int(r.rehearse_max_new_tokens),
-        critique_max_new_tokens=int(r.critique_max_new_tokens), summary_max_new_tokens=int(r.summary_max_new_tokens),
-        act_temperature=float(r.act_temperature), rehearse_temperature=float(r.rehearse_temperature),
-        seed=int(cfg.seed),
-    ), context_tokens=int(cfg.rollout.rehearse_context_tokens))
+def rehearsal_settings(cfg: DictConfig) -> RehearsalSettings:
+    """The grid's base settings (N=0; each cell sets its own N and mode) from ``cfg.rehearsal``."""
+    return RehearsalSettings(config=rehearsal_config(cfg), context_tokens=int(cfg.rollout.rehearse_context_tokens))
 
 
 def cost_metrics(cell: Any) -> dict[str, float]:
@@ -80,56 +72,12 @@ def grid_rows(cells: list[Any], benchmark: str) -> list[dict[str, Any]]:
     return rows
 
 
-def cell_name(row: dict[str, Any]) -> str:
-    """A grid row's stable name: ``toolworld/parallel/n2/trained`` (``toolworld/none/n0/none`` for N=0)."""
-    return f"{row['benchmark']}/{row['mode']}/n{row['n_attempts']}/{row['rehearser']}"
-
-
-def keyed_cells(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Grid rows keyed by ``cell_name`` (each name once: the grid has one cell per setting)."""
-    keyed: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        name = cell_name(row)
-        if name in keyed:
-            raise ValueError(f"rehearsal_sweep: two cells named {name!r}")
-        keyed[name] = row
-    return keyed
-
-
-def cells_list(cells: dict[str, dict[str, Any]] | list[dict[str, Any]], modes: list[str] | None = None,
-               rehearsers: list[str] | None = None) -> list[dict[str, Any]]:
-    """The rows of ``keyed_cells`` again, in grid order: per benchmark, N ascending, then ``modes`` and
-    ``rehearsers`` in the order given (the config's, as the sweep ran them; default parallel, sequential
-    and trained, base), unknown names last. A list is returned as it is."""
-    if isinstance(cells, list):
-        return cells
-    mode_rank = {m: i for i, m in enumerate(["none", *(modes or ["parallel", "sequential"])])}
-    rehearser_rank = {r: i for i, r in enumerate(["none", *(rehearsers or ["trained", "base"])])}
-
-    def order(row: dict[str, Any]) -> tuple[Any, ...]:
-        mode, rehearser = str(row.get("mode")), str(row.get("rehearser"))
-        return (str(row.get("benchmark", "")), int(row.get("n_attempts") or 0), mode_rank.get(mode, len(mode_rank)),
-                mode, rehearser_rank.get(rehearser, len(rehearser_rank)), rehearser)
-
-    return sorted(cells.values(), key=order)
-
-
-def with_cell_rows(sweep: Any, cfg: DictConfig) -> Any:
-    """This stage's metrics as read back (``load_metrics``), its keyed ``cells`` as the list of rows."""
-    if isinstance(sweep, dict) and isinstance(sweep.get("cells"), dict):
-        r = cfg.get("rehearsal") or {}
-        sweep = {**sweep, "cells": cells_list(sweep["cells"], to_plain(r.get("modes")), to_plain(r.get("rehearsers")))}
-    return sweep
-
-
 def log_cell(tracker: Tracker, benchmark: str, cell: Any, cfg: DictConfig | None = None) -> None:
     """One nested MLflow run per cell: its setting as params, its score and costs as metrics."""
     with tracker.nested(f"{benchmark}/{cell.key}", {"envace.cell": cell.key, "envace.benchmark": benchmark}) as run:
         run.log_params({"benchmark": benchmark, "n_attempts": cell.n_attempts, "mode": cell.mode,
                         "rehearser": cell.rehearser, "scope": cell.scope})
         run.log_metrics({**cell.metrics.flat(), **cost_metrics(cell)})
-    from envace.mlflow_logging import trace_episodes
-
     # a few episodes per cell as traces on the stage's run (tracking.max_traces per stage run in all)
     trace_episodes(cfg, tracker, cell.records, share=10, stage="rehearsal_sweep",
                    benchmark=benchmark, cell=cell.key, n_attempts=cell.n_attempts, mode=cell.mode)
@@ -137,8 +85,6 @@ def log_cell(tracker: Tracker, benchmark: str, cell: Any, cfg: DictConfig | None
 
 def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     preflight(cfg, "rehearsal_sweep")  # the benchmarks' user-simulator/judge endpoints answer, before models load
-    from envace.rehearsal import run_rehearsal_sweep  # LIBRARY: envace.rehearsal
-
     configure_torch(cfg)
     r = cfg.rehearsal
     rehearsers = {name: REHEARSERS[name](cfg) for name in to_plain(r.rehearsers)}

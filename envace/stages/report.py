@@ -6,8 +6,9 @@ main (method × benchmark + Overall, success %), ablation (training variant × b
 ``python -m envace.experiments collect``; envace.reporting.comparison), per-domain and held-out
 transfer, world-model fidelity, test-time rehearsal (N × mode × rehearser, gain over N=0), training
 and data summaries. Plots (envace.reporting.plots): reward per step and per variant, per-role advantage
-spread and training diagnostics, fidelity over training, success vs rehearsal attempts N and vs rehearsal
-cost (95% intervals); a plot lacking data is listed as not drawn, with why. Numbers are what *this* pipeline measured;
+spread and training diagnostics, fidelity over training; and (envace.reporting.testtime_plots) success vs
+rehearsal attempts N and vs rehearsal cost (95% intervals); a plot lacking data is listed as not drawn, with
+why. Numbers are what *this* pipeline measured;
 the paper's numbers appear only in the column labelled ``paper (Qwen3-8B, reference)`` of the main,
 ablation, scale and test-time tables (``envace.reporting.reference``), never in our columns. The report
 opens with its provenance (commit, profile, overrides, model, seeds, date) and marks inputs produced by
@@ -39,8 +40,9 @@ from envace.reporting.layout import (
     TESTTIME_NOTE,
     TITLES,
 )
-from envace.reporting.plots import curves_frame, merge_curves, save_plots, sweep_cells
+from envace.reporting.plots import curves_frame, merge_curves, save_plots
 from envace.reporting.provenance import InputState, head_state, header_lines, input_states, repo_root, stale_note
+from envace.reporting.sweep_layout import with_cell_rows
 from envace.reporting.tables import (
     benchmark_table,
     domain_table,
@@ -52,17 +54,17 @@ from envace.reporting.tables import (
     summary_table,
     testtime_table,
 )
+from envace.reporting.testtime_plots import sweep_cells
 from envace.stages.runner import NULL_TRACKER, Tracker, read_metrics, stage_main
-from envace.tracking import ENV_OVERRIDES
+from envace.tracking_runs import ENV_OVERRIDES
 from envace.utils.io import atomic_dir, read_json, write_text
 
 logger = logging.getLogger(__name__)
 
+
 def load_metrics(cfg: DictConfig) -> dict[str, Any]:
     """What each stage returned: ``<stage>.json`` merged with ``<stage>.details.json`` (runner.read_metrics);
-    the rehearsal grid's cells, keyed by name on disk, as the list of rows (rehearsal_sweep.with_cell_rows)."""
-    from envace.stages.rehearsal_sweep import with_cell_rows
-
+    the rehearsal grid's cells, keyed by name on disk, as the list of rows (sweep_layout.with_cell_rows)."""
     root = Path(cfg.paths.metrics)
     names = ["prepare_data", "template_prompts", "train", "rehearsal_sweep"]
     names += [f"evaluate_{b}" for b in to_plain(cfg.eval.benchmarks)]

@@ -32,7 +32,10 @@ from typing import Any
 from omegaconf import DictConfig
 
 from envace.config import PARAMS_FILE, ConfigError, flatten, load_params, to_plain
-from envace.tracking import NULL_TRACKER, NullTracker, Tracker, stage_run
+from envace.inference.preflight import preflight
+from envace.reporting.provenance import head_state
+from envace.tracking import NULL_TRACKER, NullTracker, Tracker
+from envace.tracking_runs import stage_run
 from envace.utils.io import read_json, write_json
 from envace.utils.seeds import seed_everything
 from envace.utils.telemetry import telemetry_off
@@ -61,8 +64,6 @@ PRODUCED_BY = "produced_by"  # details-file key: the commit whose code wrote it 
 
 def produced_by() -> dict[str, Any]:
     """``{"commit", "code_dirty"}`` of the code running now (the report's stale check reads it back)."""
-    from envace.reporting.provenance import head_state
-
     commit, dirty = head_state(Path.cwd())
     return {"commit": commit, "code_dirty": dirty}
 
@@ -171,6 +172,7 @@ def configure_torch(cfg: DictConfig) -> None:
     """Thread count from ``engine.num_threads`` (an int, or ``auto``: see ``resolve_threads``)."""
     import torch
 
+    # lazy: importing envace.engines.local loads the local engine (transformers, peft); the report stage never does
     from envace.engines.local.precision import resolve_threads
 
     torch.set_num_threads(resolve_threads(cfg.engine.num_threads))
@@ -180,9 +182,7 @@ def execute(
     name: str, run_fn: RunFn, cfg: DictConfig, metrics_path: Path, *, tracking_uri: str | None = None
 ) -> dict[str, Any]:
     """Run one stage under its MLflow run; returns the metrics (also written: ``write_metrics``)."""
-    from envace.inference.preflight import preflight  # LIBRARY: envace.inference (stdlib + openai, no torch)
-
-    preflight(cfg, name)  # a dead endpoint fails the stage before torch loads (seeding imports it)
+    preflight(cfg, name)  # a dead endpoint fails the stage before any model loads
     seed_everything(int(cfg.seed))
     started = time.perf_counter()
     with stage_run(

@@ -36,6 +36,9 @@ from typing import Any
 from omegaconf import DictConfig
 
 from envace.config import PARAMS_FILE, load_params, to_plain
+from envace.engines.local.precision import cpu_model
+from envace.reporting.science import aggregate
+from envace.stages import evaluate, prepare_data, rehearsal_sweep, template_prompts, train
 from envace.stages.runner import EXIT_USAGE, _failure, configure_logging, default_metrics_path, execute
 from envace.utils.io import read_jsonl, write_json
 from envace.utils.telemetry import telemetry_off
@@ -119,12 +122,6 @@ def torch_threads() -> int:
     return int(torch.get_num_threads())
 
 
-def cpu_model() -> str:
-    from envace.engines.local.precision import cpu_model as model  # torch: loaded by the stages already
-
-    return model()
-
-
 def write_task_outcomes(directory: Path, pattern: str, out: Path) -> dict[str, Any]:
     """``tasks.json``: per label (an evaluation's ``policy``/``base``, a sweep's ``n2-parallel-trained``) the
     per-task outcome rows of its records file."""
@@ -139,8 +136,6 @@ def write_task_outcomes(directory: Path, pattern: str, out: Path) -> dict[str, A
 
 
 def _stages() -> dict[str, tuple[str, Callable[..., dict[str, Any]], Callable[[DictConfig], Path]]]:
-    from envace.stages import evaluate, prepare_data, rehearsal_sweep, template_prompts, train
-
     return {"prepare_data": ("prepare_data", prepare_data.run, default_metrics_path("prepare_data")),
             "template_prompts": ("template_prompts", template_prompts.run, default_metrics_path("template_prompts")),
             "train": ("train", train.run, default_metrics_path("train")),
@@ -157,8 +152,6 @@ def run_part(part: str, variant: str | None, seed: int | None, extra: list[str])
     """Run ``part`` (its stages in this process, each under its own MLflow run), then its outcome files."""
     cfg = load_params(PARAMS_FILE, extra)
     if part == "aggregate":
-        from envace.reporting.science import aggregate  # LIBRARY: envace.reporting (pandas, matplotlib)
-
         aggregate(cfg)
         return
     if part in ("cell", "testtime"):

@@ -29,6 +29,10 @@ from typing import Any
 from omegaconf import DictConfig
 
 from envace.config import to_plain
+from envace.envs.bfcl.episode import BfclConfig
+from envace.envs.tau2.config import Tau2Config
+from envace.envs.toolworld import ToolWorldEnv, task_from_cm2_row
+from envace.evaluation import ActLoopConfig, get_benchmark, oracle_probe_set, sample_tasks
 from envace.stages.common import Budgets, data_seed, toolworld_config
 
 
@@ -100,26 +104,18 @@ def _needs_path(benchmark: str, options: dict[str, Any]) -> str:
 
 
 def _act_loop(budgets: Budgets) -> Any:
-    from envace.evaluation import ActLoopConfig  # LIBRARY: envace.evaluation
-
     return ActLoopConfig(**vars(budgets))
 
 
 def _toolworld_kwargs(cfg: DictConfig, suite: Suite, rehearser: Any) -> dict[str, Any]:
-    from envace.envs.toolworld import ToolWorldEnv  # LIBRARY: envace.envs.toolworld
-
     return {"config": _act_loop(suite.budgets), "env": ToolWorldEnv(toolworld_config(cfg))}
 
 
 def _bfcl_kwargs(cfg: DictConfig, suite: Suite, rehearser: Any) -> dict[str, Any]:
-    from envace.envs.bfcl.episode import BfclConfig  # LIBRARY: envace.envs.bfcl
-
     return {"config": BfclConfig(**vars(suite.budgets))}
 
 
 def _tau2_kwargs(cfg: DictConfig, suite: Suite, rehearser: Any) -> dict[str, Any]:
-    from envace.envs.tau2.config import Tau2Config  # LIBRARY: envace.envs.tau2
-
     # τ² budgets a whole episode in orchestrator steps (max_steps), not steps per user turn
     b = suite.budgets
     return {"config": Tau2Config(max_new_tokens=b.max_new_tokens, temperature=b.temperature, seed=b.seed,
@@ -156,8 +152,6 @@ BENCHMARK_KWARGS: dict[str, Callable[[DictConfig, Suite, Any], dict[str, Any]]] 
 def make_adapter(cfg: DictConfig, suite: Suite, rehearser: Any = None) -> Any:
     """The adapter registered as ``suite.benchmark``, configured by the suite. ``rehearser``: the evaluated
     model's REHEARSE backend, for adapters that can fall back on it (FinMCP ``unrecorded=rehearse``)."""
-    from envace.evaluation import get_benchmark  # LIBRARY: envace.evaluation
-
     unknown = sorted(set(suite.options) - set(SUITE_OPTION_USERS[suite.benchmark]))
     if unknown:
         users = "; ".join(f"{b}: {', '.join(o) or '-'}" for b, o in SUITE_OPTION_USERS.items())
@@ -168,9 +162,6 @@ def make_adapter(cfg: DictConfig, suite: Suite, rehearser: Any = None) -> Any:
 
 def _toolworld_probe_set(cfg: DictConfig, rows: list[dict[str, Any]]) -> Any:
     """The oracle's episodes (real responses) on ``train.fidelity_tasks`` of the validation ``rows``."""
-    from envace.envs.toolworld import task_from_cm2_row  # LIBRARY: envace.envs.toolworld
-    from envace.evaluation import oracle_probe_set, sample_tasks  # LIBRARY: envace.evaluation
-
     if not rows:
         raise ValueError(f"train.fidelity_every={cfg.train.fidelity_every} needs validation tasks, but none were "
                          f"kept in {cfg.paths.prepared}/val.jsonl; set data.n_val > 0 or train.fidelity_every=0")

@@ -24,6 +24,10 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from envace.config import to_plain
+from envace.core.prompts import DEFAULT_ROLE_PROMPTS, ChatFormatter, act_messages
+from envace.core.rehearse_context import Answered, Said, rehearse_context
+from envace.data.cm2 import cm2_row_to_episode_spec
+from envace.models import load_model_and_tokenizer
 from envace.stages.common import model_spec
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.utils.io import atomic_dir, read_jsonl, write_json, write_jsonl
@@ -36,20 +40,15 @@ SPLITS = ("train", "val")
 
 def row_prompts(row: dict[str, Any], variant: int) -> list[dict[str, Any]]:
     """ACT and REHEARSE prompt messages of one CM2 row (no rendering yet)."""
-    from envace.core.prompts import DEFAULT_ROLE_PROMPTS as P  # LIBRARY: envace.core.prompts
-    from envace.core.prompts import act_messages
-    from envace.core.rehearse_context import Answered, Said, rehearse_context  # LIBRARY: envace.core
-    from envace.data.cm2 import cm2_row_to_episode_spec  # LIBRARY: envace.data.cm2
-
     spec = cm2_row_to_episode_spec(row, variant)
     out = [{"role": "ACT", "turn": 0, "index": 0, "tools": list(spec.tools),
-            "messages": act_messages(P, spec.system_prompt, spec.user_turns[0])}]
+            "messages": act_messages(DEFAULT_ROLE_PROMPTS, spec.system_prompt, spec.user_turns[0])}]
     history: list[Any] = []
     for turn, exchanges in enumerate(spec.exchanges):
         history.append(Said("user", spec.user_turns[turn]))
         for ex in exchanges:
             out.append({"role": "REHEARSE", "turn": turn, "index": len(out), "tools": None,
-                        "messages": rehearse_context(P, spec.tools, history, ex.call)})
+                        "messages": rehearse_context(DEFAULT_ROLE_PROMPTS, spec.tools, history, ex.call)})
             history.append(Answered(ex.call, ex.response))
         reply = (spec.reference_replies[turn] if turn < len(spec.reference_replies) else "") or ""
         if reply.strip():
@@ -91,9 +90,6 @@ def length_stats(records: list[dict[str, Any]], role: str) -> dict[str, float]:
 
 
 def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
-    from envace.core.prompts import ChatFormatter  # LIBRARY: envace.core.prompts
-    from envace.models import load_model_and_tokenizer  # LIBRARY: envace.models
-
     configure_torch(cfg)
     _, tokenizer = load_model_and_tokenizer(model_spec(cfg))
     formatter = ChatFormatter(tokenizer)

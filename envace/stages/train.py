@@ -25,12 +25,17 @@ from typing import Any
 from omegaconf import DictConfig
 
 from envace.config import flatten, to_plain
+from envace.engines import episode_spec_from_task, get_engine, to_episode_spec, training_curves
+from envace.engines.lora import lora_spec
+from envace.engines.verl.engine import VerlEngineConfig
+from envace.envs.toolworld import ToolWorldExecutor, task_from_cm2_row
 from envace.inference.preflight import preflight
+from envace.judges import checklist_reward_fn, get_judge
 from envace.mlflow_logging import train_logging
 from envace.stages.common import MANIFEST, model_spec
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.stages.suites import PROBE_SETS
-from envace.tracking import default_tracking_uri
+from envace.tracking_store import default_tracking_uri
 from envace.utils.io import atomic_dir, atomic_path, read_json, read_jsonl, write_json
 
 logger = logging.getLogger(__name__)
@@ -45,17 +50,12 @@ def config_hash(cfg: DictConfig) -> str:
 
 
 def _toolworld_specs(rows: list[dict[str, Any]]) -> tuple[list[Any], Callable[[Any], Any]]:
-    from envace.engines import episode_spec_from_task  # LIBRARY: envace.engines
-    from envace.envs.toolworld import ToolWorldExecutor, task_from_cm2_row  # LIBRARY: envace.envs.toolworld
-
     tasks = {row["uuid"]: task_from_cm2_row(row) for row in rows}
     specs = [episode_spec_from_task(task, ToolWorldExecutor(task)) for task in tasks.values()]
     return specs, lambda spec: ToolWorldExecutor(tasks[spec.task_id])
 
 
 def _cm2_specs(rows: list[dict[str, Any]]) -> tuple[list[Any], None]:
-    from envace.engines import to_episode_spec  # LIBRARY: envace.engines
-
     return [to_episode_spec(row) for row in rows], None  # CM2 has no executor: grpo needs the simulator
 
 
@@ -66,8 +66,6 @@ SPEC_BUILDERS: dict[str, Callable[[list[dict[str, Any]]], tuple[list[Any], Any]]
 
 
 def _judge_reward(cfg: DictConfig) -> Any:
-    from envace.judges import checklist_reward_fn, get_judge  # LIBRARY: envace.judges
-
     settings = to_plain(cfg.judge)  # every judge.* key is a judge setting (envace.judges.base.LLM_SETTING_NAMES)
     return checklist_reward_fn(get_judge(settings.pop("name"), **settings))
 
@@ -85,13 +83,9 @@ def probe_every(cfg: DictConfig) -> int:
 
 
 def local_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> Any:
-    from envace.engines.local.config import (  # LIBRARY: envace.engines.local
-        LocalEngineConfig,
-        OptimConfig,
-        RolloutConfig,
-        SFTConfig,
-    )
-    from envace.engines.lora import lora_spec  # LIBRARY: envace.engines
+    # lazy: envace.engines.local loads torch, transformers and peft (seconds); a dead judge or simulator endpoint
+    # fails the stage (preflight) before that
+    from envace.engines.local.config import LocalEngineConfig, OptimConfig, RolloutConfig, SFTConfig
 
     r, a, t, e = cfg.rollout, cfg.algo, cfg.train, cfg.engine
     speed = {k: e[k] for k in ("share_prefix", "micro_batch_tokens", "grad_checkpointing", "logprob_check")}
@@ -110,8 +104,6 @@ def local_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> 
 
 def verl_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> Any:
     """verl rebuilds everything from the whole config; its MLflow logging nests under this stage's run."""
-    from envace.engines.verl.engine import VerlEngineConfig  # LIBRARY: envace.engines.verl (registers "verl")
-
     uri = default_tracking_uri() if tracker.run_id else None
     return VerlEngineConfig(cfg=to_plain(cfg), output_dir=str(output_dir), tracking_uri=uri,
                             parent_run_id=tracker.run_id)
@@ -160,9 +152,7 @@ def export_checkpoint(result: Any, work: Path, cfg: DictConfig, digest: str) -> 
 
 
 def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
-    preflight(cfg, "train")  # the judge/simulator endpoints answer, before torch and the model load
-    from envace.engines import get_engine, training_curves  # LIBRARY: envace.engines
-
+    preflight(cfg, "train")  # the judge/simulator endpoints answer, before the model loads
     configure_torch(cfg)
     name, source = to_plain(cfg.engine.name), to_plain(cfg.data.source)
     specs, executor_factory = SPEC_BUILDERS[source](training_rows(cfg))

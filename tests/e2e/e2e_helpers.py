@@ -61,7 +61,7 @@ def assert_pipeline_in_mlflow(root: Path, expected_stages: list[str]):
     """One parent run holding one FINISHED nested run per stage, with metrics and artifacts."""
     from mlflow.tracking import MlflowClient
 
-    from envace.tracking import runs_table
+    from envace.tracking_store import runs_table
 
     uri = f"sqlite:///{root / 'mlflow.db'}"
     parents = runs_table("envace", tracking_uri=uri, kind="pipeline")

@@ -14,18 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from envace import tracking
+from envace import tracking, tracking_runs
 from envace.config import write_params
-from envace.tracking import (
-    ORPHAN_TAG,
-    OWNER_HOST_TAG,
-    OWNER_PID_TAG,
-    OWNER_START_TAG,
-    MlflowStore,
-    owner_alive,
-    owner_tags,
-    runs_table,
-)
+from envace.tracking_runs import ORPHAN_TAG, OWNER_HOST_TAG, OWNER_PID_TAG, OWNER_START_TAG, owner_alive, owner_tags
+from envace.tracking_store import MlflowStore, runs_table
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENT = "orphans"
@@ -141,7 +133,7 @@ def test_the_sweep_leaves_runs_it_cannot_judge(tmp_path):
     legacy = store.start_run("train", stage)
     other_stage = store.start_run("report", {**stage, tracking.STAGE_TAG: "report", **owner_tags(gone)})
     orphan = store.start_run("train", {**stage, **owner_tags(gone)})
-    assert tracking.end_orphaned_runs(store, "train") == [orphan.run_id]
+    assert tracking_runs.end_orphaned_runs(store, "train") == [orphan.run_id]
     status = {r: store.client.get_run(r).info.status for r in (elsewhere.run_id, legacy.run_id, other_stage.run_id)}
     assert set(status.values()) == {"RUNNING"}
     assert store.client.get_run(orphan.run_id).info.status == "KILLED"

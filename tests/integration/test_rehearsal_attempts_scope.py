@@ -81,7 +81,7 @@ def run(backend: ChatBackend, task: Task, settings: RehearsalSettings) -> tuple[
 
 @pytest.mark.parametrize("model", ["tiny", "seeded"])
 def test_parallel_attempts_differ(backends: dict[str, ChatBackend], multi_turn_task: Task, model: str) -> None:
-    settings = configured(n_attempts=3, mode=RehearsalMode.PARALLEL)
+    settings = configured(n_attempts=3, mode=RehearsalMode.parallel)
     assert settings.config.act_temperature > 0
     task = replace(multi_turn_task, user_turns=multi_turn_task.user_turns[:1],
                    gold_calls=multi_turn_task.gold_calls[:1])  # one user turn: one rehearsal
@@ -115,7 +115,7 @@ def future_turn_leaks(log: Sequence[ChatRequest], user_turns: Sequence[str]) -> 
 
 def test_turn_scope_no_future_turns(backends: dict[str, ChatBackend], multi_turn_task: Task) -> None:
     settings = configured(n_attempts=2)
-    assert settings.config.scope is RehearsalScope.TURN and RehearsalConfig().scope is RehearsalScope.TURN
+    assert settings.config.scope is RehearsalScope.turn and RehearsalConfig().scope is RehearsalScope.turn
     record, log = run(backends["tiny"], multi_turn_task, settings)
     n_turns = len(multi_turn_task.user_turns)
     outcomes = record.info["rehearsal"]["outcomes"]
@@ -125,7 +125,7 @@ def test_turn_scope_no_future_turns(backends: dict[str, ChatBackend], multi_turn
     assert any(n_turns - 1 in user_turns_in(r, multi_turn_task.user_turns) for r in rehearsal)  # not vacuous
     assert future_turn_leaks(log, multi_turn_task.user_turns) == []
     # the same check on task scope: its rehearsal before turn 0 reads every later turn
-    record, log = run(backends["tiny"], multi_turn_task, configured(n_attempts=2, scope=RehearsalScope.TASK))
+    record, log = run(backends["tiny"], multi_turn_task, configured(n_attempts=2, scope=RehearsalScope.task))
     assert [o["turn_index"] for o in record.info["rehearsal"]["outcomes"]] == [0]
     leaks = future_turn_leaks(log, multi_turn_task.user_turns)
     assert {shown for _, shown in leaks} == set(range(1, n_turns)) and all(allowed == 0 for allowed, _ in leaks)

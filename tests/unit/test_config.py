@@ -12,18 +12,9 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from envace.config import (
-    GROUPS,
-    AlgoName,
-    Benchmark,
-    ConfigError,
-    JudgeName,
-    compose,
-    flatten,
-    load_params,
-    to_plain,
-    write_params,
-)
+from envace.config import ConfigError, compose, flatten, load_params, to_plain, write_params
+from envace.config_enums import AlgoName, Benchmark, JudgeName
+from envace.config_schema import GROUPS, SuitesConfig
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 OPTIONS = sorted((p.parent.name, p.stem) for p in CONF.glob("*/*.yaml"))
@@ -141,7 +132,6 @@ def test_enumerated_names_match_the_registries():
 
     assert {a.value for a in AlgoName} == set(VARIANTS)
     assert {b.value for b in Benchmark} <= set(benchmark_names())
-    from envace.config import SuitesConfig
     from envace.stages.suites import BENCHMARK_KWARGS
 
     assert set(SuitesConfig.__dataclass_fields__) == {b.value for b in Benchmark} == set(BENCHMARK_KWARGS)

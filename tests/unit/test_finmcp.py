@@ -290,7 +290,7 @@ def test_private_rehearsal_runs_on_replayed_tasks(adapter: FinMCPAdapter) -> Non
 
     tasks = [t for t in adapter.tasks() if t.task_id == "4"]
     oracle = build_policy("oracle", tasks=tasks)
-    settings = RehearsalSettings(RehearsalConfig(n_attempts=1, scope=RehearsalScope.TURN))
+    settings = RehearsalSettings(RehearsalConfig(n_attempts=1, scope=RehearsalScope.turn))
     run = evaluate_with_rehearsal(adapter, oracle, oracle, tasks, settings, progress=False)
     (record,) = run.records
     assert record.score == 1.0 and len(record.info["rehearsal"]["outcomes"]) == 3

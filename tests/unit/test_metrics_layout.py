@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from envace.config import compose
+from envace.reporting.sweep_layout import cell_name, cells_list, keyed_cells
 from envace.reporting.tables import testtime_table as build_testtime_table
 from envace.stages import runner
-from envace.stages.rehearsal_sweep import cell_name, cells_list, keyed_cells
 from envace.stages.report import load_metrics
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -138,7 +138,7 @@ def test_prompts_reject_templates_with_wrong_placeholders():
 
 def test_config_accepts_strings_and_validates():
     cfg = RehearsalConfig(n_attempts=2, mode="sequential", scope="turn", summarizer="structured")
-    assert cfg.mode is RehearsalMode.SEQUENTIAL
+    assert cfg.mode is RehearsalMode.sequential
     with pytest.raises(ValueError, match="n_attempts"):
         RehearsalConfig(n_attempts=-1)
     with pytest.raises(ValueError):

@@ -87,7 +87,7 @@ def test_library_defaults_sample_attempts_in_turn_scope() -> None:
     default = RehearsalConfig()
     assert float(r.act_temperature) == default.act_temperature == 0.7
     assert float(r.rehearse_temperature) == default.rehearse_temperature
-    assert to_plain(r.scope) == default.scope.value == RehearsalScope.TURN.value
+    assert to_plain(r.scope) == default.scope.value == RehearsalScope.turn.value
     for profile in ("smoke", "cpu", "paper"):
         assert float(compose([f"profile={profile}"]).rehearsal.act_temperature) > 0
 

@@ -1,6 +1,7 @@
-"""The figure builders of envace.reporting.plots on small synthetic frames and on the committed metrics:
-each returns a titled figure with labelled axes, legends outside every axes, integer ticks on step, N
-and count axes; the intervals are the textbook ones; missing data gives a reason, not a figure."""
+"""The figure builders of envace.reporting.plots and envace.reporting.testtime_plots on small synthetic
+frames and on the committed metrics: each returns a titled figure with labelled axes, legends outside every
+axes, integer ticks on step, N and count axes; the intervals are the textbook ones; missing data gives a
+reason, not a figure."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from envace.reporting import plots
+from envace.reporting import plots, testtime_plots
 from envace.stages.runner import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,14 +43,14 @@ STATS = {"n_rows": 8, "user_turns": {"histogram": [[1, 4], [2, 3], [4, 1]]},
 
 
 def _builders():
-    cells = plots.sweep_cells(SWEEP)
+    cells = testtime_plots.sweep_cells(SWEEP)
     return {"reward": lambda: plots.reward_figure(STEPS),
             "variants": lambda: plots.variant_reward_figure({"grpo (a)": STEPS, "envace (b)": STEPS.iloc[:3]}),
             "role_panels": lambda: plots.role_panels_figure(STEPS),
             "advantages": lambda: plots.advantage_figure(STEPS),
             "fidelity": lambda: plots.fidelity_figure(STEPS),
-            "testtime": lambda: plots.testtime_figure(cells),
-            "testtime_cost": lambda: plots.testtime_cost_figure(cells),
+            "testtime": lambda: testtime_plots.testtime_figure(cells),
+            "testtime_cost": lambda: testtime_plots.testtime_cost_figure(cells),
             "data": lambda: plots.data_stats_figure(STATS)}
 
 
@@ -129,31 +130,31 @@ def test_role_panels_draw_what_exists_and_say_what_was_not_recorded():
 
 
 def test_wilson_and_bootstrap_intervals():
-    low, high = plots.wilson_interval(0, 1)
+    low, high = testtime_plots.wilson_interval(0, 1)
     z2 = 1.959963984540054 ** 2  # the Wilson upper bound of 0/1 is z²/(1+z²)
     assert low == 0.0 and high == pytest.approx(z2 / (1 + z2))
-    assert plots.wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
-    assert all(math.isnan(v) for v in plots.wilson_interval(0, 0))
-    assert plots.bootstrap_interval([1.0, 1.0, 1.0]) == (1.0, 1.0)
-    low, high = plots.bootstrap_interval([0.0, 1.0] * 20)
-    assert low < 0.5 < high and plots.bootstrap_interval([0.0, 1.0] * 20) == (low, high)  # seeded
-    cells, method = plots.cell_intervals(pd.DataFrame({"success_rate": [0.5], "scores": [[0.0, 1.0] * 20]}))
+    assert testtime_plots.wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert all(math.isnan(v) for v in testtime_plots.wilson_interval(0, 0))
+    assert testtime_plots.bootstrap_interval([1.0, 1.0, 1.0]) == (1.0, 1.0)
+    low, high = testtime_plots.bootstrap_interval([0.0, 1.0] * 20)
+    assert low < 0.5 < high and testtime_plots.bootstrap_interval([0.0, 1.0] * 20) == (low, high)  # seeded
+    cells, method = testtime_plots.cell_intervals(pd.DataFrame({"success_rate": [0.5], "scores": [[0.0, 1.0] * 20]}))
     assert method.startswith("95% bootstrap") and cells["low"].iloc[0] == low
 
 
 def test_sweep_cells_from_a_list_or_cells_keyed_by_name():
-    listed = plots.sweep_cells(SWEEP)
+    listed = testtime_plots.sweep_cells(SWEEP)
     assert len(listed) == 9 and set(listed["n"]) == {4}
     keyed = {"n_tasks": {"toolworld": 4}, "cells": {  # rehearsal_sweep.json without its details file
         "toolworld/none/n0/none": {"success_rate": 0.5}, "toolworld/parallel/n2/trained": {"success_rate": 0.75}}}
-    frame = plots.sweep_cells(keyed)
+    frame = testtime_plots.sweep_cells(keyed)
     assert frame[["benchmark", "n_attempts", "mode", "rehearser", "n"]].values.tolist() == [
         ["toolworld", 0, "none", "none", 4], ["toolworld", 2, "parallel", "trained", 4]]
-    assert plots.sweep_cells(None).empty and plots.sweep_cells({"cells": []}).empty
+    assert testtime_plots.sweep_cells(None).empty and testtime_plots.sweep_cells({"cells": []}).empty
 
 
 def test_testtime_figure_names_its_interval_and_dodges_equal_series():
-    fig = plots.testtime_figure(plots.sweep_cells(SWEEP))
+    fig = testtime_plots.testtime_figure(testtime_plots.sweep_cells(SWEEP))
     assert fig.legends[0].get_title().get_text() == "bars: 95% Wilson (binomial, n tasks)"
     assert fig.axes[0].get_title() == "toolworld (n = 4 tasks)"
     xs = {round(float(x), 3) for line in fig.axes[0].get_lines() for x in line.get_xdata()
@@ -164,16 +165,17 @@ def test_testtime_figure_names_its_interval_and_dodges_equal_series():
 def test_reasons_instead_of_figures_without_data():
     empty = pd.DataFrame()
     assert plots.reward_figure(empty).startswith("no per-step reward")
-    assert plots.testtime_figure(empty) == "no rehearsal_sweep cells"
-    assert "cost" in plots.testtime_cost_figure(plots.sweep_cells({"cells": [{"n_attempts": 0, "success_rate": 1.0}]}))
+    assert testtime_plots.testtime_figure(empty) == "no rehearsal_sweep cells"
+    baseline_only = testtime_plots.sweep_cells({"cells": [{"n_attempts": 0, "success_rate": 1.0}]})
+    assert "cost" in testtime_plots.testtime_cost_figure(baseline_only)
     assert plots.fidelity_figure(STEPS[["step", "reward/mean"]]).endswith("(not measured)")
 
 
 def test_save_plots_writes_pngs_and_the_testtime_points(tmp_path):
     made, skipped = plots.save_plots(tmp_path, steps=STEPS, curves=STEPS, variants={"envace (w)": STEPS},
-                                     testtime=plots.sweep_cells(SWEEP))
+                                     testtime=testtime_plots.sweep_cells(SWEEP))
     assert skipped == {} and all((tmp_path / name).read_bytes()[:4] == b"\x89PNG" for name in made)
-    points = pd.read_csv(tmp_path / plots.TESTTIME_POINTS)
+    points = pd.read_csv(tmp_path / testtime_plots.TESTTIME_POINTS)
     assert len(points) == 9 and {"n_attempts", "success_rate", "low", "high"} <= set(points.columns)
 
 
@@ -181,7 +183,7 @@ def test_the_committed_metrics_draw_well_formed_figures():
     steps = pd.read_csv(ROOT / "plots" / "train_steps.csv")
     train = json.loads((ROOT / "metrics" / "train.json").read_text())
     curves = plots.merge_curves(plots.curves_frame(train.get("curves")), steps)
-    cells = plots.sweep_cells(read_metrics(ROOT / "metrics" / "rehearsal_sweep.json"))
+    cells = testtime_plots.sweep_cells(read_metrics(ROOT / "metrics" / "rehearsal_sweep.json"))
     for figure in (plots.reward_figure(steps), plots.role_panels_figure(curves), plots.advantage_figure(curves),
-                   plots.testtime_figure(cells), plots.testtime_cost_figure(cells)):
+                   testtime_plots.testtime_figure(cells), testtime_plots.testtime_cost_figure(cells)):
         assert_well_formed(figure)

@@ -104,7 +104,7 @@ NO_CM2 = ("data.source=cm2", "paths.raw_cm2=no_such_dir")  # prepare_data then f
 def test_a_missing_input_is_one_line_exit_1_and_a_failed_mlflow_run(project):
     from mlflow.tracking import MlflowClient
 
-    from envace.tracking import runs_table
+    from envace.tracking_store import runs_table
 
     [result] = _stages(project, ("prepare_data", *NO_CM2))
     assert result.returncode == 1 and "Traceback" not in result.stderr

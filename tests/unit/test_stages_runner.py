@@ -60,7 +60,7 @@ def test_execute_writes_metrics_and_logs_a_nested_run(tmp_path, monkeypatch):
     assert details == {"label": "x"}
     assert metrics == runner.read_metrics(tmp_path / "metrics" / "demo.json")
     assert seen["tracker"] == "MlflowTracker"
-    from envace.tracking import runs_table
+    from envace.tracking_store import runs_table
 
     table = runs_table("runner-test", tracking_uri=uri, stage="demo")
     row = table.iloc[0]

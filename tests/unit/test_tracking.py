@@ -10,16 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from envace import tracking
-from envace.tracking import (
-    ENV_PARENT_RUN_ID,
-    MlflowStore,
-    NullTracker,
-    numeric_items,
-    runs_table,
-    stage_run,
-    start_pipeline_run,
-)
+from envace import tracking_runs, tracking_store
+from envace.tracking import NullTracker, numeric_items
+from envace.tracking_runs import ENV_PARENT_RUN_ID, stage_run, start_pipeline_run
+from envace.tracking_store import MlflowStore, runs_table
 
 
 @pytest.fixture(scope="module")
@@ -108,30 +102,30 @@ def test_nested_runs_are_children_of_the_stage_run_and_record_failures(store_uri
 
 
 def test_stages_of_one_dvc_process_share_one_parent(store_uri, experiment, in_tmp, monkeypatch):
-    monkeypatch.setattr(tracking, "_dvc_ancestor_key", lambda: "4242-1000-")
+    monkeypatch.setattr(tracking_runs, "_dvc_ancestor_key", lambda: "4242-1000-")
     ids = []
     for stage in ("prepare_data", "train"):
         with stage_run(stage, {}, profile="cpu", experiment=experiment, tracking_uri=store_uri) as run:
             pass
         ids.append(client(store_uri).get_run(run.run_id).data.tags["mlflow.parentRunId"])
     assert ids[0] == ids[1]
-    assert json.loads((in_tmp / tracking.PIPELINE_RUN_FILE).read_text())["run_id"] == ids[0]
+    assert json.loads((in_tmp / tracking_runs.PIPELINE_RUN_FILE).read_text())["run_id"] == ids[0]
     assert client(store_uri).get_run(ids[0]).info.status == "FINISHED"
-    monkeypatch.setattr(tracking, "_dvc_ancestor_key", lambda: "4343-1001-")  # the next `dvc repro`
+    monkeypatch.setattr(tracking_runs, "_dvc_ancestor_key", lambda: "4343-1001-")  # the next `dvc repro`
     with stage_run("prepare_data", {}, profile="cpu", experiment=experiment, tracking_uri=store_uri) as run:
         pass
     assert client(store_uri).get_run(run.run_id).data.tags["mlflow.parentRunId"] != ids[0]
 
 
 def test_a_stage_run_by_hand_gets_its_own_parent(store_uri, experiment, in_tmp, monkeypatch):
-    monkeypatch.setattr(tracking, "_dvc_ancestor_key", lambda: None)
+    monkeypatch.setattr(tracking_runs, "_dvc_ancestor_key", lambda: None)
     parents = set()
     for _ in range(2):
         with stage_run("report", {}, profile="cpu", experiment=experiment, tracking_uri=store_uri) as run:
             pass
         parents.add(client(store_uri).get_run(run.run_id).data.tags["mlflow.parentRunId"])
     assert len(parents) == 2
-    assert not (in_tmp / tracking.PIPELINE_RUN_FILE).exists()
+    assert not (in_tmp / tracking_runs.PIPELINE_RUN_FILE).exists()
 
 
 def test_runs_table_compares_runs(store_uri, experiment, in_tmp, monkeypatch):
@@ -163,9 +157,9 @@ def test_tracking_none_logs_nothing(in_tmp):
 def test_default_store_is_sqlite_at_the_dvc_root(monkeypatch, tmp_path):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
-    assert tracking.default_tracking_uri() == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    assert tracking_store.default_tracking_uri() == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
-    assert tracking.default_tracking_uri() == "http://127.0.0.1:5000"
+    assert tracking_store.default_tracking_uri() == "http://127.0.0.1:5000"
 
 
 def test_numeric_items_keeps_finite_numbers_only():
@@ -174,9 +168,9 @@ def test_numeric_items_keeps_finite_numbers_only():
 
 
 def test_env_overrides_reach_the_parent_tags(monkeypatch):
-    monkeypatch.setenv(tracking.ENV_OVERRIDES, json.dumps(["algo=grpo"]))
-    monkeypatch.setenv(tracking.ENV_FLOW_RUN_ID, "abc")
-    tags = tracking.pipeline_tags("cpu")
+    monkeypatch.setenv(tracking_runs.ENV_OVERRIDES, json.dumps(["algo=grpo"]))
+    monkeypatch.setenv(tracking_runs.ENV_FLOW_RUN_ID, "abc")
+    tags = tracking_runs.pipeline_tags("cpu")
     assert json.loads(tags["envace.overrides"]) == ["algo=grpo"] and tags["prefect.flow_run_id"] == "abc"
     assert tags["envace.profile"] == "cpu" and tags["git_commit"]
 
@@ -200,7 +194,7 @@ def test_stage_summary_is_mirrored_on_the_parent_and_the_experiment_opens_on_run
     metrics = client(store_uri).get_run(parent).data.metrics
     assert metrics == {"evaluate.toolworld/policy.success_rate": 0.5, "evaluate.toolworld/n_tasks": 4.0}
     exp = client(store_uri).get_experiment_by_name(experiment)
-    assert exp.tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"
+    assert exp.tags[tracking_store.EXPERIMENT_KIND_TAG] == "custom_model_development"
 
 
 def test_two_variants_compare_in_runs_table_on_the_same_metric_names(store_uri, experiment, in_tmp, monkeypatch):
@@ -216,7 +210,7 @@ def test_two_variants_compare_in_runs_table_on_the_same_metric_names(store_uri, 
     assert table.loc["envace", "final/reward_mean.mean"] == pytest.approx(0.7)
     assert table.loc["envace", "final/reward_mean.n"] == 2 and table.loc["grpo", "n_runs"] == 1
     assert table.loc["grpo", "final/reward_mean.mean"] == pytest.approx(0.3)
-    by_seed = tracking.compare_runs("final/reward_mean", by=["params.algo.name", "params.seed"],
+    by_seed = tracking_store.compare_runs("final/reward_mean", by=["params.algo.name", "params.seed"],
                                     experiment=experiment, tracking_uri=store_uri, stage="train")
     assert len(by_seed) == 3 and list(by_seed.columns[-3:]) == [
         "final/reward_mean.mean", "final/reward_mean.std", "final/reward_mean.n"]
