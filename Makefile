@@ -46,12 +46,13 @@ INSTALL_SETS ?=
 install: ## create/refresh the venv ($(VENV)) from requirements/cpu.lock (hashes checked, CPU torch first); INSTALL_SETS=bench adds TRL
 	bash scripts/install.sh $(VENV) $(INSTALL_SETS)
 
-test: install lint ## ruff check, then unit + integration tests (no e2e/slow/gpu); pytest's "no tests ran" (exit 5) fails
+test: install lint ## ruff check + format check, then unit + integration tests (no e2e/slow/gpu); pytest's "no tests ran" (exit 5) fails
 	@rc=0; $(PY) -m pytest $(ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5) - failing"; exit 1; fi; exit $$rc
 
-lint: install ## ruff check (pyproject.toml [tool.ruff]: pyflakes, pycodestyle at 120 columns, import order, bugbear, pyupgrade)
+lint: install ## ruff check and ruff format --check (pyproject.toml [tool.ruff]: 120 columns, pyflakes, import order, bugbear, pyupgrade)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test-e2e: install ## end-to-end: smoke profile through `dvc exp run` and a real Prefect server + deployment
 	$(PY) -m pytest -m e2e tests/e2e tests/integration $(ARGS)

@@ -78,9 +78,11 @@ def validate_config(cfg: DictConfig) -> DictConfig:
     if cfg.train.steps < 0 or cfg.train.sft_epochs < 0:
         raise ConfigError(f"train.steps={cfg.train.steps}, train.sft_epochs={cfg.train.sft_epochs}: must be >= 0")
     if cfg.train.fidelity_every < 0 or (cfg.train.fidelity_every > 0 and cfg.train.fidelity_tasks < 1):
-        raise ConfigError(f"train.fidelity_every={cfg.train.fidelity_every}, train.fidelity_tasks="
-                          f"{cfg.train.fidelity_tasks}: fidelity_every must be >= 0 (0 = off) and, when on, "
-                          "fidelity_tasks >= 1")
+        raise ConfigError(
+            f"train.fidelity_every={cfg.train.fidelity_every}, train.fidelity_tasks="
+            f"{cfg.train.fidelity_tasks}: fidelity_every must be >= 0 (0 = off) and, when on, "
+            "fidelity_tasks >= 1"
+        )
     _check_rehearsal_grid(cfg)
     if cfg.eval.benchmark not in list(cfg.eval.benchmarks):
         raise ConfigError(
@@ -96,12 +98,16 @@ def validate_config(cfg: DictConfig) -> DictConfig:
 def _check_judge(judge: DictConfig) -> None:
     """The judge's retry, timeout and failure-budget numbers (their ranges; defaults in conf/judge/)."""
     if judge.max_retries < 0 or judge.timeout_s <= 0 or not 0 <= judge.backoff_s <= judge.max_backoff_s:
-        raise ConfigError(f"judge.max_retries={judge.max_retries}, judge.timeout_s={judge.timeout_s}, judge.backoff_s="
-                          f"{judge.backoff_s}, judge.max_backoff_s={judge.max_backoff_s}: need max_retries >= 0, "
-                          "timeout_s > 0 and 0 <= backoff_s <= max_backoff_s")
+        raise ConfigError(
+            f"judge.max_retries={judge.max_retries}, judge.timeout_s={judge.timeout_s}, judge.backoff_s="
+            f"{judge.backoff_s}, judge.max_backoff_s={judge.max_backoff_s}: need max_retries >= 0, "
+            "timeout_s > 0 and 0 <= backoff_s <= max_backoff_s"
+        )
     if not 0.0 <= judge.max_failure_rate <= 1.0 or judge.failure_window < 1:
-        raise ConfigError(f"judge.max_failure_rate={judge.max_failure_rate}, judge.failure_window="
-                          f"{judge.failure_window}: need a rate in [0, 1] (1 = never stop) and a window >= 1")
+        raise ConfigError(
+            f"judge.max_failure_rate={judge.max_failure_rate}, judge.failure_window="
+            f"{judge.failure_window}: need a rate in [0, 1] (1 = never stop) and a window >= 1"
+        )
 
 
 def _check_rehearsal_grid(cfg: DictConfig) -> None:
@@ -115,8 +121,10 @@ def _check_rehearsal_grid(cfg: DictConfig) -> None:
             try:
                 rehearsal_config(cfg, n, mode)
             except ValueError as exc:
-                raise ConfigError(f"{exc} (the sweep's cell n_attempts={n}, mode={mode}; rehearsal.n_attempts="
-                                  f"{list(r.n_attempts)}, rehearsal.modes={modes})") from exc
+                raise ConfigError(
+                    f"{exc} (the sweep's cell n_attempts={n}, mode={mode}; rehearsal.n_attempts="
+                    f"{list(r.n_attempts)}, rehearsal.modes={modes})"
+                ) from exc
 
 
 def rehearsal_config(cfg: DictConfig, n_attempts: int = 0, mode: RehearsalMode | str | None = None) -> RehearsalConfig:
@@ -137,8 +145,9 @@ def compose(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path | str = 
         with initialize_config_dir(str(Path(conf_dir).resolve()), version_base=None):
             cfg = hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as exc:
-        raise ConfigError(f"cannot compose {conf_dir}/{CONFIG_NAME}.yaml with {list(overrides)}: "
-                          f"{_explain(exc)}") from exc
+        raise ConfigError(
+            f"cannot compose {conf_dir}/{CONFIG_NAME}.yaml with {list(overrides)}: {_explain(exc)}"
+        ) from exc
     return validate_config(cfg)
 
 
@@ -157,8 +166,9 @@ def write_params(
         try:
             compose_and_dump(tmp, str(conf), None, CONFIG_NAME, str(root), list(overrides))
         except (HydraException, OmegaConfBaseException) as exc:
-            raise ConfigError(f"cannot compose {conf}/{CONFIG_NAME}.yaml with {list(overrides)}: "
-                              f"{_explain(exc)}") from exc
+            raise ConfigError(
+                f"cannot compose {conf}/{CONFIG_NAME}.yaml with {list(overrides)}: {_explain(exc)}"
+            ) from exc
         load_params(tmp)  # the checks the schema cannot express, before params.yaml changes
         tmp.replace(out)
     finally:

@@ -313,5 +313,16 @@ class Config:
 
 
 # config groups a user selects with `group=option` (the rest are plain keys)
-GROUPS = ("profile", "model", "algo", "engine", "rollout", "judge", "eval", "rehearsal", "tracking", "data",
-          "experiment")
+GROUPS = (
+    "profile",
+    "model",
+    "algo",
+    "engine",
+    "rollout",
+    "judge",
+    "eval",
+    "rehearsal",
+    "tracking",
+    "data",
+    "experiment",
+)

@@ -43,8 +43,17 @@ logger = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 OUTPUT_NAME = "experiments.json"
 PARAM_KEYS = ("profile", "experiment_name", "algo.name", "model.name", "engine.name", "seed")
-CURVE_KEYS = ("step", "reward/mean", "adv/act/mean", "adv/act/std", "adv/rehearse/mean", "adv/rehearse/std",
-              "fidelity/exact_match", "fidelity/field_f1", "fidelity/error_agreement")
+CURVE_KEYS = (
+    "step",
+    "reward/mean",
+    "adv/act/mean",
+    "adv/act/std",
+    "adv/rehearse/mean",
+    "adv/rehearse/std",
+    "fidelity/exact_match",
+    "fidelity/field_f1",
+    "fidelity/error_agreement",
+)
 KIND_ORDER = {"workspace": 0, "baseline": 1, "experiment": 2}
 _EVALUATE_FILE = re.compile(r"(?:^|/)evaluate_(?P<bench>[^/]+)\.json$")
 
@@ -61,29 +70,36 @@ def find_dvc() -> str:
         return str(beside)
     found = shutil.which("dvc")
     if found is None:
-        raise CollectError("dvc not found next to this Python or on PATH; run `make install` (or "
-                           "`pip install dvc`) and activate the venv (`source .venv/bin/activate`)")
+        raise CollectError(
+            "dvc not found next to this Python or on PATH; run `make install` (or "
+            "`pip install dvc`) and activate the venv (`source .venv/bin/activate`)"
+        )
     return found
 
 
 def dvc_exp_show(root: Path, all_commits: bool = False) -> list[dict[str, Any]]:
     """``dvc exp show --json`` in ``root``: a list of rows (workspace first, then baselines)."""
     if not (root / ".dvc").is_dir():
-        raise CollectError(f"{root} is not a DVC repository (no .dvc/ directory); run from the project root "
-                           "or pass --root")
+        raise CollectError(
+            f"{root} is not a DVC repository (no .dvc/ directory); run from the project root or pass --root"
+        )
     cmd = [find_dvc(), "exp", "show", "--json", *(["--all-commits"] if all_commits else [])]
     env = {**os.environ, "DVC_NO_ANALYTICS": "1", "DVC_STUDIO_OFFLINE": "true"}
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:
-        raise CollectError(f"`dvc {' '.join(cmd[1:])}` failed in {root} (exit {proc.returncode}): "
-                           f"{proc.stderr.strip()[-2000:] or proc.stdout.strip()[-2000:]}")
+        raise CollectError(
+            f"`dvc {' '.join(cmd[1:])}` failed in {root} (exit {proc.returncode}): "
+            f"{proc.stderr.strip()[-2000:] or proc.stdout.strip()[-2000:]}"
+        )
     try:
         rows = json.loads(proc.stdout)
     except json.JSONDecodeError as exc:
         raise CollectError(f"`dvc exp show --json` printed no JSON ({exc.msg}): {proc.stdout[:300]!r}") from exc
     if not isinstance(rows, list):
-        raise CollectError(f"`dvc exp show --json` gave a {type(rows).__name__}, expected a list of rows "
-                           "(the DVC 3.x shape); check `dvc version`")
+        raise CollectError(
+            f"`dvc exp show --json` gave a {type(rows).__name__}, expected a list of rows "
+            "(the DVC 3.x shape); check `dvc version`"
+        )
     return rows
 
 
@@ -92,8 +108,7 @@ def read_revision_file(root: Path, rev: str, relpath: str) -> str | None:
     if rev == "workspace":
         path = root / relpath
         return path.read_text(encoding="utf-8") if path.is_file() else None
-    proc = subprocess.run(["git", "show", f"{rev}:./{relpath}"], cwd=root, capture_output=True, text=True,
-                          check=False)
+    proc = subprocess.run(["git", "show", f"{rev}:./{relpath}"], cwd=root, capture_output=True, text=True, check=False)
     return proc.stdout if proc.returncode == 0 else None
 
 
@@ -136,11 +151,17 @@ def _scalar_metrics(data: dict[str, Any]) -> tuple[dict[str, dict[str, float]], 
             continue
         match = _EVALUATE_FILE.search(path)
         if match:
-            success[match["bench"]] = {who: values[who]["success_rate"] for who in ("policy", "base")
-                                       if isinstance(values.get(who), dict) and "success_rate" in values[who]}
+            success[match["bench"]] = {
+                who: values[who]["success_rate"]
+                for who in ("policy", "base")
+                if isinstance(values.get(who), dict) and "success_rate" in values[who]
+            }
         elif Path(path).name == "train.json":
-            train = {"final_reward": values.get("final/reward/mean"), "steps_done": values.get("steps_done"),
-                     "variant": values.get("variant")}
+            train = {
+                "final_reward": values.get("final/reward/mean"),
+                "steps_done": values.get("steps_done"),
+                "variant": values.get("variant"),
+            }
     return success, train
 
 
@@ -209,17 +230,28 @@ def parse_row(root: Path, row: dict[str, Any], kind: str, baseline: str | None) 
     if train is not None and train.get("variant") is None:
         train["variant"] = read_variant(root, rev, params)
     curves, source = read_curves(root, rev, params)
-    return {"kind": kind, "name": row.get("name") or (rev if kind == "workspace" else rev[:7]), "rev": rev,
-            "baseline": baseline, "timestamp": data.get("timestamp"),
-            "params": {key: _dotted(params, key) for key in PARAM_KEYS},
-            "success_rate": success, "train": train, "curves": curves, "curves_source": source}
+    return {
+        "kind": kind,
+        "name": row.get("name") or (rev if kind == "workspace" else rev[:7]),
+        "rev": rev,
+        "baseline": baseline,
+        "timestamp": data.get("timestamp"),
+        "params": {key: _dotted(params, key) for key in PARAM_KEYS},
+        "success_rate": success,
+        "train": train,
+        "curves": curves,
+        "curves_source": source,
+    }
 
 
 def collect(root: Path, all_commits: bool = False) -> dict[str, Any]:
     """Every experiment/commit with metrics, sorted (kind, timestamp, name, rev)."""
     root = Path(root).resolve()
-    entries = [entry for row, kind, baseline in iter_rows(dvc_exp_show(root, all_commits))
-               if (entry := parse_row(root, row, kind, baseline)) is not None]
+    entries = [
+        entry
+        for row, kind, baseline in iter_rows(dvc_exp_show(root, all_commits))
+        if (entry := parse_row(root, row, kind, baseline)) is not None
+    ]
     entries.sort(key=lambda e: (KIND_ORDER[e["kind"]], e["timestamp"] or "", e["name"], e["rev"]))
     return {"schema_version": SCHEMA_VERSION, "source": "dvc exp show --json", "experiments": entries}
 

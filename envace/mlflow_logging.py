@@ -89,8 +89,9 @@ def sample_indices(n: int, group_size: int, limit: int) -> list[int]:
     return sorted(order[: max(0, limit)])
 
 
-def rollout_rows(step: int, trajectories: Sequence[Any], advantages: Any, group_size: int,
-                 limit: int = ROLLOUT_ROWS_PER_STEP) -> list[dict[str, Any]]:
+def rollout_rows(
+    step: int, trajectories: Sequence[Any], advantages: Any, group_size: int, limit: int = ROLLOUT_ROWS_PER_STEP
+) -> list[dict[str, Any]]:
     """Table rows for a bounded sample of one step's scored trajectories (see the module docstring)."""
     raw = getattr(advantages, "values", None)
     values = [float(v) for v in (raw.tolist() if hasattr(raw, "tolist") else raw or [])]
@@ -107,17 +108,27 @@ def rollout_rows(step: int, trajectories: Sequence[Any], advantages: Any, group_
     for i in sample_indices(len(trajectories), group_size, limit):
         traj = trajectories[i]
         texts = {role: [seg.text for r, seg in traj.outputs() if r is role] for role in (Role.ACT, Role.REHEARSE)}
-        real = [{"tool": c.name, "response": r} for t in traj.turns if not t.rehearsed
-                for c, r in zip(t.tool_calls, t.responses)]
+        real = [
+            {"tool": c.name, "response": r}
+            for t in traj.turns
+            if not t.rehearsed
+            for c, r in zip(t.tool_calls, t.responses)
+        ]
         mean = {role: (sum(v) / len(v) if v else None) for role, v in per_traj[i].items()}
-        rows.append({
-            "step": int(step), "prompt_id": str(traj.prompt_id), "sample_index": int(traj.sample_index),
-            "act_output": _clip("\n---\n".join(texts[Role.ACT])),
-            "rehearse_output": _clip("\n---\n".join(texts[Role.REHEARSE])),
-            "real_response": _clip(real) if real else "",
-            "reward": float(traj.reward), "status": getattr(traj.status, "value", str(traj.status)),
-            "advantage_act": mean.get(Role.ACT), "advantage_rehearse": mean.get(Role.REHEARSE),
-        })
+        rows.append(
+            {
+                "step": int(step),
+                "prompt_id": str(traj.prompt_id),
+                "sample_index": int(traj.sample_index),
+                "act_output": _clip("\n---\n".join(texts[Role.ACT])),
+                "rehearse_output": _clip("\n---\n".join(texts[Role.REHEARSE])),
+                "real_response": _clip(real) if real else "",
+                "reward": float(traj.reward),
+                "status": getattr(traj.status, "value", str(traj.status)),
+                "advantage_act": mean.get(Role.ACT),
+                "advantage_rehearse": mean.get(Role.REHEARSE),
+            }
+        )
     return rows
 
 
@@ -149,8 +160,9 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def log_datasets(tracker: Any, splits: Mapping[str, Path], kept: Mapping[str, Iterable[str]] | None = None,
-                 prefix: str = "") -> list[str]:
+def log_datasets(
+    tracker: Any, splits: Mapping[str, Path], kept: Mapping[str, Iterable[str]] | None = None, prefix: str = ""
+) -> list[str]:
     """Log each existing JSONL split as a run input (context = the split name); returns the names logged."""
     client = _client(tracker)
     if client is None:
@@ -166,9 +178,17 @@ def log_datasets(tracker: Any, splits: Mapping[str, Path], kept: Mapping[str, It
             continue
         keep = set(kept[split]) if kept and split in kept else None
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        frame = pd.DataFrame([{"uuid": str(r.get("uuid", i)), "n_messages": len(r.get("messages", []) or []),
-                               "n_tools": len(r.get("tools", []) or []),
-                               "kept": keep is None or r.get("uuid") in keep} for i, r in enumerate(rows)])
+        frame = pd.DataFrame(
+            [
+                {
+                    "uuid": str(r.get("uuid", i)),
+                    "n_messages": len(r.get("messages", []) or []),
+                    "n_tools": len(r.get("tools", []) or []),
+                    "kept": keep is None or r.get("uuid") in keep,
+                }
+                for i, r in enumerate(rows)
+            ]
+        )
         name = f"{prefix}{split}"
         dataset = mlflow.data.from_pandas(frame, source=str(path), name=name, digest=file_digest(path))
         inputs.append(DatasetInput(dataset._to_mlflow_entity(), [InputTag("mlflow.data.context", split)]))
@@ -187,8 +207,14 @@ def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
-def log_policy_model(tracker: Any, checkpoints: Path, manifest: Mapping[str, Any], *, enabled: bool = True,
-                     max_bytes: int = MODEL_MAX_BYTES) -> dict[str, str]:
+def log_policy_model(
+    tracker: Any,
+    checkpoints: Path,
+    manifest: Mapping[str, Any],
+    *,
+    enabled: bool = True,
+    max_bytes: int = MODEL_MAX_BYTES,
+) -> dict[str, str]:
     """Log the checkpoint's role directories (``manifest["roles"]``) as transformers models: the ACT
     directory as ``policy``, a separate REHEARSE directory as ``rehearse_model``. Returns artifact
     path -> checkpoint directory for what was logged ({} when off, too large or failed: a tag says why)."""
@@ -215,8 +241,12 @@ def log_policy_model(tracker: Any, checkpoints: Path, manifest: Mapping[str, Any
             with tempfile.TemporaryDirectory() as tmp:
                 target = Path(tmp) / artifact
                 mlflow.transformers.save_model(
-                    transformers_model=str(path), path=str(target), task="text-generation",
-                    pip_requirements=_requirements(), metadata={"envace.checkpoint": str(path)})
+                    transformers_model=str(path),
+                    path=str(target),
+                    task="text-generation",
+                    pip_requirements=_requirements(),
+                    metadata={"envace.checkpoint": str(path)},
+                )
                 client.log_artifacts(tracker.run_id, str(target), artifact)
             logged[artifact] = str(path)
         except Exception as exc:  # e.g. an architecture the installed flavour cannot rebuild
@@ -250,8 +280,9 @@ def system_metrics(tracker: Any, *, enabled: bool = True, interval_s: float = 10
                 SystemMetricsMonitor,
             )
 
-            monitor = SystemMetricsMonitor(tracker.run_id, sampling_interval=interval_s,
-                                           tracking_uri=client.tracking_uri)
+            monitor = SystemMetricsMonitor(
+                tracker.run_id, sampling_interval=interval_s, tracking_uri=client.tracking_uri
+            )
             monitor.start()
         except Exception:
             logger.warning("MLflow: system metrics unavailable", exc_info=True)
@@ -273,12 +304,19 @@ def train_logging(cfg: Any, tracker: Any, engine: Any, checkpoints: Path | None 
         paths = cfg.paths
         kept_file = Path(paths.prompts) / "kept_uuids.json"
         kept = json.loads(kept_file.read_text()) if kept_file.is_file() else None
-        log_datasets(tracker, {s: Path(paths.prepared) / f"{s}.jsonl" for s in ("train", "val")}, kept,
-                     prefix=f"{cfg.data.source}-")
+        log_datasets(
+            tracker,
+            {s: Path(paths.prepared) / f"{s}.jsonl" for s in ("train", "val")},
+            kept,
+            prefix=f"{cfg.data.source}-",
+        )
     hooked = hasattr(engine, "sample_hook")
     if hooked and _client(tracker) is not None:
-        engine.sample_hook = RolloutSampler(tracker, int(cfg.rollout.samples_per_prompt),
-                                            int(_setting(cfg, "rollout_rows_per_step", ROLLOUT_ROWS_PER_STEP)))
+        engine.sample_hook = RolloutSampler(
+            tracker,
+            int(cfg.rollout.samples_per_prompt),
+            int(_setting(cfg, "rollout_rows_per_step", ROLLOUT_ROWS_PER_STEP)),
+        )
     try:
         with system_metrics(tracker, enabled=bool(_setting(cfg, "system_metrics", True))):
             yield
@@ -289,9 +327,13 @@ def train_logging(cfg: Any, tracker: Any, engine: Any, checkpoints: Path | None 
     tracker.log_artifact(manifest_file, "checkpoint")
     tracker.log_artifact(Path(cfg.paths.plots) / "train_steps.csv", "train")
     if _client(tracker) is not None and manifest_file.is_file():
-        log_policy_model(tracker, manifest_file.parent, json.loads(manifest_file.read_text()),
-                         enabled=bool(_setting(cfg, "log_model", True)),
-                         max_bytes=int(_setting(cfg, "model_max_bytes", MODEL_MAX_BYTES)))
+        log_policy_model(
+            tracker,
+            manifest_file.parent,
+            json.loads(manifest_file.read_text()),
+            enabled=bool(_setting(cfg, "log_model", True)),
+            max_bytes=int(_setting(cfg, "model_max_bytes", MODEL_MAX_BYTES)),
+        )
 
 
 # ---- episode traces -----------------------------------------------------------------------------------------
@@ -303,51 +345,99 @@ def _turn(value: Any) -> Any:
 
 def _turn_spans(client: Any, trace_id: str, parent_id: str, turns: Iterable[Any], index0: int = 0) -> None:
     for i, turn in enumerate((_turn(t) for t in turns), start=index0):
-        act = client.start_span(f"ACT {i}", trace_id=trace_id, parent_id=parent_id, span_type="LLM",
-                                inputs={"user_turn": turn.user_turn}, attributes={"envace.role": "act"})
+        act = client.start_span(
+            f"ACT {i}",
+            trace_id=trace_id,
+            parent_id=parent_id,
+            span_type="LLM",
+            inputs={"user_turn": turn.user_turn},
+            attributes={"envace.role": "act"},
+        )
         client.end_span(trace_id, act.span_id, outputs={"text": _clip(turn.act_text)})
         for j, call in enumerate(turn.tool_calls):
             response = turn.responses[j] if j < len(turn.responses) else None
             real = not turn.rehearsed and j not in turn.stand_ins
-            tool = client.start_span(call.name, trace_id=trace_id, parent_id=parent_id, span_type="TOOL",
-                                     inputs=dict(call.arguments) if isinstance(call.arguments, Mapping)
-                                     else {"arguments": _clip(call.arguments)},
-                                     attributes={"envace.response": "real" if real else "rehearsed"})
-            answer = client.start_span("real response" if real else "REHEARSE answer", trace_id=trace_id,
-                                       parent_id=tool.span_id, span_type="TOOL" if real else "LLM",
-                                       attributes={"envace.role": "environment" if real else "rehearse"})
+            tool = client.start_span(
+                call.name,
+                trace_id=trace_id,
+                parent_id=parent_id,
+                span_type="TOOL",
+                inputs=dict(call.arguments)
+                if isinstance(call.arguments, Mapping)
+                else {"arguments": _clip(call.arguments)},
+                attributes={"envace.response": "real" if real else "rehearsed"},
+            )
+            answer = client.start_span(
+                "real response" if real else "REHEARSE answer",
+                trace_id=trace_id,
+                parent_id=tool.span_id,
+                span_type="TOOL" if real else "LLM",
+                attributes={"envace.role": "environment" if real else "rehearse"},
+            )
             client.end_span(trace_id, answer.span_id, outputs={"response": _clip(response)})
             client.end_span(trace_id, tool.span_id, outputs={"response": _clip(response)})
 
 
 def _episode_trace(client: Any, experiment_id: str, run_id: str, record: Any, tags: Mapping[str, str]) -> str:
-    inputs = {"benchmark": record.benchmark, "task_id": record.task_id, "domain": record.domain,
-              "policy": record.policy}
-    attrs = {"envace.score": float(record.score), "envace.success": bool(record.success),
-             "envace.termination": getattr(record.termination, "value", str(record.termination))}
-    root = client.start_trace(f"episode {record.task_id}", span_type="AGENT", inputs=inputs, attributes=attrs,
-                              tags=dict(tags), experiment_id=experiment_id, run_id=run_id)
+    inputs = {
+        "benchmark": record.benchmark,
+        "task_id": record.task_id,
+        "domain": record.domain,
+        "policy": record.policy,
+    }
+    attrs = {
+        "envace.score": float(record.score),
+        "envace.success": bool(record.success),
+        "envace.termination": getattr(record.termination, "value", str(record.termination)),
+    }
+    root = client.start_trace(
+        f"episode {record.task_id}",
+        span_type="AGENT",
+        inputs=inputs,
+        attributes=attrs,
+        tags=dict(tags),
+        experiment_id=experiment_id,
+        run_id=run_id,
+    )
     tid = root.trace_id
     rehearsal = record.info.get("rehearsal") if isinstance(record.info, Mapping) else None
     for outcome in (rehearsal or {}).get("outcomes", []) or []:
-        block = client.start_span(f"rehearsal (turn {outcome.get('turn_index')})", trace_id=tid,
-                                  parent_id=root.span_id, span_type="CHAIN",
-                                  attributes={"envace.n_attempts": len(outcome.get("attempts", []))})
+        block = client.start_span(
+            f"rehearsal (turn {outcome.get('turn_index')})",
+            trace_id=tid,
+            parent_id=root.span_id,
+            span_type="CHAIN",
+            attributes={"envace.n_attempts": len(outcome.get("attempts", []))},
+        )
         for attempt in outcome.get("attempts", []):
-            span = client.start_span(f"attempt {attempt.get('index')}", trace_id=tid, parent_id=block.span_id,
-                                     span_type="AGENT")
+            span = client.start_span(
+                f"attempt {attempt.get('index')}", trace_id=tid, parent_id=block.span_id, span_type="AGENT"
+            )
             _turn_spans(client, tid, span.span_id, attempt.get("turns", []))
-            client.end_span(tid, span.span_id, outputs={"final_answers": attempt.get("final_answers", []),
-                                                        "critique": _clip(attempt.get("critique_text", ""))})
+            client.end_span(
+                tid,
+                span.span_id,
+                outputs={
+                    "final_answers": attempt.get("final_answers", []),
+                    "critique": _clip(attempt.get("critique_text", "")),
+                },
+            )
         client.end_span(tid, block.span_id, outputs={"memory": _clip(outcome.get("memory", ""))})
     _turn_spans(client, tid, root.span_id, record.turns)
-    client.end_trace(tid, outputs={"final_answers": list(record.final_answers), "score": float(record.score),
-                                   "error": record.error})
+    client.end_trace(
+        tid, outputs={"final_answers": list(record.final_answers), "score": float(record.score), "error": record.error}
+    )
     return tid
 
 
-def log_episode_traces(tracker: Any, records: Sequence[Any], *, tags: Mapping[str, Any] | None = None,
-                       limit: int | None = None, max_traces: int = MAX_TRACES) -> list[str]:
+def log_episode_traces(
+    tracker: Any,
+    records: Sequence[Any],
+    *,
+    tags: Mapping[str, Any] | None = None,
+    limit: int | None = None,
+    max_traces: int = MAX_TRACES,
+) -> list[str]:
     """Log up to ``limit`` of ``records`` (EpisodeRecord) as traces linked to the tracker's run, never more
     than ``max_traces`` per run in all; returns the trace ids."""
     client = _client(tracker)
@@ -369,8 +459,12 @@ def log_episode_traces(tracker: Any, records: Sequence[Any], *, tags: Mapping[st
                 tid = _episode_trace(client, experiment_id, run_id, record, plain_tags)
                 ids.append(tid)
                 with contextlib.suppress(Exception):
-                    mlflow.log_feedback(trace_id=tid, name="score", value=float(record.score),
-                                        rationale=f"termination {getattr(record.termination, 'value', '')}")
+                    mlflow.log_feedback(
+                        trace_id=tid,
+                        name="score",
+                        value=float(record.score),
+                        rationale=f"termination {getattr(record.termination, 'value', '')}",
+                    )
     except Exception:
         logger.exception("MLflow: could not log episode traces")
     _TRACE_COUNTS[run_id] = _TRACE_COUNTS.get(run_id, 0) + len(ids)
@@ -381,5 +475,10 @@ def trace_episodes(cfg: Any, tracker: Any, records: Sequence[Any], *, share: int
     """``log_episode_traces`` with ``tracking.max_traces`` per stage run, ``1/share`` of it for this call
     (e.g. one share per evaluated model); ``tags`` become ``envace.<key>`` trace tags."""
     max_traces = int(_setting(cfg, "max_traces", MAX_TRACES))
-    return log_episode_traces(tracker, records, tags={f"envace.{k}": v for k, v in tags.items()},
-                              limit=max(1, max_traces // max(1, share)), max_traces=max_traces)
+    return log_episode_traces(
+        tracker,
+        records,
+        tags={f"envace.{k}": v for k, v in tags.items()},
+        limit=max(1, max_traces // max(1, share)),
+        max_traces=max_traces,
+    )

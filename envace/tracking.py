@@ -99,8 +99,12 @@ def stable_metric_key(key: str) -> str:
     fixed = (fixed.strip("_") or "_") if fixed != key else key
     if fixed != key and key not in _warned_keys:
         _warned_keys.add(key)
-        logger.warning("MLflow metric key %r is not a stable name (spaces/parentheses/labels); logged as %r. "
-                       "Put display labels and model names in params or tags.", key, fixed)
+        logger.warning(
+            "MLflow metric key %r is not a stable name (spaces/parentheses/labels); logged as %r. "
+            "Put display labels and model names in params or tags.",
+            key,
+            fixed,
+        )
     return fixed
 
 

@@ -88,7 +88,10 @@ def _env_overrides() -> list[str]:
 
 
 def start_pipeline_run(
-    store: MlflowStore, profile: str, overrides: list[str] | None = None, flow_run_id: str | None = None,
+    store: MlflowStore,
+    profile: str,
+    overrides: list[str] | None = None,
+    flow_run_id: str | None = None,
     owner: Mapping[str, str] | None = None,
 ) -> str:
     """Create a parent run for one pipeline run, owned by ``owner`` (``owner_tags``; default: this
@@ -185,28 +188,41 @@ def end_orphaned_runs(store: MlflowStore, stage: str) -> list[str]:
         parent_id = run.data.tags.get("mlflow.parentRunId")
         parent = store.client.get_run(parent_id) if parent_id else None
         for candidate in (run, parent):
-            if (candidate is not None and candidate.info.run_id not in ended and candidate.info.status == "RUNNING"
-                    and owner_alive(candidate.data.tags) is False):
+            if (
+                candidate is not None
+                and candidate.info.run_id not in ended
+                and candidate.info.status == "RUNNING"
+                and owner_alive(candidate.data.tags) is False
+            ):
                 ended.append(_end_orphan(store, candidate))
     return ended
 
 
 def _end_orphan(store: MlflowStore, run: Any) -> str:
     tags, run_id = run.data.tags, run.info.run_id
-    why = (f"left RUNNING by process {tags.get(OWNER_PID_TAG)} on {tags.get(OWNER_HOST_TAG)}, which is gone "
-           "(killed with -9, out of memory, or the machine went down)")
-    store.client.set_tag(run_id, ORPHAN_TAG, f"{why}; marked KILLED at {time.strftime('%Y-%m-%d %H:%M:%S')} "
-                                             f"by process {os.getpid()}")
+    why = (
+        f"left RUNNING by process {tags.get(OWNER_PID_TAG)} on {tags.get(OWNER_HOST_TAG)}, which is gone "
+        "(killed with -9, out of memory, or the machine went down)"
+    )
+    store.client.set_tag(
+        run_id, ORPHAN_TAG, f"{why}; marked KILLED at {time.strftime('%Y-%m-%d %H:%M:%S')} by process {os.getpid()}"
+    )
     store.set_status(run_id, "KILLED")
-    logger.warning("MLflow: %s run %s (%s) was %s; marked KILLED", tags.get(KIND_TAG, "a"), run_id,
-                   run.info.run_name, why)
+    logger.warning(
+        "MLflow: %s run %s (%s) was %s; marked KILLED", tags.get(KIND_TAG, "a"), run_id, run.info.run_name, why
+    )
     return run_id
 
 
 # ---- one stage = one nested run ------------------------------------------------------------------------
 @contextlib.contextmanager
 def stage_run(
-    stage: str, params: Mapping[str, Any], *, profile: str, backend: str = "mlflow", experiment: str = "envace",
+    stage: str,
+    params: Mapping[str, Any],
+    *,
+    profile: str,
+    backend: str = "mlflow",
+    experiment: str = "envace",
     tracking_uri: str | None = None,
 ) -> Iterator[Tracker]:
     """Open the nested MLflow run of ``stage`` (flat ``params`` logged), yield its tracker, end it

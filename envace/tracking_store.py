@@ -84,8 +84,13 @@ class MlflowTracker(Tracker):
     def nested(self, name: str, tags: Mapping[str, Any] | None = None) -> Iterator[Tracker]:
         parent = self.client.get_run(self.run_id)
         inherited = {k: v for k, v in parent.data.tags.items() if k.startswith("envace.") and k != KIND_TAG}
-        all_tags = {**inherited, KIND_TAG: "cell", "mlflow.runName": name, "mlflow.parentRunId": self.run_id,
-                    **{k: str(v)[:_MAX_PARAM_CHARS] for k, v in (tags or {}).items()}}
+        all_tags = {
+            **inherited,
+            KIND_TAG: "cell",
+            "mlflow.runName": name,
+            "mlflow.parentRunId": self.run_id,
+            **{k: str(v)[:_MAX_PARAM_CHARS] for k, v in (tags or {}).items()},
+        }
         run = self.client.create_run(parent.info.experiment_id, tags=all_tags, run_name=name)
         child = MlflowTracker(self.client, run.info.run_id)
         try:
@@ -153,8 +158,9 @@ class MlflowStore:
                 raise
             return found.experiment_id
 
-    def start_run(self, name: str, tags: Mapping[str, Any], parent_run_id: str | None = None,
-                  summary_prefix: str | None = None) -> MlflowTracker:
+    def start_run(
+        self, name: str, tags: Mapping[str, Any], parent_run_id: str | None = None, summary_prefix: str | None = None
+    ) -> MlflowTracker:
         """A new run; with ``summary_prefix`` (a stage run) its step-less metrics are mirrored on the parent
         as ``<prefix><key>``."""
         all_tags = {"mlflow.runName": name, **{k: str(v) for k, v in tags.items()}}
@@ -174,9 +180,16 @@ class MlflowStore:
 
 # ---- comparing runs ------------------------------------------------------------------------------------
 def runs_table(
-    experiment: str = "envace", *, parent_run_id: str | None = None, stage: str | None = None,
-    kind: str | None = None, filter_string: str = "", tracking_uri: str | None = None,
-    include_params: bool = False, max_results: int = 1000, group_by: str | Sequence[str] | None = None,
+    experiment: str = "envace",
+    *,
+    parent_run_id: str | None = None,
+    stage: str | None = None,
+    kind: str | None = None,
+    filter_string: str = "",
+    tracking_uri: str | None = None,
+    include_params: bool = False,
+    max_results: int = 1000,
+    group_by: str | Sequence[str] | None = None,
     metrics: Sequence[str] | None = None,
 ):
     """One row per run (newest first): ids, names, status, stage, parent, times, ``metrics.*`` and
@@ -217,11 +230,17 @@ def compare(table: Any, by: Sequence[str], metrics: Sequence[str] | None = None)
     missing = [k for k in by if k not in table.columns]
     if table.empty or missing:
         if missing and not table.empty:
-            logger.warning("runs_table: no column %s to group by (runs have columns %s)", missing,
-                           sorted(c for c in table.columns if not c.startswith("metrics."))[:40])
+            logger.warning(
+                "runs_table: no column %s to group by (runs have columns %s)",
+                missing,
+                sorted(c for c in table.columns if not c.startswith("metrics."))[:40],
+            )
         return pd.DataFrame(columns=[*by, "n_runs"])
-    names = [m if m.startswith("metrics.") else f"metrics.{m}" for m in metrics] if metrics else \
-        sorted(c for c in table.columns if c.startswith("metrics."))
+    names = (
+        [m if m.startswith("metrics.") else f"metrics.{m}" for m in metrics]
+        if metrics
+        else sorted(c for c in table.columns if c.startswith("metrics."))
+    )
     for name in names:
         if name not in table.columns:
             table[name] = float("nan")

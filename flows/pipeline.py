@@ -67,8 +67,9 @@ def stage_task(stage: str, timeouts: dict[str, float] | None):
 
 
 @flow(name="envace", log_prints=True)
-def envace_flow(overrides: list[str] | None = None, stages: list[str] | None = None,
-                timeouts: dict[str, float] | None = None) -> dict:
+def envace_flow(
+    overrides: list[str] | None = None, stages: list[str] | None = None, timeouts: dict[str, float] | None = None
+) -> dict:
     """Run the pipeline. ``overrides`` mean what ``dvc exp run -S`` means (``["profile=smoke"]``);
     ``stages`` optionally limits the run to some stages (upstream stages DVC finds stale still run);
     ``timeouts`` sets per-stage task timeouts in seconds (``{"train": 7200}``; default TIMEOUT_SECONDS)."""

@@ -1,6 +1,6 @@
 """Serve the ``envace`` flow as deployment ``full-pipeline``, one run at a time (run from the repo root).
 
-    python -m flows.serve        # then: prefect deployment run envace/full-pipeline -p overrides='["profile=smoke"]'
+python -m flows.serve        # then: prefect deployment run envace/full-pipeline -p overrides='["profile=smoke"]'
 """
 
 from flows.pipeline import serve

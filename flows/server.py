@@ -29,8 +29,12 @@ PROCESSES = ("server", "serve")
 
 def prefect_env(root: Path, port: int) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(TELEMETRY_OFF, PREFECT_HOME=str(root / ".prefect"), PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
+    env.update(
+        TELEMETRY_OFF,
+        PREFECT_HOME=str(root / ".prefect"),
+        PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+    )
     return env
 
 
@@ -43,8 +47,15 @@ def _run_dir(root: Path) -> Path:
 def _spawn(name: str, cmd: list[str], root: Path, env: dict[str, str]) -> int:
     run = _run_dir(root)
     with open(run / f"{name}.log", "ab") as log:
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=root,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     (run / f"{name}.pid").write_text(f"{proc.pid}\n")
     logger.info("started %s (pid %d): %s", name, proc.pid, " ".join(cmd))
     return proc.pid

@@ -59,8 +59,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--sides", default="trl,ours_fp32,ours")
-    p.add_argument("--repeats", type=int, default=2,
-                   help="rounds over the sides (interleaved); each figure is the median over rounds")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="rounds over the sides (interleaved); each figure is the median over rounds",
+    )
     p.add_argument("--side", default=None, help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -81,9 +85,18 @@ def build_model(tok):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.eos_token_id,
+    )
     return LlamaForCausalLM(cfg)
 
 
@@ -111,16 +124,26 @@ def rss_now_mb() -> float:
 
 def summarise(side: str, records: list[dict], args, clock0, rss_before: float, **extra) -> dict:
     wall, busy, own = (b - a for a, b in zip(clock0, machine_clock()))
-    kept = records[args.warmup:]
+    kept = records[args.warmup :]
     rows = args.prompts * args.gens
     tokens = rows * (args.prompt_len + args.completion_len)
     med = lambda key: statistics.median(r[key] for r in kept)
     rate = lambda key: statistics.median(tokens / r[key] for r in kept)
-    return {"side": side, "threads": args.threads, "tokens_per_step": tokens, "step_s_median": med("step"),
-            "gen_s_median": med("gen"), "train_s_median": med("train"), "step_tokens_per_s_median": rate("step"),
-            "gen_tokens_per_s_median": rate("gen"), "train_tokens_per_s_median": rate("train"),
-            "foreign_cpu_cores": round(max(busy - own, 0.0) / wall, 3), "rss_pre_train_mb": round(rss_before, 1),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1), **extra}
+    return {
+        "side": side,
+        "threads": args.threads,
+        "tokens_per_step": tokens,
+        "step_s_median": med("step"),
+        "gen_s_median": med("gen"),
+        "train_s_median": med("train"),
+        "step_tokens_per_s_median": rate("step"),
+        "gen_tokens_per_s_median": rate("gen"),
+        "train_tokens_per_s_median": rate("train"),
+        "foreign_cpu_cores": round(max(busy - own, 0.0) / wall, 3),
+        "rss_pre_train_mb": round(rss_before, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        **extra,
+    }
 
 
 # ---- TRL side ------------------------------------------------------------------------------------
@@ -159,17 +182,42 @@ def run_trl(args) -> dict:
 
     with tempfile.TemporaryDirectory() as out:
         cfg = GRPOConfig(
-            output_dir=out, use_cpu=True, seed=0, bf16=False, fp16=False, per_device_train_batch_size=rows,
-            gradient_accumulation_steps=1, num_generations=args.gens, num_iterations=1,
-            max_completion_length=args.completion_len, generation_kwargs={"min_new_tokens": args.completion_len},
-            temperature=1.0, top_p=1.0, top_k=0, learning_rate=1e-5, lr_scheduler_type="constant", warmup_steps=0,
-            beta=0.0, gradient_checkpointing=False, max_steps=args.steps, logging_steps=1, report_to="none",
-            save_strategy="no", disable_tqdm=True, dataloader_num_workers=0, dataloader_pin_memory=False,
+            output_dir=out,
+            use_cpu=True,
+            seed=0,
+            bf16=False,
+            fp16=False,
+            per_device_train_batch_size=rows,
+            gradient_accumulation_steps=1,
+            num_generations=args.gens,
+            num_iterations=1,
+            max_completion_length=args.completion_len,
+            generation_kwargs={"min_new_tokens": args.completion_len},
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            learning_rate=1e-5,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            beta=0.0,
+            gradient_checkpointing=False,
+            max_steps=args.steps,
+            logging_steps=1,
+            report_to="none",
+            save_strategy="no",
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+            dataloader_pin_memory=False,
         )
         prompts = build_prompts(args.prompts * args.steps, args.prompt_len)
-        trainer = Timed(model=model, args=cfg,
-                        reward_funcs=lambda completion_ids, **_: [even_share(c) for c in completion_ids],
-                        processing_class=tok, train_dataset=Dataset.from_dict({"prompt": prompts}), callbacks=[Clock()])
+        trainer = Timed(
+            model=model,
+            args=cfg,
+            reward_funcs=lambda completion_ids, **_: [even_share(c) for c in completion_ids],
+            processing_class=tok,
+            train_dataset=Dataset.from_dict({"prompt": prompts}),
+            callbacks=[Clock()],
+        )
         torch.set_num_threads(args.threads)
         rss, clock0 = rss_now_mb(), machine_clock()
         trainer.train()
@@ -190,10 +238,18 @@ def our_rollout(model, tok, prompts: list[str], args, step: int, precision: str)
     streams = BatchedStreams(model, [("p", i) for i in range(len(ids))], pad_id=tok.pad_token_id, precision=precision)
     streams.append({("p", i): x[:-1] for i, x in enumerate(ids)})
     streams.repeat([[(i, k) for k in range(args.gens)] for i in range(len(ids))])
-    requests = [DecodeRequest(row=(i, k), stream=ids[i], max_new_tokens=args.completion_len, temperature=1.0,
-                              generator=torch.Generator().manual_seed(derive_seed(0, step, i, k)),
-                              output_key=OutputKey(i, k, Role.ACT, 0))
-                for i in range(len(ids)) for k in range(args.gens)]
+    requests = [
+        DecodeRequest(
+            row=(i, k),
+            stream=ids[i],
+            max_new_tokens=args.completion_len,
+            temperature=1.0,
+            generator=torch.Generator().manual_seed(derive_seed(0, step, i, k)),
+            output_key=OutputKey(i, k, Role.ACT, 0),
+        )
+        for i in range(len(ids))
+        for k in range(args.gens)
+    ]
     decode(streams, requests, stop_ids=frozenset())
     texts = [tok.decode(r.tokens) for r in requests]
     if any(len(r.tokens) != args.completion_len for r in requests) or len(texts) != len(requests):
@@ -215,10 +271,17 @@ def our_rows(ids, requests, args):
         prompt = ids[j // args.gens]
         full = torch.tensor(prompt + r.tokens)
         pos = torch.arange(len(prompt) - 1, full.numel() - 1)
-        rows.append(TrainRow(input_ids=full, positions=pos, targets=full[pos + 1],
-                             roles=torch.full_like(pos, int(Role.ACT)), temperatures=torch.ones(pos.numel()),
-                             advantages=torch.full((pos.numel(),), float(adv[j])),
-                             sampling_logprobs=torch.tensor(r.logprobs)))
+        rows.append(
+            TrainRow(
+                input_ids=full,
+                positions=pos,
+                targets=full[pos + 1],
+                roles=torch.full_like(pos, int(Role.ACT)),
+                temperatures=torch.ones(pos.numel()),
+                advantages=torch.full((pos.numel(),), float(adv[j])),
+                sampling_logprobs=torch.tensor(r.logprobs),
+            )
+        )
     return rows
 
 
@@ -243,8 +306,9 @@ def run_ours(args, precision_name: str) -> dict:
     rss, clock0 = rss_now_mb(), machine_clock()
     for step in range(args.steps):
         t0 = time.perf_counter()
-        ids, requests = our_rollout(model, tok, prompts[step * args.prompts:(step + 1) * args.prompts], args, step,
-                                    precision)
+        ids, requests = our_rollout(
+            model, tok, prompts[step * args.prompts : (step + 1) * args.prompts], args, step, precision
+        )
         rows = our_rows(ids, requests, args)
         t1 = time.perf_counter()
         updater = PolicyUpdater(slot, cfg, seed=0, pad_id=tok.pad_token_id, precision=precision)
@@ -293,12 +357,14 @@ def main() -> None:
         for name, suffix in (("ours", ""), ("ours_fp32", "_fp32")):
             if name in sides:
                 ours = sides[name]
-                summary[f"ratio_step_tokens_per_s{suffix}"] = (ours["step_tokens_per_s_median"]
-                                                               / trl["step_tokens_per_s_median"])
+                summary[f"ratio_step_tokens_per_s{suffix}"] = (
+                    ours["step_tokens_per_s_median"] / trl["step_tokens_per_s_median"]
+                )
                 summary[f"ratio_gen{suffix}"] = ours["gen_tokens_per_s_median"] / trl["gen_tokens_per_s_median"]
                 summary[f"ratio_train{suffix}"] = ours["train_tokens_per_s_median"] / trl["train_tokens_per_s_median"]
-                summary[f"memory_ratio{suffix}"] = ((ours["peak_rss_mb"] - ours["rss_pre_train_mb"])
-                                                    / max(trl["peak_rss_mb"] - trl["rss_pre_train_mb"], 1e-9))
+                summary[f"memory_ratio{suffix}"] = (ours["peak_rss_mb"] - ours["rss_pre_train_mb"]) / max(
+                    trl["peak_rss_mb"] - trl["rss_pre_train_mb"], 1e-9
+                )
     print(json.dumps(summary))
 
 

@@ -94,8 +94,13 @@ def main() -> None:
     env = ToolWorldEnv()
     tasks = [t for t in env.tasks("train") if len(t.user_turns) >= args.min_turns][: args.prompts]
     specs = [episode_spec_from_task(t, env.make_executor(t)) for t in tasks]
-    cfg = RolloutConfig(samples_per_prompt=args.samples, max_act_tokens=args.max_new_tokens,
-                        max_rehearse_tokens=args.max_new_tokens, max_steps_per_turn=4, max_stream_tokens=8192)
+    cfg = RolloutConfig(
+        samples_per_prompt=args.samples,
+        max_act_tokens=args.max_new_tokens,
+        max_rehearse_tokens=args.max_new_tokens,
+        max_steps_per_turn=4,
+        max_stream_tokens=8192,
+    )
     if args.source == "gold":
         guide = gold_guide(dict(enumerate(specs)), fmt)
     else:
@@ -108,20 +113,40 @@ def main() -> None:
         times, batch = timed_runs(runner, specs, model, args.repeats, args.warmup)
         streams[mode] = [[s.flat()["input_ids"] for s in t.streams] for t in batch.trajectories]
         results[mode] = {
-            "median_s": statistics.median(times), "times_s": times, "fed_tokens": batch.fed_tokens,
-            "forwards": batch.forwards, "generated_tokens": sum(batch.generated_tokens.values()),
+            "median_s": statistics.median(times),
+            "times_s": times,
+            "fed_tokens": batch.fed_tokens,
+            "forwards": batch.forwards,
+            "generated_tokens": sum(batch.generated_tokens.values()),
             "stream_tokens": sum(len(x) for t in streams[mode] for x in t),
         }
-        logger.info("%-6s median %.3fs  fed %7d tokens  %4d forwards  %5d generated  (runs: %s)", mode,
-                    results[mode]["median_s"], batch.fed_tokens, batch.forwards, results[mode]["generated_tokens"],
-                    ", ".join(f"{t:.3f}" for t in times))
+        logger.info(
+            "%-6s median %.3fs  fed %7d tokens  %4d forwards  %5d generated  (runs: %s)",
+            mode,
+            results[mode]["median_s"],
+            batch.fed_tokens,
+            batch.forwards,
+            results[mode]["generated_tokens"],
+            ", ".join(f"{t:.3f}" for t in times),
+        )
     if streams["reuse"] != streams["naive"]:
         raise SystemExit("the two modes produced different streams; the comparison is invalid")
     speedup = results["naive"]["median_s"] / results["reuse"]["median_s"]
-    results.update({"speedup": speedup, "model": args.model, "prompts": len(specs), "samples": args.samples,
-                    "source": args.source, "threads": args.threads})
-    logger.info("identical streams: yes; speed-up (naive / reuse): %.2fx; fed-token ratio %.2fx", speedup,
-                results["naive"]["fed_tokens"] / results["reuse"]["fed_tokens"])
+    results.update(
+        {
+            "speedup": speedup,
+            "model": args.model,
+            "prompts": len(specs),
+            "samples": args.samples,
+            "source": args.source,
+            "threads": args.threads,
+        }
+    )
+    logger.info(
+        "identical streams: yes; speed-up (naive / reuse): %.2fx; fed-token ratio %.2fx",
+        speedup,
+        results["naive"]["fed_tokens"] / results["reuse"]["fed_tokens"],
+    )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=1)

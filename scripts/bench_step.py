@@ -55,11 +55,14 @@ from envace.models import ModelSpec, load_model_and_tokenizer
 
 logger = logging.getLogger("bench_step")
 
-CPU_PROFILE_ROLLOUT = RolloutConfig(samples_per_prompt=4, max_steps_per_turn=3, max_act_tokens=96,
-                                    max_rehearse_tokens=64, max_stream_tokens=3072)
+CPU_PROFILE_ROLLOUT = RolloutConfig(
+    samples_per_prompt=4, max_steps_per_turn=3, max_act_tokens=96, max_rehearse_tokens=64, max_stream_tokens=3072
+)
 PATHS = {
-    "old": {"precision": "fp32", "optim": {"share_prefix": False, "micro_batch_streams": 4, "logprob_check": True,
-                                           "grad_checkpointing": "off"}},
+    "old": {
+        "precision": "fp32",
+        "optim": {"share_prefix": False, "micro_batch_streams": 4, "logprob_check": True, "grad_checkpointing": "off"},
+    },
     "new": {"precision": "auto", "optim": {}},
 }
 
@@ -113,13 +116,15 @@ def sample_workload(args: argparse.Namespace, path: Path) -> None:
     forced = {}
     for step in range(args.steps):
         idx = step_examples(step, len(specs), args.prompts, args.seed)
-        batch = runner.run([specs[i] for i in idx], model, ResponseSource(model=model), seed=args.seed, step=step,
-                           examples=idx)
+        batch = runner.run(
+            [specs[i] for i in idx], model, ResponseSource(model=model), seed=args.seed, step=step, examples=idx
+        )
         for traj, j in zip(batch.trajectories, range(len(batch.trajectories))):
             counters = {r: 0 for r in Role}
             for role, seg in traj.outputs():
-                forced[f"{idx[j // args.samples]}|{traj.sample_index}|"
-                       f"{role.name}|{counters[role]}"] = list(seg.token_ids)
+                forced[f"{idx[j // args.samples]}|{traj.sample_index}|{role.name}|{counters[role]}"] = list(
+                    seg.token_ids
+                )
                 counters[role] += 1
     path.write_text(json.dumps(forced))
 
@@ -129,18 +134,34 @@ def run_child(args: argparse.Namespace) -> dict:
     forced = json.loads(Path(args.workload).read_text())
     guide = DecodeGuide(lambda k: forced.get(f"{k.example}|{k.sample}|{k.role.name}|{k.index}"))
     conf = PATHS[args.child]
-    cfg = LocalEngineConfig(model=ModelSpec(kind=args.model), variant="envace", steps=args.steps,
-                            prompts_per_step=args.prompts, seed=args.seed, rollout=rollout,
-                            optim=OptimConfig(**conf["optim"]), precision=conf["precision"], progress=False)
+    cfg = LocalEngineConfig(
+        model=ModelSpec(kind=args.model),
+        variant="envace",
+        steps=args.steps,
+        prompts_per_step=args.prompts,
+        seed=args.seed,
+        rollout=rollout,
+        optim=OptimConfig(**conf["optim"]),
+        precision=conf["precision"],
+        progress=False,
+    )
     before = rss_now_mb()
     result = LocalEngine(guide=guide).train(cfg, specs)
     hist = [h for h in result.history if "time/step" in h]
     med = lambda key: statistics.median(h[key] for h in hist)
-    return {"path": args.child, "precision": resolve_precision(conf["precision"]), "step_s": med("time/step"),
-            "update_s": med("time/update"), "rollout_s": med("time/rollout"),
-            "steps_s": [h["time/step"] for h in hist], "stream_tokens": med("update/stream_tokens"),
-            "update_tokens_per_s": med("update/tokens_per_s"), "reward_mean": med("reward/mean")
-            if "reward/mean" in hist[0] else None, "peak_rss_mb": rss_mb(), "rss_before_train_mb": before}
+    return {
+        "path": args.child,
+        "precision": resolve_precision(conf["precision"]),
+        "step_s": med("time/step"),
+        "update_s": med("time/update"),
+        "rollout_s": med("time/rollout"),
+        "steps_s": [h["time/step"] for h in hist],
+        "stream_tokens": med("update/stream_tokens"),
+        "update_tokens_per_s": med("update/tokens_per_s"),
+        "reward_mean": med("reward/mean") if "reward/mean" in hist[0] else None,
+        "peak_rss_mb": rss_mb(),
+        "rss_before_train_mb": before,
+    }
 
 
 def main() -> None:
@@ -156,23 +177,54 @@ def main() -> None:
         sample_workload(args, workload)
         for name in args.paths.split(","):
             logger.info("path %s ...", name)
-            cmd = [sys.executable, __file__, "--child", name, "--workload", str(workload), "--model", args.model,
-                   "--steps", str(args.steps), "--prompts", str(args.prompts), "--samples", str(args.samples),
-                   "--tasks", str(args.tasks), "--threads", str(args.threads), "--seed", str(args.seed)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                name,
+                "--workload",
+                str(workload),
+                "--model",
+                args.model,
+                "--steps",
+                str(args.steps),
+                "--prompts",
+                str(args.prompts),
+                "--samples",
+                str(args.samples),
+                "--tasks",
+                str(args.tasks),
+                "--threads",
+                str(args.threads),
+                "--seed",
+                str(args.seed),
+            ]
             env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
             results[name] = json.loads(out.stdout.strip().splitlines()[-1])
             logger.info("%s: %s", name, results[name])
-    summary = {"model": args.model, "steps": args.steps, "threads": args.threads, "cpu": cpu_model(),
-               "cpu_bf16": cpu_has_bf16(), **{f"{k}": v for k, v in results.items()}}
+    summary = {
+        "model": args.model,
+        "steps": args.steps,
+        "threads": args.threads,
+        "cpu": cpu_model(),
+        "cpu_bf16": cpu_has_bf16(),
+        **{f"{k}": v for k, v in results.items()},
+    }
     if {"old", "new"} <= set(results):
         old, new = results["old"], results["new"]
         if old["stream_tokens"] != new["stream_tokens"]:
-            raise SystemExit(f"paths trained on different streams ({old['stream_tokens']} vs {new['stream_tokens']} "
-                             "tokens): the comparison is invalid")
-        summary.update({"speedup_step": old["step_s"] / new["step_s"],
-                        "speedup_update": old["update_s"] / new["update_s"],
-                        "speedup_rollout": old["rollout_s"] / new["rollout_s"]})
+            raise SystemExit(
+                f"paths trained on different streams ({old['stream_tokens']} vs {new['stream_tokens']} "
+                "tokens): the comparison is invalid"
+            )
+        summary.update(
+            {
+                "speedup_step": old["step_s"] / new["step_s"],
+                "speedup_update": old["update_s"] / new["update_s"],
+                "speedup_rollout": old["rollout_s"] / new["rollout_s"],
+            }
+        )
     print(json.dumps(summary))
 
 

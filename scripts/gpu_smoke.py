@@ -50,7 +50,11 @@ def build_tiny_model_dir(out: Path, specs: list[Any], *, sft_epochs: int, device
     from envace.models import ModelSpec
 
     config = LocalEngineConfig(
-        model=ModelSpec(dtype=dtype, **TINY), steps=0, device=device, output_dir=str(out), progress=False,
+        model=ModelSpec(dtype=dtype, **TINY),
+        steps=0,
+        device=device,
+        output_dir=str(out),
+        progress=False,
         rollout=RolloutConfig(max_act_tokens=128, max_rehearse_tokens=128, max_stream_tokens=2048),
         sft=SFTConfig(epochs=sft_epochs, lr=2e-3, batch_streams=8),
     )
@@ -67,11 +71,27 @@ def verl_config(model_dir: Path, steps: int) -> dict:
 
     from envace.config import compose
 
-    cfg = compose(["profile=smoke", "engine=verl", "engine.n_gpus_per_node=1", "engine.nnodes=1",
-                   "model.kind=path", f"model.path={model_dir}", f"train.steps={steps}", "train.checkpoint_every=0",
-                   "rollout.prompts_per_step=4", "rollout.samples_per_prompt=4", "rollout.max_act_tokens=128",
-                   "rollout.max_rehearse_tokens=128", "rollout.max_stream_tokens=2048",
-                   "rollout.max_prompt_tokens=1536", "rollout.max_steps_per_turn=2", "algo.lr=1e-4", "tracking=none"])
+    cfg = compose(
+        [
+            "profile=smoke",
+            "engine=verl",
+            "engine.n_gpus_per_node=1",
+            "engine.nnodes=1",
+            "model.kind=path",
+            f"model.path={model_dir}",
+            f"train.steps={steps}",
+            "train.checkpoint_every=0",
+            "rollout.prompts_per_step=4",
+            "rollout.samples_per_prompt=4",
+            "rollout.max_act_tokens=128",
+            "rollout.max_rehearse_tokens=128",
+            "rollout.max_stream_tokens=2048",
+            "rollout.max_prompt_tokens=1536",
+            "rollout.max_steps_per_turn=2",
+            "algo.lr=1e-4",
+            "tracking=none",
+        ]
+    )
     return OmegaConf.to_container(cfg, resolve=True)
 
 
@@ -84,18 +104,24 @@ def run_verl(out: Path, steps: int, dry_run: bool = False) -> dict[str, Any]:
     from envace.engines.verl.launcher import plan_launch
 
     specs, rows = toolworld_specs(16)
-    model_dir = build_tiny_model_dir(out / "warmup", specs, sft_epochs=1 if dry_run else 20,
-                                     device="cpu" if dry_run else "cuda")
+    model_dir = build_tiny_model_dir(
+        out / "warmup", specs, sft_epochs=1 if dry_run else 20, device="cpu" if dry_run else "cuda"
+    )
     files = {"train": out / "data" / "train.parquet", "val": out / "data" / "val.parquet"}
     records = [dataset_record(s, i, "train", "toolworld", r) for i, (s, r) in enumerate(zip(specs, rows))]
     write_dataset(files["train"], records)
     write_dataset(files["val"], records[:4])
-    extra = ["actor_rollout_ref.rollout.gpu_memory_utilization=0.3", "actor_rollout_ref.rollout.enforce_eager=true",
-             "actor_rollout_ref.rollout.agent.num_workers=2"]
+    extra = [
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+        "actor_rollout_ref.rollout.enforce_eager=true",
+        "actor_rollout_ref.rollout.agent.num_workers=2",
+    ]
     if not available("flash_attn"):  # verl's actor defaults to flash_attention_2 (and padding removal on it)
         logger.warning("flash_attn is not installed: the actor uses sdpa attention without padding removal")
-        extra += ["+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-                  "actor_rollout_ref.model.use_remove_padding=false"]
+        extra += [
+            "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+            "actor_rollout_ref.model.use_remove_padding=false",
+        ]
     plan = plan_launch(verl_config(model_dir, steps), output_dir=out / "run", files=files, extra_overrides=extra)
     (out / "run" / "metrics").mkdir(parents=True, exist_ok=True)
     (out / "run" / "command.sh").write_text(plan.shell() + "\n")
@@ -116,18 +142,30 @@ def check_verl_run(run: Path, initial: Path, steps: int) -> dict[str, Any]:
 
     metrics = read_step_metrics(run / "metrics")
     losses = {s: v for s, m in metrics.items() for k, v in m.items() if k in ("actor/pg_loss", "actor/loss")}
-    trained = {role: any(m.get(f"envace/{role}/tokens", 0) > 0 and m.get(f"envace/{role}/adv_abs_mean", 0) > 0
-                         for m in metrics.values()) for role in ("act", "rehearse")}
+    trained = {
+        role: any(
+            m.get(f"envace/{role}/tokens", 0) > 0 and m.get(f"envace/{role}/adv_abs_mean", 0) > 0
+            for m in metrics.values()
+        )
+        for role in ("act", "rehearse")
+    }
     final = latest_hf_weights(run)
     delta = max_weight_change(initial, final) if final else None
     checks = {
         "all_steps_logged": sorted(metrics) == list(range(1, steps + 1)),
         "loss_finite": bool(losses) and all(math.isfinite(v) for v in losses.values()),
-        "act_trained": trained["act"], "rehearse_trained": trained["rehearse"],
+        "act_trained": trained["act"],
+        "rehearse_trained": trained["rehearse"],
         "parameters_changed": delta is not None and delta > 0,
     }
-    per_step = {s: {k: m[k] for k in sorted(m) if k.startswith("envace/") or k in ("actor/pg_loss",
-                "critic/score/mean", "response_length/mean")} for s, m in metrics.items()}
+    per_step = {
+        s: {
+            k: m[k]
+            for k in sorted(m)
+            if k.startswith("envace/") or k in ("actor/pg_loss", "critic/score/mean", "response_length/mean")
+        }
+        for s, m in metrics.items()
+    }
     return {"checks": checks, "max_weight_change": delta, "steps": per_step}
 
 
@@ -151,8 +189,12 @@ def max_weight_change(before: Path, after: Path) -> float:
 def run_bare(out: Path, steps: int, device: str = "cuda") -> dict[str, Any]:
     import torch
 
-    report: dict[str, Any] = {"cuda": torch.cuda.is_available(), "torch": torch.__version__, "device": device,
-                              "found": {m: available(m) for m in ("verl", "vllm", "ray", "transformers")}}
+    report: dict[str, Any] = {
+        "cuda": torch.cuda.is_available(),
+        "torch": torch.__version__,
+        "device": device,
+        "found": {m: available(m) for m in ("verl", "vllm", "ray", "transformers")},
+    }
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bare mode needs CUDA (torch.cuda.is_available() is False)")
     report["device_name"] = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
@@ -160,9 +202,11 @@ def run_bare(out: Path, steps: int, device: str = "cuda") -> dict[str, Any]:
     has_verl = available("verl") and _core_algos_importable()
     report["loss"] = loss_on(device) if has_verl else "skipped: verl.trainer.ppo.core_algos not importable"
     report["local_engine"] = local_engine_on(device, out, steps if has_verl else 0)
-    checks = {"estimator_matches_cpu": report["estimator"]["matches_cpu"],
-              "local_engine_finite": report["local_engine"]["finite"],
-              "local_engine_parameters_changed": report["local_engine"]["parameters_changed"]}
+    checks = {
+        "estimator_matches_cpu": report["estimator"]["matches_cpu"],
+        "local_engine_finite": report["local_engine"]["finite"],
+        "local_engine_parameters_changed": report["local_engine"]["parameters_changed"],
+    }
     if has_verl:
         checks["loss_matches_cpu"] = report["loss"]["matches_cpu"]
     report["checks"] = checks
@@ -206,8 +250,9 @@ def loss_on(device: str) -> dict[str, Any]:
     cpu = compute_policy_loss(logp, old, adv, mask, kl_coef=1e-4, ref_log_probs=ref)
     cpu.loss.backward()
     logp_gpu = logp.detach().to(device).requires_grad_()
-    gpu = compute_policy_loss(logp_gpu, old.to(device), adv.to(device), mask.to(device), kl_coef=1e-4,
-                              ref_log_probs=ref.to(device))
+    gpu = compute_policy_loss(
+        logp_gpu, old.to(device), adv.to(device), mask.to(device), kl_coef=1e-4, ref_log_probs=ref.to(device)
+    )
     gpu.loss.backward()
     same = torch.allclose(gpu.loss.detach().cpu(), cpu.loss.detach(), atol=1e-5)
     same_grad = torch.allclose(logp_gpu.grad.cpu(), logp.grad, atol=1e-6)
@@ -222,20 +267,31 @@ def local_engine_on(device: str, out: Path, steps: int) -> dict[str, Any]:
     specs, _ = toolworld_specs(8)
     spec = ModelSpec(dtype="bfloat16", **TINY)
     before = {k: v.float().clone() for k, v in load_model_and_tokenizer(spec)[0].state_dict().items()}
-    config = LocalEngineConfig(model=spec, steps=steps, prompts_per_step=2, device=device, progress=False,
-                               output_dir=str(out / "local"), optim=OptimConfig(lr=1e-3),
-                               rollout=RolloutConfig(samples_per_prompt=4, max_act_tokens=96, max_rehearse_tokens=96,
-                                                     max_stream_tokens=2048),
-                               sft=SFTConfig(epochs=3, lr=2e-3))
+    config = LocalEngineConfig(
+        model=spec,
+        steps=steps,
+        prompts_per_step=2,
+        device=device,
+        progress=False,
+        output_dir=str(out / "local"),
+        optim=OptimConfig(lr=1e-3),
+        rollout=RolloutConfig(samples_per_prompt=4, max_act_tokens=96, max_rehearse_tokens=96, max_stream_tokens=2048),
+        sft=SFTConfig(epochs=3, lr=2e-3),
+    )
     started = time.time()
     result = LocalEngine().train(config, specs)
     after = {k: v.float().cpu() for k, v in result.models["policy"].state_dict().items()}
     delta = max(float((after[k] - before[k]).abs().max()) for k in before)
     values = [v for h in result.history for v in h.values() if isinstance(v, float)]
-    return {"rl_steps": result.steps_done, "sft_epochs": sum("sft/epoch" in h for h in result.history),
-            "dtype": str(next(result.models["policy"].parameters()).dtype), "seconds": round(time.time() - started, 1),
-            "finite": all(math.isfinite(v) for v in values), "parameters_changed": delta > 0,
-            "last": {k: v for k, v in (result.history[-1] if result.history else {}).items() if "loss" in k}}
+    return {
+        "rl_steps": result.steps_done,
+        "sft_epochs": sum("sft/epoch" in h for h in result.history),
+        "dtype": str(next(result.models["policy"].parameters()).dtype),
+        "seconds": round(time.time() - started, 1),
+        "finite": all(math.isfinite(v) for v in values),
+        "parameters_changed": delta > 0,
+        "last": {k: v for k, v in (result.history[-1] if result.history else {}).items() if "loss" in k},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,11 +59,15 @@ def step_line(step: int, m: dict[str, float]) -> str:
     parts = [f"step {step}", f"reward {m['reward/mean']:.3f}±{m['reward/std']:.3f}"]
     for role in Role:
         tag = role.name.lower()
-        parts.append(f"{tag}: outputs {int(m[f'outputs/{tag}'])} parse_fail {m[f'parse_fail/{tag}']:.2f} "
-                     f"|A| {m.get(f'adv/{tag}/abs_mean', 0.0):.3f}")
+        parts.append(
+            f"{tag}: outputs {int(m[f'outputs/{tag}'])} parse_fail {m[f'parse_fail/{tag}']:.2f} "
+            f"|A| {m.get(f'adv/{tag}/abs_mean', 0.0):.3f}"
+        )
     parts.append(f"loss {m.get('loss', 0.0):.4f} kl {m.get('kl', 0.0):.4f} clipfrac {m.get('clipfrac', 0.0):.3f}")
-    parts.append(f"gen {m['tokens_per_s']:.1f} tok/s, step {m['time/step']:.0f}s "
-                 f"(rollout {m['time/rollout']:.0f}s, update {m['time/update']:.0f}s)")
+    parts.append(
+        f"gen {m['tokens_per_s']:.1f} tok/s, step {m['time/step']:.0f}s "
+        f"(rollout {m['time/rollout']:.0f}s, update {m['time/update']:.0f}s)"
+    )
     return " | ".join(parts)
 
 
@@ -75,11 +79,21 @@ def main() -> None:
     tasks = [t for t in env.tasks("train") if len(t.user_turns) <= args.max_turns][: args.tasks]
     specs = [episode_spec_from_task(t, env.make_executor(t)) for t in tasks]
     cfg = LocalEngineConfig(
-        model=ModelSpec(kind=args.model), variant=args.variant, steps=args.steps,
-        prompts_per_step=args.prompts_per_step, seed=args.seed, output_dir=args.output_dir, resume=False,
-        rollout=RolloutConfig(samples_per_prompt=args.samples, act_temperature=args.temperature,
-                              rehearse_temperature=args.temperature, max_act_tokens=args.max_act_tokens,
-                              max_rehearse_tokens=args.max_rehearse_tokens, max_stream_tokens=4096),
+        model=ModelSpec(kind=args.model),
+        variant=args.variant,
+        steps=args.steps,
+        prompts_per_step=args.prompts_per_step,
+        seed=args.seed,
+        output_dir=args.output_dir,
+        resume=False,
+        rollout=RolloutConfig(
+            samples_per_prompt=args.samples,
+            act_temperature=args.temperature,
+            rehearse_temperature=args.temperature,
+            max_act_tokens=args.max_act_tokens,
+            max_rehearse_tokens=args.max_rehearse_tokens,
+            max_stream_tokens=4096,
+        ),
         optim=OptimConfig(lr=args.lr, micro_batch_streams=2),
         sft=SFTConfig(epochs=args.sft_epochs, lr=args.sft_lr, batch_streams=4),
     )
@@ -95,7 +109,9 @@ def main() -> None:
     wall = time.perf_counter() - start
     rl = [m for m in history if "reward/mean" in m]
     summary = {
-        "wall_s": wall, "steps": result.steps_done, "reward_trend": [m["reward/mean"] for m in rl],
+        "wall_s": wall,
+        "steps": result.steps_done,
+        "reward_trend": [m["reward/mean"] for m in rl],
         "parse_fail_act": [m["parse_fail/act"] for m in rl],
         "parse_fail_rehearse": [m["parse_fail/rehearse"] for m in rl],
         "tokens_per_s": [m["tokens_per_s"] for m in rl],

@@ -68,7 +68,11 @@ def compose_params(overrides: list[str], root: str) -> str:
 def stage_order(root: str) -> list[str]:
     """Stage names in dvc.yaml order (foreach stages expanded, e.g. ``evaluate@toolworld``)."""
     out = subprocess.run(
-        [tool("dvc"), "stage", "list", "--name-only"], cwd=root, env=stage_env(), capture_output=True, text=True,
+        [tool("dvc"), "stage", "list", "--name-only"],
+        cwd=root,
+        env=stage_env(),
+        capture_output=True,
+        text=True,
         check=False,
     )
     if out.returncode != 0:
@@ -89,8 +93,14 @@ TIMEOUT_SECONDS = {
 
 
 def _stage_task(name: str, retries: int = 0) -> Callable[..., None]:
-    @task(name=name, task_run_name="{stage}", cache_policy=NO_CACHE, retries=retries, retry_delay_seconds=30,
-          timeout_seconds=TIMEOUT_SECONDS[name])
+    @task(
+        name=name,
+        task_run_name="{stage}",
+        cache_policy=NO_CACHE,
+        retries=retries,
+        retry_delay_seconds=30,
+        timeout_seconds=TIMEOUT_SECONDS[name],
+    )
     def run_stage(stage: str, root: str, env: dict[str, str] | None = None) -> None:
         dvc_repro(stage, root, env)
 
@@ -151,9 +161,13 @@ def publish_report(root: str, reports_dir: str = "reports") -> dict[str, str]:
     made: dict[str, str] = {}
     report_md = reports / "report.md"
     if report_md.is_file():
-        made[REPORT_ARTIFACT] = str(create_markdown_artifact(
-            markdown=report_md.read_text(encoding="utf-8"), key=REPORT_ARTIFACT,
-            description=f"envace report ({report_md})"))
+        made[REPORT_ARTIFACT] = str(
+            create_markdown_artifact(
+                markdown=report_md.read_text(encoding="utf-8"),
+                key=REPORT_ARTIFACT,
+                description=f"envace report ({report_md})",
+            )
+        )
     else:
         logger.warning("no %s: the report stage wrote nothing to publish", report_md)
     for name, key, description in TABLE_ARTIFACTS:
@@ -165,6 +179,7 @@ def publish_report(root: str, reports_dir: str = "reports") -> dict[str, str]:
             logger.info("table artifact %s skipped: %s is missing or empty", key, path)
     logger.info("published artifacts: %s", ", ".join(made) or "none")
     return made
+
 
 # dvc.yaml stage name (before any "@item") -> its task
 STAGE_TASKS = {

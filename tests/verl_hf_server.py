@@ -34,8 +34,15 @@ from envace.core.wire import as_result_object, render_rehearsal, render_tool_cal
 class HFServerManager:
     """Serves ``generate`` calls from one in-process HF causal LM."""
 
-    def __init__(self, model: Any, *, seed: int = 0, global_steps: int = 0, device: str | None = None,
-                 guide: Callable[[str, list[int]], Sequence[int] | None] | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        seed: int = 0,
+        global_steps: int = 0,
+        device: str | None = None,
+        guide: Callable[[str, list[int]], Sequence[int] | None] | None = None,
+    ) -> None:
         self.model = model.eval()
         self.guide = guide
         self.seed = seed
@@ -45,8 +52,9 @@ class HFServerManager:
         self.requests: list[dict[str, Any]] = []  # (request_id, prompt length, params) of every call, for inspection
         self._lock = threading.Lock()
 
-    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
-                       **kwargs: Any) -> TokenOutput:
+    async def generate(
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any
+    ) -> TokenOutput:
         return await asyncio.to_thread(self._generate, request_id, list(prompt_ids), dict(sampling_params))
 
     def _stop_ids(self, params: dict[str, Any]) -> set[int]:
@@ -55,8 +63,10 @@ class HFServerManager:
 
     def _generate(self, request_id: str, prompt_ids: list[int], params: dict[str, Any]) -> TokenOutput:
         if params.get("top_p", 1.0) not in (None, 1.0) or params.get("top_k", -1) not in (None, -1, 0):
-            raise NotImplementedError(f"HFServerManager samples with temperature only; got top_p="
-                                      f"{params.get('top_p')}, top_k={params.get('top_k')}")
+            raise NotImplementedError(
+                f"HFServerManager samples with temperature only; got top_p="
+                f"{params.get('top_p')}, top_k={params.get('top_k')}"
+            )
         if not prompt_ids:
             raise ValueError("HFServerManager.generate: empty prompt_ids")
         with self._lock:
@@ -65,14 +75,23 @@ class HFServerManager:
             seed = zlib.crc32(f"{self.seed}|{request_id}|{self.calls}".encode()) & 0x7FFFFFFF
             forced = list(self.guide(request_id, prompt_ids) or []) if self.guide else []
             tokens, logprobs = self._sample(prompt_ids, params, torch.Generator().manual_seed(seed), forced)
-        fields = {"global_steps": self.global_steps, "min_global_steps": self.global_steps,
-                  "max_global_steps": self.global_steps}
-        return TokenOutput(token_ids=tokens, log_probs=logprobs if params.get("logprobs") else None,
-                           stop_reason="completed", num_preempted=0, extra_fields=fields)
+        fields = {
+            "global_steps": self.global_steps,
+            "min_global_steps": self.global_steps,
+            "max_global_steps": self.global_steps,
+        }
+        return TokenOutput(
+            token_ids=tokens,
+            log_probs=logprobs if params.get("logprobs") else None,
+            stop_reason="completed",
+            num_preempted=0,
+            extra_fields=fields,
+        )
 
     @torch.no_grad()
-    def _sample(self, prompt_ids: list[int], params: dict[str, Any], generator: torch.Generator,
-                forced: Sequence[int] = ()) -> tuple[list[int], list[float]]:
+    def _sample(
+        self, prompt_ids: list[int], params: dict[str, Any], generator: torch.Generator, forced: Sequence[int] = ()
+    ) -> tuple[list[int], list[float]]:
         temperature = float(params.get("temperature", 1.0) or 0.0)
         max_tokens = int(params.get("max_tokens", 64))
         stop = self._stop_ids(params)

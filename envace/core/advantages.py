@@ -51,14 +51,16 @@ _VALID_ROLES = frozenset(int(r) for r in Role)
 
 
 # ---- baseline members ("units") -----------------------------------------------------------------
-def _output_units(keys: list[Hashable | None], rewards: torch.Tensor, trajectory_ids: Sequence[Hashable] | None
-                  ) -> tuple[list[Hashable | None], torch.Tensor, list[int]]:
+def _output_units(
+    keys: list[Hashable | None], rewards: torch.Tensor, trajectory_ids: Sequence[Hashable] | None
+) -> tuple[list[Hashable | None], torch.Tensor, list[int]]:
     """Every included output is one member of its (group, role) baseline."""
     return keys, rewards, list(range(len(keys)))
 
 
-def _trajectory_units(keys: list[Hashable | None], rewards: torch.Tensor, trajectory_ids: Sequence[Hashable] | None
-                      ) -> tuple[list[Hashable | None], torch.Tensor, list[int]]:
+def _trajectory_units(
+    keys: list[Hashable | None], rewards: torch.Tensor, trajectory_ids: Sequence[Hashable] | None
+) -> tuple[list[Hashable | None], torch.Tensor, list[int]]:
     """Each trajectory is one member of each (group, role) baseline it has outputs in.
 
     Returns (unit keys, unit rewards (U,), unit index of every output (N,), -1 when excluded).
@@ -101,8 +103,9 @@ _BASELINES: dict[str, Callable[..., tuple[list[Hashable | None], torch.Tensor, l
 }
 
 
-def _group_stats(unit_keys: list[Hashable | None], unit_rewards: torch.Tensor
-                 ) -> tuple[dict[Hashable, int], torch.Tensor, torch.Tensor, torch.Tensor]:
+def _group_stats(
+    unit_keys: list[Hashable | None], unit_rewards: torch.Tensor
+) -> tuple[dict[Hashable, int], torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per baseline key: (key → slot, mean (G,), unbiased std (G,), member count (G,))."""
     slot: dict[Hashable, int] = {}
     index = []
@@ -119,8 +122,12 @@ def _group_stats(unit_keys: list[Hashable | None], unit_rewards: torch.Tensor
     return slot, mean, std, count
 
 
-def _validate(rewards: torch.Tensor, group_ids: Sequence[Hashable], roles: Sequence[Any],
-              exclude: Sequence[bool] | torch.Tensor | None) -> tuple[list[int], list[bool]]:
+def _validate(
+    rewards: torch.Tensor,
+    group_ids: Sequence[Hashable],
+    roles: Sequence[Any],
+    exclude: Sequence[bool] | torch.Tensor | None,
+) -> tuple[list[int], list[bool]]:
     """Check shapes/values; return (role ids, excluded flags), one per output."""
     n = rewards.shape[0]
     if rewards.dim() != 1:
@@ -130,8 +137,9 @@ def _validate(rewards: torch.Tensor, group_ids: Sequence[Hashable], roles: Seque
     role_ids = [int(r) for r in (roles.tolist() if isinstance(roles, torch.Tensor) else roles)]
     bad = [i for i, r in enumerate(role_ids) if r not in _VALID_ROLES]
     if bad:
-        raise ValueError(f"outputs {bad[:5]} have role id {role_ids[bad[0]]}; valid: "
-                         f"{ {r.name: int(r) for r in Role} }")
+        raise ValueError(
+            f"outputs {bad[:5]} have role id {role_ids[bad[0]]}; valid: { {r.name: int(r) for r in Role} }"
+        )
     if exclude is None:
         excluded = [False] * n
     else:
@@ -175,9 +183,7 @@ def compute_rolewise_advantages(
     device, rewards = rewards.device, rewards.cpu()
     rewards = rewards.double() if rewards.dtype == torch.float64 else rewards.float()
     role_ids, excluded = _validate(rewards, group_ids, roles, exclude)
-    keys: list[Hashable | None] = [
-        None if excluded[i] else (group_ids[i], role_ids[i]) for i in range(len(role_ids))
-    ]
+    keys: list[Hashable | None] = [None if excluded[i] else (group_ids[i], role_ids[i]) for i in range(len(role_ids))]
     unit_keys, unit_rewards, output_unit = _BASELINES[baseline](keys, rewards, trajectory_ids)
     if all(k is None for k in unit_keys):
         return torch.zeros_like(rewards).to(device)
@@ -207,8 +213,14 @@ def compute_grpo_advantages(
     """
     roles = [int(Role.ACT)] * len(group_ids)
     return compute_rolewise_advantages(
-        rewards, group_ids, roles, baseline=baseline, norm_by_std=norm_by_std,
-        trajectory_ids=trajectory_ids, exclude=exclude, epsilon=epsilon,
+        rewards,
+        group_ids,
+        roles,
+        baseline=baseline,
+        norm_by_std=norm_by_std,
+        trajectory_ids=trajectory_ids,
+        exclude=exclude,
+        epsilon=epsilon,
     )
 
 

@@ -208,8 +208,7 @@ class ChecklistItem:
             "pass_condition": self.pass_condition,
             "failure_examples": list(self.failure_examples),
             "evidence": [
-                {"turn": e.turn, "step": e.step, "from": e.source, "snippet": e.snippet}
-                for e in self.evidence
+                {"turn": e.turn, "step": e.step, "from": e.source, "snippet": e.snippet} for e in self.evidence
             ],
             "weight": self.weight,
             "required_for_next_turn": self.required_for_next_turn,

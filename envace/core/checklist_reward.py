@@ -90,9 +90,7 @@ def step_forces_fail(item: ChecklistItem, tool_error: bool) -> bool:
     return tool_error and item.is_tool_focused
 
 
-def item_outcomes_for_turn(
-    items: Sequence[ChecklistItem], steps: Sequence[StepVerdicts]
-) -> tuple[ItemOutcome, ...]:
+def item_outcomes_for_turn(items: Sequence[ChecklistItem], steps: Sequence[StepVerdicts]) -> tuple[ItemOutcome, ...]:
     """Per item of one turn: PASSED if any step passed it, UNKNOWN if none passed and one was undecided."""
     outcomes = []
     for item in items:

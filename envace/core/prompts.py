@@ -114,8 +114,11 @@ def template_renders_tools(tokenizer: Any, template: str | None = None) -> bool:
     """True when the tokenizer's (or the given) chat template writes tool schemas into the prompt."""
     try:
         text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "hi"}], tools=[probe_tool_schema()], chat_template=template,
-            add_generation_prompt=True, tokenize=False,
+            [{"role": "user", "content": "hi"}],
+            tools=[probe_tool_schema()],
+            chat_template=template,
+            add_generation_prompt=True,
+            tokenize=False,
         )
     except Exception:  # noqa: BLE001 - any template failure means "does not render tools"
         return False
@@ -153,13 +156,18 @@ class ChatFormatter:
         return f"{source} ({'override template' if self.template is not None else 'own template'})"
 
     def render(
-        self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
     ) -> str:
         """The prompt text of ``messages`` (tools in OpenAI function-schema format)."""
         return self.tokenizer.apply_chat_template(
-            [dict(m) for m in messages], tools=[dict(t) for t in tools] if tools else None,
-            chat_template=self.template, add_generation_prompt=add_generation_prompt, tokenize=False,
+            [dict(m) for m in messages],
+            tools=[dict(t) for t in tools] if tools else None,
+            chat_template=self.template,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
         )
 
     def encode(self, text: str) -> list[int]:
@@ -206,7 +214,7 @@ class ChatFormatter:
     def _detect_end_of_turn_text(self) -> str:
         """The special-token string the template closes an assistant turn with."""
         text = self.render(_probe_conversation(calls=False), add_generation_prompt=False)
-        tail = text[text.rfind(_PROBE_REPLY) + len(_PROBE_REPLY):]
+        tail = text[text.rfind(_PROBE_REPLY) + len(_PROBE_REPLY) :]
         eos = getattr(self.tokenizer, "eos_token", None)
         candidates = [c for c in (*_END_OF_TURN_CANDIDATES, eos) if c and c in tail]
         if not candidates:
@@ -239,9 +247,7 @@ def _probe_conversation(*, calls: bool) -> list[Message]:
     # the thought makes templates that drop earlier reasoning (Qwen3-style) fail the append-only check
     reply: Message = {"role": "assistant", "content": f"<think>\nprobe\n</think>\n\n{_PROBE_REPLY}"}
     if calls:
-        reply["tool_calls"] = [
-            {"id": "call_0", "type": "function", "function": {"name": _PROBE_TOOL, "arguments": {}}}
-        ]
+        reply["tool_calls"] = [{"id": "call_0", "type": "function", "function": {"name": _PROBE_TOOL, "arguments": {}}}]
     return [{"role": "user", "content": _PROBE_USER}, reply]
 
 
@@ -309,10 +315,14 @@ def act_observation_messages(calls: Sequence[ToolCall], responses: Sequence[Any]
         )
     messages: list[Message] = []
     for i, (call, response) in enumerate(zip(calls, responses, strict=True)):
-        messages.append({
-            "role": "tool", "name": call.name, "tool_call_id": call.id or f"call_{i}",
-            "content": compact_json(response),
-        })
+        messages.append(
+            {
+                "role": "tool",
+                "name": call.name,
+                "tool_call_id": call.id or f"call_{i}",
+                "content": compact_json(response),
+            }
+        )
     return messages
 
 

@@ -175,9 +175,7 @@ class Trajectory:
         d["streams"] = [
             {
                 "role": st.role.name,
-                "segments": [
-                    {**asdict(s), "role": None if s.role is None else s.role.name} for s in st.segments
-                ],
+                "segments": [{**asdict(s), "role": None if s.role is None else s.role.name} for s in st.segments],
             }
             for st in self.streams
         ]
@@ -258,8 +256,13 @@ def truncate_after_turn(trajectory: Trajectory, turn: int) -> Trajectory:
         cut = generated[budget[stream.role]] if len(generated) > budget[stream.role] else len(stream.segments)
         streams.append(Stream(stream.role, stream.segments[:cut]))
     return Trajectory(
-        prompt_id=trajectory.prompt_id, sample_index=trajectory.sample_index, streams=tuple(streams), turns=kept,
-        reward=trajectory.reward, status=trajectory.status, termination=Termination.REQUIRED_ITEM_FAILED,
+        prompt_id=trajectory.prompt_id,
+        sample_index=trajectory.sample_index,
+        streams=tuple(streams),
+        turns=kept,
+        reward=trajectory.reward,
+        status=trajectory.status,
+        termination=Termination.REQUIRED_ITEM_FAILED,
         info={**trajectory.info, "truncated_after_turn": turn},
     )
 

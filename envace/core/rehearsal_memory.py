@@ -28,7 +28,6 @@ class MemoryBudget:
                 raise ValueError(f"MemoryBudget.{name}={value}: must be >= 0 or None (no bound)")
 
 
-
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 
 

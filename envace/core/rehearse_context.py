@@ -92,7 +92,11 @@ def visible_text(act_text: str) -> str:
 
 
 def conversation_events(
-    user_turns: Sequence[str], turns: Sequence[Turn], *, upto_turn: int | None = None, first_turn: int = 0,
+    user_turns: Sequence[str],
+    turns: Sequence[Turn],
+    *,
+    upto_turn: int | None = None,
+    first_turn: int = 0,
     skip_stand_ins: bool = False,
 ) -> list[Event]:
     """The history events of recorded ``turns`` (user turns interleaved at their place).
@@ -185,7 +189,10 @@ def rehearse_system_message(prompts: RolePrompts, tools: Sequence[Mapping[str, A
 
 
 def call_message(
-    prompts: RolePrompts, tools: Sequence[Mapping[str, Any]], call: ToolCall, said: Sequence[Said],
+    prompts: RolePrompts,
+    tools: Sequence[Mapping[str, Any]],
+    call: ToolCall,
+    said: Sequence[Said],
     context_tokens: int = DEFAULT_CONTEXT_TOKENS,
 ) -> Message:
     """The user message asking for the response to ``call`` after the conversation messages ``said``.
@@ -194,7 +201,8 @@ def call_message(
     """
     schema = next((t for t in tools if tool_function(t).get("name") == call.name), None)
     text = prompts.rehearse_call.format(
-        conversation=conversation_text(said, context_tokens), name=call.name,
+        conversation=conversation_text(said, context_tokens),
+        name=call.name,
         arguments=compact_json(call.arguments),
         schema=compact_json(dict(tool_function(schema))) if schema is not None else "null",
     )
@@ -213,15 +221,19 @@ def _pending_said(history: Sequence[Event]) -> list[Said]:
 
 
 def next_call_message(
-    prompts: RolePrompts, tools: Sequence[Mapping[str, Any]], history: Sequence[Event], call: ToolCall,
+    prompts: RolePrompts,
+    tools: Sequence[Mapping[str, Any]],
+    history: Sequence[Event],
+    call: ToolCall,
     context_tokens: int = DEFAULT_CONTEXT_TOKENS,
 ) -> Message:
     """The last message of ``rehearse_context(...)``: what an append-only stream appends for ``call``."""
     return call_message(prompts, tools, call, _pending_said(history), context_tokens)
 
 
-def stream_text(fmt: Any, prompts: RolePrompts, tools: Sequence[Mapping[str, Any]], message: Message,
-                after_generation: bool) -> str:
+def stream_text(
+    fmt: Any, prompts: RolePrompts, tools: Sequence[Mapping[str, Any]], message: Message, after_generation: bool
+) -> str:
     """The text an append-only REHEARSE token stream appends for a call ``message`` (then the generation
     prompt): a ``ChatFormatter.continuation`` after a generation, else — the stream still ends with the
     system prompt — the rendered difference, checked to leave the system prompt as it was."""
@@ -236,7 +248,10 @@ def stream_text(fmt: Any, prompts: RolePrompts, tools: Sequence[Mapping[str, Any
 
 
 def rehearse_context(
-    prompts: RolePrompts, tools: Sequence[Mapping[str, Any]], history: Sequence[Event], call: ToolCall,
+    prompts: RolePrompts,
+    tools: Sequence[Mapping[str, Any]],
+    history: Sequence[Event],
+    call: ToolCall,
     context_tokens: int = DEFAULT_CONTEXT_TOKENS,
 ) -> list[Message]:
     """The full REHEARSE conversation asking for ``call``'s response (layout in the module docstring)."""

@@ -185,22 +185,33 @@ def _split_call_blocks(text: str) -> tuple[str, list[tuple[int, str]], list[Pars
         elif open_at < 0:
             outside.append(text[pos : match.start()])
             pos = match.end()
-            errors.append(ParseError(
-                ParseErrorCode.TAG_MALFORMED, f"{CALL_CLOSE} at char {match.start()} has no opening {CALL_OPEN}",
-                _snippet(text[max(0, match.start() - 80) : match.end()])))
+            errors.append(
+                ParseError(
+                    ParseErrorCode.TAG_MALFORMED,
+                    f"{CALL_CLOSE} at char {match.start()} has no opening {CALL_OPEN}",
+                    _snippet(text[max(0, match.start() - 80) : match.end()]),
+                )
+            )
         elif is_open:
-            errors.append(ParseError(
-                ParseErrorCode.TAG_MALFORMED,
-                f"tool call #{opened} reopened with {CALL_OPEN} at char {match.start()} before its {CALL_CLOSE}",
-                _snippet(text[open_at : match.start()])))
+            errors.append(
+                ParseError(
+                    ParseErrorCode.TAG_MALFORMED,
+                    f"tool call #{opened} reopened with {CALL_OPEN} at char {match.start()} before its {CALL_CLOSE}",
+                    _snippet(text[open_at : match.start()]),
+                )
+            )
             open_at, opened = match.end(), opened + 1
         else:
             blocks.append((opened, text[open_at : match.start()]))
             open_at, pos = -1, match.end()
     if open_at >= 0:
-        errors.append(ParseError(
-            ParseErrorCode.UNCLOSED_TAG, f"tool call #{opened} has no closing {CALL_CLOSE} (truncated output?)",
-            _snippet(text[open_at:])))
+        errors.append(
+            ParseError(
+                ParseErrorCode.UNCLOSED_TAG,
+                f"tool call #{opened} has no closing {CALL_CLOSE} (truncated output?)",
+                _snippet(text[open_at:]),
+            )
+        )
     else:
         outside.append(text[pos:])
     return "".join(outside), blocks, errors
@@ -209,18 +220,23 @@ def _split_call_blocks(text: str) -> tuple[str, list[tuple[int, str]], list[Pars
 def _decode_arguments(obj: dict[str, Any], where: str, raw: str) -> dict[str, Any] | ParseError:
     key = "arguments" if "arguments" in obj else "parameters" if "parameters" in obj else None
     if key is None:
-        return ParseError(ParseErrorCode.NO_ARGUMENTS, f"{where} has no 'arguments' (or 'parameters') key",
-                          _snippet(raw))
+        return ParseError(
+            ParseErrorCode.NO_ARGUMENTS, f"{where} has no 'arguments' (or 'parameters') key", _snippet(raw)
+        )
     args = obj[key]
     if isinstance(args, str):  # OpenAI style: arguments as a JSON string; "" means no arguments
         try:
             args = _loads(args) if args.strip() else {}
         except (ValueError, RecursionError) as exc:
-            return ParseError(ParseErrorCode.JSON_DECODE_ERROR, f"{where}: '{key}' string is not JSON ({exc})",
-                              _snippet(obj[key]))
+            return ParseError(
+                ParseErrorCode.JSON_DECODE_ERROR, f"{where}: '{key}' string is not JSON ({exc})", _snippet(obj[key])
+            )
     if not isinstance(args, dict):
-        return ParseError(ParseErrorCode.ARGUMENTS_NOT_OBJECT,
-                          f"{where}: '{key}' must be a JSON object, got {type(args).__name__}", _snippet(raw))
+        return ParseError(
+            ParseErrorCode.ARGUMENTS_NOT_OBJECT,
+            f"{where}: '{key}' must be a JSON object, got {type(args).__name__}",
+            _snippet(raw),
+        )
     return args
 
 
@@ -232,17 +248,21 @@ def _decode_call(raw: str, number: int, allowed: frozenset[str] | None) -> ToolC
     except (ValueError, RecursionError) as exc:
         return ParseError(ParseErrorCode.JSON_DECODE_ERROR, f"{where} is not valid JSON ({exc})", _snippet(body))
     if not isinstance(obj, dict):
-        return ParseError(ParseErrorCode.CALL_NOT_OBJECT,
-                          f"{where} must be a JSON object with 'name' and 'arguments', got {type(obj).__name__}",
-                          _snippet(body))
+        return ParseError(
+            ParseErrorCode.CALL_NOT_OBJECT,
+            f"{where} must be a JSON object with 'name' and 'arguments', got {type(obj).__name__}",
+            _snippet(body),
+        )
     name = obj.get("name")
     if not isinstance(name, str) or not name.strip():
-        return ParseError(ParseErrorCode.INVALID_TOOL_NAME, f"{where} needs a non-empty string 'name'",
-                          _snippet(body))
+        return ParseError(ParseErrorCode.INVALID_TOOL_NAME, f"{where} needs a non-empty string 'name'", _snippet(body))
     if allowed is not None and name not in allowed:
         shown = ", ".join(sorted(allowed)[:20]) + (", …" if len(allowed) > 20 else "")
-        return ParseError(ParseErrorCode.INVALID_TOOL_NAME,
-                          f"{where} calls unknown tool {name!r}; available: {shown or '(none)'}", _snippet(body))
+        return ParseError(
+            ParseErrorCode.INVALID_TOOL_NAME,
+            f"{where} calls unknown tool {name!r}; available: {shown or '(none)'}",
+            _snippet(body),
+        )
     args = _decode_arguments(obj, where, body)
     if isinstance(args, ParseError):
         return args
@@ -253,14 +273,15 @@ def require_tool_call(parse: ToolCallParse) -> ToolCallParse:
     """The same parse, with NO_TOOL_CALL_FOUND added when the message is a final reply."""
     if not parse.is_final:
         return parse
-    error = ParseError(ParseErrorCode.NO_TOOL_CALL_FOUND,
-                       f"expected at least one {CALL_OPEN} block, found none", _snippet(parse.content))
+    error = ParseError(
+        ParseErrorCode.NO_TOOL_CALL_FOUND,
+        f"expected at least one {CALL_OPEN} block, found none",
+        _snippet(parse.content),
+    )
     return replace(parse, errors=parse.errors + (error,))
 
 
-def parse_tool_calls(
-    text: str, *, allowed_names: Iterable[str] | None = None, require: bool = False
-) -> ToolCallParse:
+def parse_tool_calls(text: str, *, allowed_names: Iterable[str] | None = None, require: bool = False) -> ToolCallParse:
     """Read the tool calls of one ACT message (never raises on any string).
 
     Args:
@@ -300,15 +321,19 @@ def _result_block(body: str) -> str | ParseError:
     """The raw text inside the single result block of ``body`` (thinking already removed)."""
     n_open, n_close = body.count(RESULT_OPEN), body.count(RESULT_CLOSE)
     if n_open == 0 and n_close == 0:
-        return ParseError(ParseErrorCode.NO_EXECUTION_RESULT_TAG,
-                          f"no {RESULT_OPEN} block after the thinking; wrap the tool response in "
-                          f"{RESULT_OPEN}…{RESULT_CLOSE}", _snippet(body.strip()))
+        return ParseError(
+            ParseErrorCode.NO_EXECUTION_RESULT_TAG,
+            f"no {RESULT_OPEN} block after the thinking; wrap the tool response in {RESULT_OPEN}…{RESULT_CLOSE}",
+            _snippet(body.strip()),
+        )
     start, end = body.find(RESULT_OPEN), body.find(RESULT_CLOSE)
     if n_open != 1 or n_close != 1 or end < start:
-        return ParseError(ParseErrorCode.TAG_MALFORMED,
-                          f"expected exactly one {RESULT_OPEN}…{RESULT_CLOSE} block, found {n_open} opening "
-                          f"and {n_close} closing tags" + (" (closing first)" if 0 <= end < start else ""),
-                          _snippet(body.strip()))
+        return ParseError(
+            ParseErrorCode.TAG_MALFORMED,
+            f"expected exactly one {RESULT_OPEN}…{RESULT_CLOSE} block, found {n_open} opening "
+            f"and {n_close} closing tags" + (" (closing first)" if 0 <= end < start else ""),
+            _snippet(body.strip()),
+        )
     return body[start + len(RESULT_OPEN) : end]
 
 
@@ -324,13 +349,16 @@ def parse_rehearsal(text: str) -> RehearsalParse:
     try:
         result = _loads(raw)
     except (ValueError, RecursionError) as exc:
-        error = ParseError(ParseErrorCode.JSON_DECODE_ERROR, f"execution result is not valid JSON ({exc})",
-                           _snippet(raw))
+        error = ParseError(
+            ParseErrorCode.JSON_DECODE_ERROR, f"execution result is not valid JSON ({exc})", _snippet(raw)
+        )
         return RehearsalParse(think=think, errors=(error,))
     if not isinstance(result, (dict, list)):
-        error = ParseError(ParseErrorCode.INVALID_RESULT_TYPE,
-                           f"execution result must be a JSON object or array, got {type(result).__name__}",
-                           _snippet(raw))
+        error = ParseError(
+            ParseErrorCode.INVALID_RESULT_TYPE,
+            f"execution result must be a JSON object or array, got {type(result).__name__}",
+            _snippet(raw),
+        )
         return RehearsalParse(think=think, errors=(error,))
     return RehearsalParse(result=result, think=think)
 

@@ -137,9 +137,7 @@ def _next_element(text: str, pos: int, index: int) -> tuple[RawRow | Reject, int
     except (ValueError, RecursionError):
         cut = _value_end(text, pos)
         if cut is None:
-            return Reject(
-                None, index, "", RejectReason.TRUNCATED_JSON, "the list is cut off inside this row"
-            ), None
+            return Reject(None, index, "", RejectReason.TRUNCATED_JSON, "the list is cut off inside this row"), None
         end = max(cut, pos + 1)
         return _parse_span(text[pos:end], index), end
     if _BAD_BYTES.search(text, pos, end):
@@ -204,9 +202,7 @@ def _read_text(text: str) -> tuple[list[RawRow], list[Reject]]:
         except (ValueError, RecursionError):
             whole = None
         if isinstance(whole, dict) and _BAD_BYTES.search(stripped):
-            return [], [
-                Reject(None, 0, "", RejectReason.NON_UTF8, "the row contains bytes that are not UTF-8")
-            ]
+            return [], [Reject(None, 0, "", RejectReason.NON_UTF8, "the row contains bytes that are not UTF-8")]
         if isinstance(whole, dict):
             return [RawRow(0, whole)], []
     return _read_jsonl(stripped)
@@ -242,8 +238,9 @@ def validate_rows(
             uuid = raw.value["uuid"]
             problem = Problem("uuid", RejectReason.DUPLICATE_UUID, f"uuid {uuid!r} appeared before, at {seen[uuid]}")
         if problem is not None:
-            rejects.append(Reject(_row_id(raw.value), raw.index, problem.field, problem.reason, problem.message,
-                                  origin))
+            rejects.append(
+                Reject(_row_id(raw.value), raw.index, problem.field, problem.reason, problem.message, origin)
+            )
             continue
         seen[raw.value["uuid"]] = f"{origin} row {raw.index}" if origin else f"row {raw.index}"
         accepted.append(raw.value)

@@ -136,9 +136,7 @@ def cm2_row_to_episode_spec(
         system_prompt=system,
         tools=tuple(row["tools"]),
         user_turns=user_turns,
-        checklist=Checklist.from_raw(
-            row["checklists"][variant], f"checklists[{variant}]", config.weight_tolerance
-        ),
+        checklist=Checklist.from_raw(row["checklists"][variant], f"checklists[{variant}]", config.weight_tolerance),
         exchanges=tuple(tuple(t) for t in exchanges),
         reference_replies=tuple(replies),
     )

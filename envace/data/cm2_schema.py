@@ -335,7 +335,8 @@ def _check_answer_ids(messages: list[Message], k: int, calls: list[ToolCallRecor
     answer_ids = {m.tool_call_id for m in answers if isinstance(m.tool_call_id, str) and m.tool_call_id}
     if call_ids and answer_ids and answer_ids != call_ids:
         raise fail(
-            RejectReason.UNPAIRED_TOOL_CALL, "tool_call_id values do not match the call ids",
+            RejectReason.UNPAIRED_TOOL_CALL,
+            "tool_call_id values do not match the call ids",
             f"messages[{k}].tool_calls",
         )
 

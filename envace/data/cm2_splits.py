@@ -69,11 +69,7 @@ class Cm2Stats:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            k: (
-                v.__dict__ | {"histogram": [list(p) for p in v.histogram]}
-                if isinstance(v, Distribution)
-                else v
-            )
+            k: (v.__dict__ | {"histogram": [list(p) for p in v.histogram]} if isinstance(v, Distribution) else v)
             for k, v in self.__dict__.items()
         }
 

@@ -98,8 +98,9 @@ def executor_factory_for(
 
     def factory(spec: EpisodeSpec) -> Executor:
         if spec.task_id not in by_id:
-            raise KeyError(f"no task with id {spec.task_id!r} among the {len(by_id)} tasks given to "
-                           "executor_factory_for")
+            raise KeyError(
+                f"no task with id {spec.task_id!r} among the {len(by_id)} tasks given to executor_factory_for"
+            )
         return make_executor(by_id[spec.task_id])
 
     return factory

@@ -32,8 +32,10 @@ class LoraSpec:
         if self.alpha <= 0:
             raise ValueError(f"algo.lora_alpha={self.alpha}: must be > 0 (the adapter scale is alpha / rank)")
         if not self.target_modules or not all(isinstance(m, str) and m for m in self.target_modules):
-            raise ValueError(f"algo.lora_target_modules={list(self.target_modules)}: give the names of the linear "
-                             "layers to adapt, e.g. [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]")
+            raise ValueError(
+                f"algo.lora_target_modules={list(self.target_modules)}: give the names of the linear "
+                "layers to adapt, e.g. [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"algo.lora_dropout={self.dropout}: must be in [0, 1)")
 
@@ -49,5 +51,9 @@ def lora_spec(algo: Mapping[str, Any]) -> LoraSpec | None:
         raise ValueError(f"algo.lora_rank={rank}: must be >= 0 (0 = full fine-tuning)")
     if rank == 0:
         return None
-    return LoraSpec(rank=rank, alpha=int(algo["lora_alpha"]), target_modules=tuple(algo["lora_target_modules"]),
-                    dropout=float(algo["lora_dropout"]))
+    return LoraSpec(
+        rank=rank,
+        alpha=int(algo["lora_alpha"]),
+        target_modules=tuple(algo["lora_target_modules"]),
+        dropout=float(algo["lora_dropout"]),
+    )

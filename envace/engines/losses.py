@@ -61,19 +61,26 @@ class LossOutput:
         }
 
 
-def _verl_loss_config(clip_ratio: float, clip_ratio_low: float | None, clip_ratio_high: float | None,
-                      clip_ratio_c: float, global_batch_info: Mapping[str, Any] | None) -> Any:
+def _verl_loss_config(
+    clip_ratio: float,
+    clip_ratio_low: float | None,
+    clip_ratio_high: float | None,
+    clip_ratio_c: float,
+    global_batch_info: Mapping[str, Any] | None,
+) -> Any:
     """The minimal config verl's vanilla policy loss reads, as an OmegaConf DictConfig."""
     from omegaconf import OmegaConf
 
     info = {k: (None if v is None else int(v)) for k, v in (global_batch_info or {}).items()}
-    return OmegaConf.create({
-        "clip_ratio": float(clip_ratio),
-        "clip_ratio_low": None if clip_ratio_low is None else float(clip_ratio_low),
-        "clip_ratio_high": None if clip_ratio_high is None else float(clip_ratio_high),
-        "clip_ratio_c": float(clip_ratio_c),
-        "global_batch_info": info,
-    })
+    return OmegaConf.create(
+        {
+            "clip_ratio": float(clip_ratio),
+            "clip_ratio_low": None if clip_ratio_low is None else float(clip_ratio_low),
+            "clip_ratio_high": None if clip_ratio_high is None else float(clip_ratio_high),
+            "clip_ratio_c": float(clip_ratio_c),
+            "global_batch_info": info,
+        }
+    )
 
 
 def _check_shapes(log_probs: torch.Tensor, **others: torch.Tensor | None) -> None:
@@ -81,14 +88,17 @@ def _check_shapes(log_probs: torch.Tensor, **others: torch.Tensor | None) -> Non
         raise ValueError(f"log_probs must be (batch, response_length), got shape {tuple(log_probs.shape)}")
     for name, tensor in others.items():
         if tensor is not None and tensor.shape != log_probs.shape:
-            raise ValueError(f"{name} has shape {tuple(tensor.shape)}, log_probs {tuple(log_probs.shape)}; they "
-                             "must match (broadcast per-output advantages with token_advantages)")
+            raise ValueError(
+                f"{name} has shape {tuple(tensor.shape)}, log_probs {tuple(log_probs.shape)}; they "
+                "must match (broadcast per-output advantages with token_advantages)"
+            )
 
 
 def _empty_output(log_probs: torch.Tensor) -> LossOutput:
     zero = (log_probs * 0.0).sum()  # exact 0 that keeps the graph (backward gives zero grads)
-    return LossOutput(loss=zero, pg_loss=zero, kl=zero.detach(), clipfrac=0.0, clipfrac_lower=0.0, ppo_kl=0.0,
-                      n_tokens=0)
+    return LossOutput(
+        loss=zero, pg_loss=zero, kl=zero.detach(), clipfrac=0.0, clipfrac_lower=0.0, ppo_kl=0.0, n_tokens=0
+    )
 
 
 def compute_policy_loss(
@@ -121,8 +131,13 @@ def compute_policy_loss(
         global_batch_info: verl's {dp_size, batch_num_tokens, global_batch_size, loss_scale_factor} ints,
             for normalising over a global batch split into micro-batches; None = this batch alone.
     """
-    _check_shapes(log_probs, old_log_probs=old_log_probs, advantages=advantages, response_mask=response_mask,
-                  ref_log_probs=ref_log_probs)
+    _check_shapes(
+        log_probs,
+        old_log_probs=old_log_probs,
+        advantages=advantages,
+        response_mask=response_mask,
+        ref_log_probs=ref_log_probs,
+    )
     if kl_coef > 0 and ref_log_probs is None:
         raise ValueError(f"kl_coef={kl_coef} needs ref_log_probs (reference-policy log-probs); pass them or set 0")
     mask = response_mask.to(torch.bool)
@@ -133,8 +148,12 @@ def compute_policy_loss(
 
     config = _verl_loss_config(clip_ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c, global_batch_info)
     pg_loss, pg_metrics = core_algos.get_policy_loss_fn("vanilla")(
-        old_log_prob=old_log_probs.detach(), log_prob=log_probs, advantages=advantages.detach(),
-        response_mask=mask, loss_agg_mode=loss_agg_mode, config=config,
+        old_log_prob=old_log_probs.detach(),
+        log_prob=log_probs,
+        advantages=advantages.detach(),
+        response_mask=mask,
+        loss_agg_mode=loss_agg_mode,
+        config=config,
     )
     if ref_log_probs is not None:
         kl_mat = core_algos.kl_penalty(log_probs, ref_log_probs.detach(), kl_penalty=kl_type)

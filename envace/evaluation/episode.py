@@ -218,8 +218,16 @@ def _play_turn(
         batch = yield from responder.respond(calls, turn, user_text, tuple(state.events))
         texts = batch.texts or (None,) * len(batch.responses)
         state.events.extend(Answered(c, r, x) for c, r, x in zip(calls, batch.responses, texts))
-        state.turns.append(Turn(output.text, calls, batch.responses, rehearsed=responder.rehearsed, user_turn=turn,
-                                stand_ins=batch.stand_ins))
+        state.turns.append(
+            Turn(
+                output.text,
+                calls,
+                batch.responses,
+                rehearsed=responder.rehearsed,
+                user_turn=turn,
+                stand_ins=batch.stand_ins,
+            )
+        )
         if not batch.ok:
             state.responder_failures += 1
             state.codes.extend(batch.error_codes)

@@ -166,7 +166,12 @@ class _Probe:
 
 
 def _record_probes(
-    record: EpisodeRecord, task: Task, prompts: RolePrompts, max_new_tokens: int, temperature: float, seed: int,
+    record: EpisodeRecord,
+    task: Task,
+    prompts: RolePrompts,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
     context_tokens: int = DEFAULT_CONTEXT_TOKENS,
 ) -> list[_Probe]:
     """One probe per real (non-stand-in) call of ``record``, in conversation order."""
@@ -176,8 +181,9 @@ def _record_probes(
             if j in turn.stand_ins:
                 continue
             partial = replace(turn, tool_calls=turn.tool_calls[:j], responses=turn.responses[:j])
-            history = conversation_events(task.user_turns, [*record.turns[:k], partial], upto_turn=turn.user_turn,
-                                          skip_stand_ins=True)
+            history = conversation_events(
+                task.user_turns, [*record.turns[:k], partial], upto_turn=turn.user_turn, skip_stand_ins=True
+            )
             request = ChatRequest(
                 messages=tuple(rehearse_context(prompts, task.tools, history, call, context_tokens)),
                 tools=None,
@@ -210,8 +216,11 @@ def measure_fidelity(
             continue
         if record.task_id not in by_id:
             raise KeyError(f"measure_fidelity: record of task {record.task_id!r} has no matching task; pass its Task")
-        probes.extend(_record_probes(record, by_id[record.task_id], role_prompts, max_new_tokens, temperature, seed,
-                                     context_tokens))
+        probes.extend(
+            _record_probes(
+                record, by_id[record.task_id], role_prompts, max_new_tokens, temperature, seed, context_tokens
+            )
+        )
     pairs: list[FidelityPair] = []
     for lo in tqdm(range(0, len(probes), batch_size), desc="fidelity", disable=not progress, leave=False):
         chunk = probes[lo : lo + batch_size]

@@ -32,8 +32,14 @@ class ProbeSet:
     @property
     def n_calls(self) -> int:
         """Real calls in the records (what one probe asks REHEARSE about, stand-ins aside)."""
-        return sum(1 for r in self.records if not r.crashed for t in r.turns
-                   for i in range(min(len(t.tool_calls), len(t.responses))) if i not in t.stand_ins)
+        return sum(
+            1
+            for r in self.records
+            if not r.crashed
+            for t in r.turns
+            for i in range(min(len(t.tool_calls), len(t.responses)))
+            if i not in t.stand_ins
+        )
 
 
 def oracle_probe_set(adapter: BenchmarkAdapter, tasks: Sequence[Task]) -> ProbeSet:
@@ -45,10 +51,15 @@ def oracle_probe_set(adapter: BenchmarkAdapter, tasks: Sequence[Task]) -> ProbeS
     records = evaluate(adapter, oracle, tasks, progress=False).records
     failed = [r.task_id for r in records if not r.success]
     if failed:
-        logger.warning("oracle_probe_set: the oracle did not succeed on %s (gold data or step budget); their "
-                       "calls are still real and are probed", failed)
+        logger.warning(
+            "oracle_probe_set: the oracle did not succeed on %s (gold data or step budget); their "
+            "calls are still real and are probed",
+            failed,
+        )
     probe_set = ProbeSet(tuple(records), tuple(tasks))
     if probe_set.n_calls == 0:
-        raise ValueError(f"oracle_probe_set: the oracle made no tool call on tasks {[t.task_id for t in tasks]}; "
-                         "fidelity needs tasks with gold calls")
+        raise ValueError(
+            f"oracle_probe_set: the oracle made no tool call on tasks {[t.task_id for t in tasks]}; "
+            "fidelity needs tasks with gold calls"
+        )
     return probe_set

@@ -87,4 +87,3 @@ class BackendWorker:
             return
         for (_, future), output in zip(batch, outputs):
             future.set_result(output)
-

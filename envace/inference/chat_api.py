@@ -163,4 +163,3 @@ def completion_body(output: ChatOutput, model: str, request_id: int) -> dict[str
 def error_response(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
     """An error in the OpenAI envelope ``{"error": {"message", "type", "code"}}``."""
     return JSONResponse({"error": {"message": message[:2000], "type": kind, "code": status}}, status_code=status)
-

@@ -121,9 +121,17 @@ class LocalHFBackend:
             Ignored (off) for models whose cache layers are not plain full attention.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: object, *, name: str = "local", batch_size: int = 8,
-                 formatter: ChatFormatter | None = None, precision: str = "fp32",
-                 prefix_cache_tokens: int = 32768) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: object,
+        *,
+        name: str = "local",
+        batch_size: int = 8,
+        formatter: ChatFormatter | None = None,
+        precision: str = "fp32",
+        prefix_cache_tokens: int = 32768,
+    ) -> None:
         if isinstance(model, str) or isinstance(tokenizer, str):
             raise TypeError(
                 "LocalHFBackend(model, tokenizer) takes loaded objects; for a name or directory use "
@@ -132,8 +140,10 @@ class LocalHFBackend:
         if batch_size < 1:
             raise ValueError(f"LocalHFBackend: batch_size must be >= 1, got {batch_size}")
         if prefix_cache_tokens < 0:
-            raise ValueError(f"LocalHFBackend: prefix_cache_tokens must be >= 0 (0 = off), got {prefix_cache_tokens} "
-                             "(eval.prefix_cache_tokens)")
+            raise ValueError(
+                f"LocalHFBackend: prefix_cache_tokens must be >= 0 (0 = off), got {prefix_cache_tokens} "
+                "(eval.prefix_cache_tokens)"
+            )
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
@@ -183,22 +193,33 @@ class LocalHFBackend:
         if self.context_window:
             for p in [p for p in prepared if len(p.prompt_ids) >= self.context_window]:
                 self.context_overflows += 1
-                logger.warning("%s: prompt of %d tokens does not fit the model's %d-token window; answered "
-                               "with an empty reply (finish_reason=context_overflow)", self.name,
-                               len(p.prompt_ids), self.context_window)
+                logger.warning(
+                    "%s: prompt of %d tokens does not fit the model's %d-token window; answered "
+                    "with an empty reply (finish_reason=context_overflow)",
+                    self.name,
+                    len(p.prompt_ids),
+                    self.context_window,
+                )
                 outputs[p.index] = ChatOutput("", len(p.prompt_ids), 0, "context_overflow")
             prepared = [p for p in prepared if outputs[p.index] is None]
         prepared.sort(key=lambda p: (-len(p.prompt_ids), p.index))
         n_batches = (len(prepared) + self.batch_size - 1) // self.batch_size
         for b in range(n_batches):
-            batch = prepared[b * self.batch_size:(b + 1) * self.batch_size]
+            batch = prepared[b * self.batch_size : (b + 1) * self.batch_size]
             started, reused = time.perf_counter(), self.cached_tokens_reused
             results = self._generate_batch(batch)
             for item, output in zip(batch, results, strict=True):
                 outputs[item.index] = output
-            logger.info("%s: batch %d/%d (%d requests, %d cached prompt tokens reused, %d generated tokens) "
-                        "in %.1f s", self.name, b + 1, n_batches, len(batch), self.cached_tokens_reused - reused,
-                        sum(o.completion_tokens for o in results), time.perf_counter() - started)
+            logger.info(
+                "%s: batch %d/%d (%d requests, %d cached prompt tokens reused, %d generated tokens) in %.1f s",
+                self.name,
+                b + 1,
+                n_batches,
+                len(batch),
+                self.cached_tokens_reused - reused,
+                sum(o.completion_tokens for o in results),
+                time.perf_counter() - started,
+            )
         return [o for o in outputs if o is not None]
 
     def _generate_batch(self, batch: Sequence[_Prepared]) -> list[ChatOutput]:
@@ -225,9 +246,11 @@ class LocalHFBackend:
             while feed:
                 logits = streams.append(feed)
                 live = list(feed)
-                tokens = sample_next_tokens(torch.stack([logits[i] for i in live]),
-                                            [float(rows[i].item.request.temperature) for i in live],
-                                            [rows[i].generator for i in live])
+                tokens = sample_next_tokens(
+                    torch.stack([logits[i] for i in live]),
+                    [float(rows[i].item.request.temperature) for i in live],
+                    [rows[i].generator for i in live],
+                )
                 feed = {}
                 for i, token in zip(live, tokens.tolist(), strict=True):
                     rows[i].tokens.append(token)
@@ -240,8 +263,9 @@ class LocalHFBackend:
 
     def _reuse_prefixes(self, streams: BatchedStreams, rows: dict[int, _Row]) -> dict[int, list[int]]:
         """Seed ``streams`` with each row's longest cached prompt prefix; returns the prompt tokens left to feed."""
-        hits = {i: self.prefix_cache.lookup(row.item.prompt_ids) if self.prefix_cache else None
-                for i, row in rows.items()}
+        hits = {
+            i: self.prefix_cache.lookup(row.item.prompt_ids) if self.prefix_cache else None for i, row in rows.items()
+        }
         if any(hit is not None for hit in hits.values()):
             seed_prefixes(streams, [hits[key] for key in streams.keys])
         for i, hit in hits.items():
@@ -250,7 +274,7 @@ class LocalHFBackend:
                 self.prefix_cache_hits += 1
                 self.cached_tokens_reused += hit.length
             self.prompt_tokens_encoded += len(rows[i].item.prompt_ids) - rows[i].reused
-        return {i: row.item.prompt_ids[row.reused:] for i, row in rows.items()}
+        return {i: row.item.prompt_ids[row.reused :] for i, row in rows.items()}
 
     def _row_done(self, row: _Row, token: int) -> bool:
         """End of turn, budget spent, or a stop string in the text so far."""
@@ -266,8 +290,9 @@ class LocalHFBackend:
             return
         r = streams.row_of(key)
         real = streams.mask[r]
-        self.prefix_cache.store(ids, [(layer.keys[r][:, real], layer.values[r][:, real])
-                                      for layer in streams.cache.layers])
+        self.prefix_cache.store(
+            ids, [(layer.keys[r][:, real], layer.values[r][:, real]) for layer in streams.cache.layers]
+        )
 
     def _finish(self, item: _Prepared, generated: list[int]) -> ChatOutput:
         """Cut one row at its end-of-turn token or stop string and count its tokens."""
@@ -280,9 +305,14 @@ class LocalHFBackend:
         text = self.formatter.decode(generated)
         cut = _cut_at_stop(text, item.request.stop)
         if cut is not None:
-            used = next((k for k in range(1, len(generated) + 1)
-                         if _cut_at_stop(self.formatter.decode(generated[:k]), item.request.stop) is not None),
-                        len(generated))
+            used = next(
+                (
+                    k
+                    for k in range(1, len(generated) + 1)
+                    if _cut_at_stop(self.formatter.decode(generated[:k]), item.request.stop) is not None
+                ),
+                len(generated),
+            )
             return ChatOutput(cut, len(item.prompt_ids), used, "stop")
         return ChatOutput(text, len(item.prompt_ids), len(generated), "length")
 
@@ -290,4 +320,4 @@ class LocalHFBackend:
 def _cut_at_stop(text: str, stops: Sequence[str]) -> str | None:
     """``text`` up to its earliest stop string, or None when no stop string occurs."""
     positions = [text.find(s) for s in stops if s and s in text]
-    return text[:min(positions)] if positions else None
+    return text[: min(positions)] if positions else None

@@ -78,16 +78,24 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if self.max_retries < 0 or self.backoff_s < 0 or self.max_backoff_s < self.backoff_s:
-            raise ValueError(f"RetryPolicy{(self.max_retries, self.backoff_s, self.max_backoff_s)}: need "
-                             "max_retries >= 0 and 0 <= backoff_s <= max_backoff_s")
+            raise ValueError(
+                f"RetryPolicy{(self.max_retries, self.backoff_s, self.max_backoff_s)}: need "
+                "max_retries >= 0 and 0 <= backoff_s <= max_backoff_s"
+            )
 
     def retrying(self, retry_on: Callable[[BaseException], bool] = is_retryable, what: str = "request") -> Retrying:
         """A tenacity ``Retrying`` that re-runs its block on exceptions ``retry_on`` accepts, then re-raises."""
 
         def log_retry(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
-            logger.debug("%s: %s (attempt %d/%d); retrying in %.2fs", what, exc, state.attempt_number,
-                         self.max_retries + 1, state.upcoming_sleep)
+            logger.debug(
+                "%s: %s (attempt %d/%d); retrying in %.2fs",
+                what,
+                exc,
+                state.attempt_number,
+                self.max_retries + 1,
+                state.upcoming_sleep,
+            )
 
         return Retrying(
             stop=stop_after_attempt(self.max_retries + 1),
@@ -142,14 +150,22 @@ def endpoint_error(exc: BaseException, method: str, url: str, timeout: float) ->
         return EndpointError(f"{where}: cannot connect: {failure_cause(exc)}", retryable=True, url=url)
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
-        hint = {401: " (unauthenticated: wrong or missing API key)", 403: " (forbidden: the key lacks access)",
-                404: " (not found: check the base URL, which ends in /v1, and the model name)"}.get(status, "")
+        hint = {
+            401: " (unauthenticated: wrong or missing API key)",
+            403: " (forbidden: the key lacks access)",
+            404: " (not found: check the base URL, which ends in /v1, and the model name)",
+        }.get(status, "")
         body = exc.response.text[:200] if exc.response is not None else ""
-        return EndpointError(f"{where} answered HTTP {status}{hint}: {body!r}", status=status,
-                             retryable=status_is_retryable(status), url=url)
+        return EndpointError(
+            f"{where} answered HTTP {status}{hint}: {body!r}",
+            status=status,
+            retryable=status_is_retryable(status),
+            url=url,
+        )
     # a 200 whose body is not the JSON asked for: a broken proxy or an overloaded server, may heal
-    return EndpointError(f"{where} answered a malformed body: {type(exc).__name__}: {exc}", status=200,
-                         retryable=True, url=url)
+    return EndpointError(
+        f"{where} answered a malformed body: {type(exc).__name__}: {exc}", status=200, retryable=True, url=url
+    )
 
 
 def request_payload(model: str, request: ChatRequest, extra: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -179,9 +195,7 @@ def _hermes_tool_calls(tool_calls: Any) -> str:
                 args = json.loads(args)
             except ValueError:
                 pass  # keep the raw string: the caller's parser reports the bad arguments
-        blocks.append(
-            "<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args}) + "\n</tool_call>"
-        )
+        blocks.append("<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args}) + "\n</tool_call>")
     return "\n".join(blocks)
 
 
@@ -242,10 +256,7 @@ class OpenAIChatBackend:
         self.stats = {"attempts": 0, "retries": 0, "failed": 0}
 
     def __repr__(self) -> str:  # never show the key
-        return (
-            f"OpenAIChatBackend(base_url={self.base_url!r}, model={self.model!r}, "
-            f"api_key_env={self.api_key_env!r})"
-        )
+        return f"OpenAIChatBackend(base_url={self.base_url!r}, model={self.model!r}, api_key_env={self.api_key_env!r})"
 
     @property
     def max_retries(self) -> int:
@@ -259,8 +270,9 @@ class OpenAIChatBackend:
         """One SDK client (thread-safe, pooled connections), rebuilt if ``base_url`` was changed."""
         with self._lock:
             if self._client is None or self._client_url != self.base_url:
-                self._client = openai.OpenAI(base_url=self.base_url, api_key=self._api_key or NO_KEY,
-                                             timeout=self.timeout, max_retries=0)
+                self._client = openai.OpenAI(
+                    base_url=self.base_url, api_key=self._api_key or NO_KEY, timeout=self.timeout, max_retries=0
+                )
                 self._client_url = self.base_url
             return self._client
 
@@ -293,7 +305,8 @@ class OpenAIChatBackend:
         """One chat request under the retry policy; raises the last ``EndpointError`` when it failed."""
         payload = request_payload(self.model, request, None)
         return self._call(
-            "POST", "/chat/completions",
+            "POST",
+            "/chat/completions",
             lambda client: client.chat.completions.with_raw_response.create(
                 **payload, extra_body=self.extra_body or None
             ),

@@ -332,9 +332,7 @@ def load_backend_factory(spec: str) -> ChatBackend:
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m envace.inference.openai_server", description=__doc__.split("\n")[0]
-    )
+    p = argparse.ArgumentParser(prog="python -m envace.inference.openai_server", description=__doc__.split("\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="a registered model kind (tiny, smollm2) or a local HF model directory")
     src.add_argument("--backend-factory", help="MODULE:CALLABLE returning a ChatBackend")
@@ -356,22 +354,16 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_arg_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.host not in ALLOWED_HOSTS:
         logger.error("refusing --host %s: this server only listens on 127.0.0.1", args.host)
         return 2
     if args.max_batch is not None and args.max_batch < 1:
         logger.error("--max-batch must be >= 1 (requests per backend call), got %d", args.max_batch)
         return 2
-    backend = (
-        load_backend_factory(args.backend_factory) if args.backend_factory else load_model_backend(args.model)
-    )
+    backend = load_backend_factory(args.backend_factory) if args.backend_factory else load_model_backend(args.model)
     name = args.served_model_name or args.model or getattr(backend, "name", "envace")
-    faults = FaultPlan(
-        args.delay_s, args.delay_count, args.fail_count, args.fail_status, args.malformed_count
-    )
+    faults = FaultPlan(args.delay_s, args.delay_count, args.fail_count, args.fail_status, args.malformed_count)
     try:
         server = ChatCompletionServer(backend, name, args.host, args.port, faults, max_batch=args.max_batch)
     except OSError as exc:

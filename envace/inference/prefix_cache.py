@@ -59,8 +59,10 @@ class PrefixKVCache:
 
     def __init__(self, budget_tokens: int, min_prefix_tokens: int = 16) -> None:
         if budget_tokens < 0 or min_prefix_tokens < 1:
-            raise ValueError(f"PrefixKVCache: need budget_tokens >= 0 and min_prefix_tokens >= 1, got "
-                             f"{budget_tokens} and {min_prefix_tokens} (eval.prefix_cache_tokens)")
+            raise ValueError(
+                f"PrefixKVCache: need budget_tokens >= 0 and min_prefix_tokens >= 1, got "
+                f"{budget_tokens} and {min_prefix_tokens} (eval.prefix_cache_tokens)"
+            )
         self.budget_tokens = budget_tokens
         self.min_prefix_tokens = min_prefix_tokens
         self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()

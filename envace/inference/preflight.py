@@ -57,12 +57,24 @@ def _judge_endpoints(cfg: Mapping[str, Any]) -> list[Endpoint]:
     if name not in ("llm", "composite") or (name == "composite" and not judge.get("base_url")):
         return []
     if not judge.get("base_url") or not judge.get("model"):
-        raise ConfigError(f"judge.name={name} needs judge.base_url (an OpenAI-compatible endpoint ending in /v1) "
-                          f"and judge.model; got base_url={judge.get('base_url')!r}, model={judge.get('model')!r}")
+        raise ConfigError(
+            f"judge.name={name} needs judge.base_url (an OpenAI-compatible endpoint ending in /v1) "
+            f"and judge.model; got base_url={judge.get('base_url')!r}, model={judge.get('model')!r}"
+        )
     rules_only = "or set judge.base_url=null to judge by rules only" if name == "composite" else ""
-    return [Endpoint("judge", str(judge["base_url"]), str(judge["model"]), judge.get("api_key_env"),
-                     "judge.base_url", "judge.model", "judge.api_key_env",
-                     min(float(judge.get("timeout_s") or CHECK_TIMEOUT_S), CHECK_TIMEOUT_S), rules_only)]
+    return [
+        Endpoint(
+            "judge",
+            str(judge["base_url"]),
+            str(judge["model"]),
+            judge.get("api_key_env"),
+            "judge.base_url",
+            "judge.model",
+            "judge.api_key_env",
+            min(float(judge.get("timeout_s") or CHECK_TIMEOUT_S), CHECK_TIMEOUT_S),
+            rules_only,
+        )
+    ]
 
 
 def _simulator_endpoints(cfg: Mapping[str, Any]) -> list[Endpoint]:
@@ -72,8 +84,17 @@ def _simulator_endpoints(cfg: Mapping[str, Any]) -> list[Endpoint]:
     used = engine.get("name") == "verl" and algo.get("name") == "grpo" and algo.get("grpo_responses") == "simulator"
     if not used or not sim.get("base_url"):
         return []
-    return [Endpoint("simulator", str(sim["base_url"]), sim.get("model"), sim.get("api_key_env"),
-                     "engine.simulator.base_url", "engine.simulator.model", "engine.simulator.api_key_env")]
+    return [
+        Endpoint(
+            "simulator",
+            str(sim["base_url"]),
+            sim.get("model"),
+            sim.get("api_key_env"),
+            "engine.simulator.base_url",
+            "engine.simulator.model",
+            "engine.simulator.api_key_env",
+        )
+    ]
 
 
 def _suite_endpoints(cfg: Mapping[str, Any], benchmarks: list[str]) -> list[Endpoint]:
@@ -86,9 +107,17 @@ def _suite_endpoints(cfg: Mapping[str, Any], benchmarks: list[str]) -> list[Endp
             url = suite.get(f"{prefix}_base_url")
             if url:
                 key = f"eval.suites.{benchmark}.{prefix}"
-                out.append(Endpoint(f"{benchmark} {what}", str(url).removesuffix("/chat/completions"),
-                                    suite.get(f"{prefix}_model"), suite.get(f"{prefix}_api_key_env"),
-                                    f"{key}_base_url", f"{key}_model", f"{key}_api_key_env"))
+                out.append(
+                    Endpoint(
+                        f"{benchmark} {what}",
+                        str(url).removesuffix("/chat/completions"),
+                        suite.get(f"{prefix}_model"),
+                        suite.get(f"{prefix}_api_key_env"),
+                        f"{key}_base_url",
+                        f"{key}_model",
+                        f"{key}_api_key_env",
+                    )
+                )
     return out
 
 
@@ -127,12 +156,15 @@ def check_endpoint(ep: Endpoint) -> float:
     """Seconds one cheap request to ``ep`` took; ``EndpointUnavailable`` naming the key to fix otherwise."""
     started = time.perf_counter()
     try:
-        client = OpenAIChatBackend(ep.base_url, ep.model or "", api_key_env=ep.api_key_env, timeout=ep.timeout_s,
-                                   max_retries=0)
+        client = OpenAIChatBackend(
+            ep.base_url, ep.model or "", api_key_env=ep.api_key_env, timeout=ep.timeout_s, max_retries=0
+        )
     except EndpointError as err:
-        raise EndpointUnavailable(f"{ep.what} endpoint {ep.base_url}: {ep.key_env_key}={ep.api_key_env} names an "
-                                  f"environment variable that is not set: export it, or {NO_AUTH_HINT} "
-                                  f"({ep.key_env_key}=null)") from err
+        raise EndpointUnavailable(
+            f"{ep.what} endpoint {ep.base_url}: {ep.key_env_key}={ep.api_key_env} names an "
+            f"environment variable that is not set: export it, or {NO_AUTH_HINT} "
+            f"({ep.key_env_key}=null)"
+        ) from err
     try:
         try:
             served = client.list_models()

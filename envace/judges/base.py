@@ -75,9 +75,7 @@ class JudgeCounters:
 class ChecklistJudge(Protocol):
     name: str
 
-    def judge(
-        self, messages: Messages, checklist: Checklist, turns: Iterable[int] | None = None
-    ) -> JudgeReport:
+    def judge(self, messages: Messages, checklist: Checklist, turns: Iterable[int] | None = None) -> JudgeReport:
         """Verdicts for every assistant step of the selected user turns (all turns when None)."""
         ...
 

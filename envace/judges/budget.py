@@ -27,8 +27,10 @@ class FailureBudget:
 
     def __init__(self, max_failure_rate: float, window: int, where: str = "") -> None:
         if not 0.0 <= max_failure_rate <= 1.0 or window < 1:
-            raise ValueError(f"FailureBudget: max_failure_rate={max_failure_rate} must be in [0, 1] and "
-                             f"window={window} >= 1 (judge.max_failure_rate, judge.failure_window)")
+            raise ValueError(
+                f"FailureBudget: max_failure_rate={max_failure_rate} must be in [0, 1] and "
+                f"window={window} >= 1 (judge.max_failure_rate, judge.failure_window)"
+            )
         self.max_failure_rate = max_failure_rate
         self.window = window
         self.where = where

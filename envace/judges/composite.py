@@ -35,9 +35,7 @@ class CompositeJudge:
         self.rule = rule
         self.llm = llm
 
-    def judge(
-        self, messages: Messages, checklist: Checklist, turns: Iterable[int] | None = None
-    ) -> JudgeReport:
+    def judge(self, messages: Messages, checklist: Checklist, turns: Iterable[int] | None = None) -> JudgeReport:
         steps = steps_to_judge(messages, checklist, turns)
         verdicts = self.rule.verdicts(messages, checklist, steps)
         counters = JudgeCounters()

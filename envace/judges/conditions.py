@@ -40,9 +40,7 @@ _ARG_CLAUSE = re.compile(
     r"arguments\.(?P<path>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\s*(?:==|=|equals|is)\s*"
     r"(?P<value>\"(?:[^\"\\]|\\.)*\"|'[^'\\]*'|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?(?!\w|\.\w)|true\b|false\b|null\b)"
 )
-_SUCCESS_SUFFIX = re.compile(
-    r"\s*,?\s*and\s+(?:its|the)\s+(?:tool\s+)?response\s+is\s+not\s+an\s+error", re.IGNORECASE
-)
+_SUCCESS_SUFFIX = re.compile(r"\s*,?\s*and\s+(?:its|the)\s+(?:tool\s+)?response\s+is\s+not\s+an\s+error", re.IGNORECASE)
 _SEPARATOR = re.compile(r"\s*,\s*and\s+|\s*,\s*|\s+and\s+", re.IGNORECASE)
 _END = re.compile(r"\s*\.?\s*")
 _CONTAINS = re.compile(

@@ -172,22 +172,22 @@ class LLMJudge:
         self.backend = backend
         self.config = config
         self.policy = RetryPolicy(config.max_retries, config.backoff_s, config.max_backoff_s)
-        self.budget = FailureBudget(config.max_failure_rate, config.failure_window,
-                                    where=str(getattr(backend, "base_url", "") or backend.name))
+        self.budget = FailureBudget(
+            config.max_failure_rate, config.failure_window, where=str(getattr(backend, "base_url", "") or backend.name)
+        )
 
     def _sent(self) -> int:
         """HTTP attempts behind the backend call just made on this thread (1 for backends that do not say)."""
         return max(1, int(getattr(self.backend, "last_attempts", 1) or 1))
 
-    def _ask(
-        self, item: ChecklistItem, messages: Messages, step: ConversationStep
-    ) -> tuple[ItemVerdict, int]:
+    def _ask(self, item: ChecklistItem, messages: Messages, step: ConversationStep) -> tuple[ItemVerdict, int]:
         """(verdict, number of requests sent) for one item at one step; malformed verdicts are asked again."""
         self.budget.check()
         sent = 0
         try:
-            for attempt in self.policy.retrying(lambda e: isinstance(e, MalformedVerdictError),
-                                                f"judge item {item.id}"):
+            for attempt in self.policy.retrying(
+                lambda e: isinstance(e, MalformedVerdictError), f"judge item {item.id}"
+            ):
                 with attempt:
                     seed = attempt.retry_state.attempt_number - 1
                     request = build_judge_request(item, messages, step, self.config, seed=seed)
@@ -222,9 +222,7 @@ class LLMJudge:
                 pool.shutdown(wait=False, cancel_futures=True)
         return [v for v in results if v is not None], JudgeCounters(sent, sent - len(todo))
 
-    def judge(
-        self, messages: Messages, checklist: Checklist, turns: Iterable[int] | None = None
-    ) -> JudgeReport:
+    def judge(self, messages: Messages, checklist: Checklist, turns: Iterable[int] | None = None) -> JudgeReport:
         steps = steps_to_judge(messages, checklist, turns)
         tasks = [(st, it) for st in steps for it in checklist.turns[st.turn]]
         verdicts, counters = self.judge_items(messages, tasks)
@@ -250,15 +248,11 @@ def make_llm_judge(
     """
     valid = set(LLMJudgeConfig.__dataclass_fields__)
     if set(config) - valid:
-        raise TypeError(
-            f"judge 'llm': unknown settings {sorted(set(config) - valid)}; valid: {sorted(valid)}"
-        )
+        raise TypeError(f"judge 'llm': unknown settings {sorted(set(config) - valid)}; valid: {sorted(valid)}")
     cfg = replace(LLMJudgeConfig(), **config)
     if backend is None:
         if not base_url or not model:
-            raise ValueError(
-                "judge 'llm' needs base_url and model (an OpenAI-compatible endpoint) or a backend"
-            )
+            raise ValueError("judge 'llm' needs base_url and model (an OpenAI-compatible endpoint) or a backend")
         backend = OpenAIChatBackend(
             base_url,
             model,

@@ -94,9 +94,7 @@ def step_calls(step: ConversationStep) -> list[tuple[str, Mapping[str, Any] | No
         args = fn.get("arguments", {})
         if isinstance(args, str):
             args = json_or_text(args) if args.strip() else {}
-        response = (
-            json_or_text(step.tool_messages[k].get("content")) if k < len(step.tool_messages) else _MISSING
-        )
+        response = json_or_text(step.tool_messages[k].get("content")) if k < len(step.tool_messages) else _MISSING
         calls.append((fn["name"], args if isinstance(args, Mapping) else None, response))
     return calls
 
@@ -145,18 +143,14 @@ class RuleJudge:
     def __init__(self, parse_pass_conditions: bool = True) -> None:
         self.parse_pass_conditions = parse_pass_conditions
 
-    def verdict(
-        self, item: ChecklistItem, step: ConversationStep, matched: Matched | None = None
-    ) -> ItemVerdict:
+    def verdict(self, item: ChecklistItem, step: ConversationStep, matched: Matched | None = None) -> ItemVerdict:
         """The verdict on ``item`` at ``step``; ``matched`` carries bound-argument sources across steps."""
         forced = forced_verdict(item, step)
         if forced is not None:
             return forced
         rule = item_rule(item, self.parse_pass_conditions)
         if rule is None:
-            return ItemVerdict(
-                item.id, Verdict.UNDECIDABLE, source="rule", analysis="no machine-checkable rule"
-            )
+            return ItemVerdict(item.id, Verdict.UNDECIDABLE, source="rule", analysis="no machine-checkable rule")
         passed, why, response = evaluate_rule(rule, step, matched if matched is not None else {})
         if passed and matched is not None and (step.turn, item.id) not in matched:
             matched[(step.turn, item.id)] = response
@@ -181,9 +175,7 @@ class RuleJudge:
         wanted = {st.message_index for st in steps}
         return {key: v for key, v in every.items() if key[0] in wanted}
 
-    def judge(
-        self, messages: Messages, checklist: Checklist, turns: Iterable[int] | None = None
-    ) -> JudgeReport:
+    def judge(self, messages: Messages, checklist: Checklist, turns: Iterable[int] | None = None) -> JudgeReport:
         steps = steps_to_judge(messages, checklist, turns)
         return assemble_report(steps, self.verdicts(messages, checklist, steps), checklist)
 

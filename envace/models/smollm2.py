@@ -74,8 +74,12 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
-    marker = {"source": str(gguf), "source_bytes": gguf.stat().st_size,
-              "transformers": transformers.__version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    marker = {
+        "source": str(gguf),
+        "source_bytes": gguf.stat().st_size,
+        "transformers": transformers.__version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
     (target / CACHE_MARKER).write_text(json.dumps(marker, indent=2))
     target.chmod(0o755)  # mkdtemp creates 0700; the cache is shared by every user of the machine
     for path in target.iterdir():

@@ -89,12 +89,15 @@ def load_model_and_tokenizer(spec: ModelSpec) -> ModelAndTokenizer:
     try:
         loader = MODEL_LOADERS[spec.kind]
     except KeyError:
-        raise ValueError(
-            f"ModelSpec.kind={spec.kind!r} is unknown; valid kinds: {sorted(MODEL_LOADERS)}"
-        ) from None
+        raise ValueError(f"ModelSpec.kind={spec.kind!r} is unknown; valid kinds: {sorted(MODEL_LOADERS)}") from None
     resolve_dtype(spec.dtype)  # fail before any expensive work
     model, tokenizer = loader(spec)
     model.eval()
-    logger.info("loaded model kind=%s (%s, %d parameters, dtype %s)", spec.kind,
-                type(model).__name__, sum(p.numel() for p in model.parameters()), spec.dtype)
+    logger.info(
+        "loaded model kind=%s (%s, %d parameters, dtype %s)",
+        spec.kind,
+        type(model).__name__,
+        sum(p.numel() for p in model.parameters()),
+        spec.dtype,
+    )
     return model, tokenizer

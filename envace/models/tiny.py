@@ -25,10 +25,40 @@ logger = logging.getLogger(__name__)
 PAD, IM_START, IM_END = "<|pad|>", "<|im_start|>", "<|im_end|>"
 TINY_SPECIAL_TOKENS = (PAD, IM_START, IM_END)
 TINY_VOCAB_SIZE = 1024  # upper bound; the corpus yields fewer merges
-_TOOL_NAMES = ("get_weather", "search_flights", "book_hotel", "send_email", "list_files", "create_order",
-               "cancel_order", "get_user", "update_record", "read_file")
-_KEYS = ("id", "name", "city", "date", "status", "result", "error", "message", "items", "count", "price",
-         "user_id", "order_id", "query", "path", "content", "success", "type", "description", "required")
+_TOOL_NAMES = (
+    "get_weather",
+    "search_flights",
+    "book_hotel",
+    "send_email",
+    "list_files",
+    "create_order",
+    "cancel_order",
+    "get_user",
+    "update_record",
+    "read_file",
+)
+_KEYS = (
+    "id",
+    "name",
+    "city",
+    "date",
+    "status",
+    "result",
+    "error",
+    "message",
+    "items",
+    "count",
+    "price",
+    "user_id",
+    "order_id",
+    "query",
+    "path",
+    "content",
+    "success",
+    "type",
+    "description",
+    "required",
+)
 _SENTENCES = (
     "You are a helpful assistant. Please help the user with the request.",
     "The user wants to know the weather in Paris tomorrow and then book a hotel.",
@@ -44,9 +74,11 @@ def _tiny_corpus() -> list[str]:
     for i, name in enumerate(_TOOL_NAMES):
         keys = [_KEYS[(i + j) % len(_KEYS)] for j in range(3)]
         args = {k: (f"value {i}" if j % 2 == 0 else i * 7 + j) for j, k in enumerate(keys)}
-        schema = {"name": name, "description": f"{name.replace('_', ' ')} for the user",
-                  "parameters": {"type": "object", "properties": {k: {"type": "string"} for k in keys},
-                                 "required": keys[:1]}}
+        schema = {
+            "name": name,
+            "description": f"{name.replace('_', ' ')} for the user",
+            "parameters": {"type": "object", "properties": {k: {"type": "string"} for k in keys}, "required": keys[:1]},
+        }
         result = {"status": "ok" if i % 3 else "error", "result": args, "message": _SENTENCES[i % 5]}
         corpus += [
             f"<|im_start|>system\n{json.dumps(schema)}<|im_end|>\n",
@@ -65,12 +97,18 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=TINY_VOCAB_SIZE, min_frequency=2, special_tokens=list(TINY_SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=TINY_VOCAB_SIZE,
+        min_frequency=2,
+        special_tokens=list(TINY_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     backend.train_from_iterator(_tiny_corpus(), trainer)
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token=IM_END, pad_token=PAD, clean_up_tokenization_spaces=False,
+        tokenizer_object=backend,
+        eos_token=IM_END,
+        pad_token=PAD,
+        clean_up_tokenization_spaces=False,
     )
     tokenizer.chat_template = CHATML_TOOL_TEMPLATE
     tokenizer.name_or_path = "envace-tiny"
@@ -82,10 +120,17 @@ def tiny_config(spec: ModelSpec, tokenizer: PreTrainedTokenizerFast) -> LlamaCon
     if spec.tiny_hidden % spec.tiny_heads:
         raise ValueError(f"ModelSpec: tiny_hidden={spec.tiny_hidden} must be divisible by tiny_heads={spec.tiny_heads}")
     return LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=spec.tiny_hidden, intermediate_size=2 * spec.tiny_hidden,
-        num_hidden_layers=spec.tiny_layers, num_attention_heads=spec.tiny_heads,
-        num_key_value_heads=spec.tiny_heads, max_position_embeddings=8192, tie_word_embeddings=False,
-        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=spec.tiny_hidden,
+        intermediate_size=2 * spec.tiny_hidden,
+        num_hidden_layers=spec.tiny_layers,
+        num_attention_heads=spec.tiny_heads,
+        num_key_value_heads=spec.tiny_heads,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
 
 

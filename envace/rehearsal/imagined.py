@@ -65,8 +65,12 @@ class RehearserResponder:
             self.answered += 1
             parsed = parse_rehearsal(output.text)
             if not parsed.ok:
-                return ResponseBatch(tuple(responses), ok=False, error_codes=tuple(e.code.value for e in parsed.errors),
-                                     texts=tuple(texts))
+                return ResponseBatch(
+                    tuple(responses),
+                    ok=False,
+                    error_codes=tuple(e.code.value for e in parsed.errors),
+                    texts=tuple(texts),
+                )
             events.append(Answered(call, parsed.result, output.text))
             responses.append(parsed.result)
             texts.append(output.text)

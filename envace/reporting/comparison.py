@@ -51,17 +51,26 @@ def collected_runs(doc: Mapping[str, Any] | None) -> list[RunResult]:
     if not doc:
         return []
     if doc.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"experiments.json has schema_version {doc.get('schema_version')!r}, this code reads "
-                         f"{SCHEMA_VERSION}: regenerate it with `python -m envace.experiments collect`")
+        raise ValueError(
+            f"experiments.json has schema_version {doc.get('schema_version')!r}, this code reads "
+            f"{SCHEMA_VERSION}: regenerate it with `python -m envace.experiments collect`"
+        )
     runs = []
     for entry in doc.get("experiments", []):
         if entry.get("kind") == "workspace":
             continue
         success = {bench: rates.get("policy") for bench, rates in (entry.get("success_rate") or {}).items()}
-        runs.append(RunResult(run=entry["name"], params=entry.get("params") or {}, success=success,
-                              final_reward=(entry.get("train") or {}).get("final_reward"),
-                              timestamp=entry.get("timestamp") or "", curves=entry.get("curves"),
-                              n=entry.get("n_tasks") or {}))
+        runs.append(
+            RunResult(
+                run=entry["name"],
+                params=entry.get("params") or {},
+                success=success,
+                final_reward=(entry.get("train") or {}).get("final_reward"),
+                timestamp=entry.get("timestamp") or "",
+                curves=entry.get("curves"),
+                n=entry.get("n_tasks") or {},
+            )
+        )
     return runs
 
 
@@ -105,19 +114,30 @@ def row_scores(group: Sequence[RunResult], benchmarks: Sequence[str]) -> dict[st
     return cells
 
 
-def comparison_table(runs: Sequence[RunResult], *, vary: str, label: str, benchmarks: Sequence[str],
-                     reference: Callable[[RunResult], str | None] = lambda run: None) -> pd.DataFrame:
+def comparison_table(
+    runs: Sequence[RunResult],
+    *,
+    vary: str,
+    label: str,
+    benchmarks: Sequence[str],
+    reference: Callable[[RunResult], str | None] = lambda run: None,
+) -> pd.DataFrame:
     """Columns: ``label`` (the varied param), run(s), seeds, success % per benchmark and the two Overall
     columns (each with /n, /ci_low, /ci_high; ``envace.reporting.tables``), final_reward (mean over
     seeds), the paper's reference column."""
     rows = []
     for group in _by_value(runs, vary):
         rewards = [r.final_reward for r in group if r.final_reward is not None]
-        rows.append({label: group[0].params.get(vary), "run": ", ".join(r.run for r in group),
-                     "seeds": ", ".join(str(r.params.get("seed")) for r in group),
-                     **row_scores(group, benchmarks),
-                     "final_reward": sum(rewards) / len(rewards) if rewards else None,
-                     REFERENCE_COLUMN: reference(group[0])})
+        rows.append(
+            {
+                label: group[0].params.get(vary),
+                "run": ", ".join(r.run for r in group),
+                "seeds": ", ".join(str(r.params.get("seed")) for r in group),
+                **row_scores(group, benchmarks),
+                "final_reward": sum(rewards) / len(rewards) if rewards else None,
+                REFERENCE_COLUMN: reference(group[0]),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -138,8 +158,13 @@ def model_size(name: str) -> float:
 def ablation_table(runs: Sequence[RunResult], current: RunResult, benchmarks: Sequence[str]):
     """(table, runs in row order): one row per training variant, same profile and model as ``current``."""
     chosen = sorted(latest_per(runs, current, vary="algo.name", same=("profile", "model.name")), key=_algo_rank)
-    table = comparison_table(chosen, vary="algo.name", label="variant", benchmarks=benchmarks,
-                             reference=lambda r: ablation_reference(str(r.params.get("algo.name"))))
+    table = comparison_table(
+        chosen,
+        vary="algo.name",
+        label="variant",
+        benchmarks=benchmarks,
+        reference=lambda r: ablation_reference(str(r.params.get("algo.name"))),
+    )
     return table, chosen
 
 
@@ -147,7 +172,11 @@ def scale_table(runs: Sequence[RunResult], current: RunResult, benchmarks: Seque
     """(table, runs in row order): one row per model, same profile and variant as ``current``, by size."""
     chosen = latest_per(runs, current, vary="model.name", same=("profile", "algo.name"))
     chosen.sort(key=lambda r: (model_size(str(r.params.get("model.name"))), str(r.params.get("model.name"))))
-    table = comparison_table(chosen, vary="model.name", label="model", benchmarks=benchmarks,
-                             reference=lambda r: scale_reference(str(r.params.get("model.name")),
-                                                                 str(r.params.get("algo.name"))))
+    table = comparison_table(
+        chosen,
+        vary="model.name",
+        label="model",
+        benchmarks=benchmarks,
+        reference=lambda r: scale_reference(str(r.params.get("model.name")), str(r.params.get("algo.name"))),
+    )
     return table, chosen

@@ -39,8 +39,9 @@ def wilson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float] | No
     return (0.0 if k == 0 else float(ci.low)), (1.0 if k == n else float(ci.high))
 
 
-def bootstrap_overall(counts: Sequence[tuple[int, int]], *, n_resamples: int = N_RESAMPLES,
-                      seed: int = BOOTSTRAP_SEED) -> tuple[float, float] | None:
+def bootstrap_overall(
+    counts: Sequence[tuple[int, int]], *, n_resamples: int = N_RESAMPLES, seed: int = BOOTSTRAP_SEED
+) -> tuple[float, float] | None:
     """Percentile 95% interval (0-1) of the mean over benchmarks of their success rates, resampling
     tasks within each benchmark. ``counts``: (successes, n) per benchmark; None if any n = 0."""
     if not counts or any(n <= 0 for _, n in counts):
@@ -52,8 +53,9 @@ def bootstrap_overall(counts: Sequence[tuple[int, int]], *, n_resamples: int = N
     return float(lo), float(hi)
 
 
-def bootstrap_over_seeds(values: Sequence[float], *, n_resamples: int = N_RESAMPLES,
-                         seed: int = BOOTSTRAP_SEED) -> tuple[float, float] | None:
+def bootstrap_over_seeds(
+    values: Sequence[float], *, n_resamples: int = N_RESAMPLES, seed: int = BOOTSTRAP_SEED
+) -> tuple[float, float] | None:
     """Percentile 95% interval of the mean of ``values`` (one per seed); None for fewer than two."""
     if len(values) < 2:
         return None

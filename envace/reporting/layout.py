@@ -6,38 +6,59 @@ from __future__ import annotations
 from envace.reporting.reference import SOURCE
 
 REFERENCE_TITLE = "Reference: the paper's numbers (not measured here)"
-REFERENCE_NOTE = (f"Source of the `paper (Qwen3-8B, reference)` column: {SOURCE} Main table: the paper's Qwen3-8B "
-                  "(base row) and EnvACE-8B (trained row); ablation and scale: τ²; test-time: the N=2 rows (Overall "
-                  "= mean of τ² and BFCL multi-turn). `—` where the paper has no comparable row.")
+REFERENCE_NOTE = (
+    f"Source of the `paper (Qwen3-8B, reference)` column: {SOURCE} Main table: the paper's Qwen3-8B "
+    "(base row) and EnvACE-8B (trained row); ablation and scale: τ²; test-time: the N=2 rows (Overall "
+    "= mean of τ² and BFCL multi-turn). `—` where the paper has no comparable row."
+)
 
 
-TITLES = {"main": "Main table (success % of tasks)", "benchmarks": "Each benchmark's own aggregates",
-          "ablation": "Ablation: training variant (success %, same profile and model)",
-          "scale": "Scale: model (success %, same profile and training variant)",
-          "domains": "Per domain and held-out transfer",
-          "fidelity": "World-model fidelity (REHEARSE vs real execution)",
-          "testtime": "Test-time private rehearsal", "training": "Training", "data": "Data"}
+TITLES = {
+    "main": "Main table (success % of tasks)",
+    "benchmarks": "Each benchmark's own aggregates",
+    "ablation": "Ablation: training variant (success %, same profile and model)",
+    "scale": "Scale: model (success %, same profile and training variant)",
+    "domains": "Per domain and held-out transfer",
+    "fidelity": "World-model fidelity (REHEARSE vs real execution)",
+    "testtime": "Test-time private rehearsal",
+    "training": "Training",
+    "data": "Data",
+}
 
 
-FIDELITY_NOTE = ("Rates over the n (call, real response) pairs with Wilson 95% intervals; `field_f1` is a mean of "
-                 "per-pair F1s, given without interval (the per-pair values are in the evaluation outputs, not the "
-                 "metrics). `—` = no pair measured (n = 0).")
+FIDELITY_NOTE = (
+    "Rates over the n (call, real response) pairs with Wilson 95% intervals; `field_f1` is a mean of "
+    "per-pair F1s, given without interval (the per-pair values are in the evaluation outputs, not the "
+    "metrics). `—` = no pair measured (n = 0)."
+)
 
 
-TESTTIME_NOTE = ("Scope `turn` rehearses user turn t from what is known at turn t. Rows with scope "
-                 "`task (sees future turns)` rehearsed every user turn before the first real call, so their "
-                 "rehearsal and the memory the committed run read saw requests revealed only later: not comparable "
-                 "with turn-scope rows. N=0 is the shared no-rehearsal baseline (scope `none`). success_rate is a "
-                 "fraction (0-1) with its Wilson 95% interval over the n tasks; costs as the sweep records them.")
+TESTTIME_NOTE = (
+    "Scope `turn` rehearses user turn t from what is known at turn t. Rows with scope "
+    "`task (sees future turns)` rehearsed every user turn before the first real call, so their "
+    "rehearsal and the memory the committed run read saw requests revealed only later: not comparable "
+    "with turn-scope rows. N=0 is the shared no-rehearsal baseline (scope `none`). success_rate is a "
+    "fraction (0-1) with its Wilson 95% interval over the n tasks; costs as the sweep records them."
+)
 
 
-SFT_NOTE = ("The SFT warm-up's REHEARSE targets are real tool responses: when the train stage builds its episodes "
-            "it runs each gold call once on the real tool world (the analogue of CM2's recorded reference "
-            "conversations). Only the warm-up sees them; the GRPO steps of rehearsing variants make no real call.")
+SFT_NOTE = (
+    "The SFT warm-up's REHEARSE targets are real tool responses: when the train stage builds its episodes "
+    "it runs each gold call once on the real tool world (the analogue of CM2's recorded reference "
+    "conversations). Only the warm-up sees them; the GRPO steps of rehearsing variants make no real call."
+)
 
 
 FRACTION_TABLES = ("fidelity", "testtime", "benchmarks")  # scores 0-1 (the others: success %)
 EVALUATIONS = "evaluate_"  # metrics stems each table is built from (its stale mark)
-TABLE_INPUTS = {"main": [EVALUATIONS], "benchmarks": [EVALUATIONS], "domains": [EVALUATIONS],
-                "fidelity": [EVALUATIONS], "ablation": [EVALUATIONS, "train"], "scale": [EVALUATIONS, "train"],
-                "testtime": ["rehearsal_sweep"], "training": ["train"], "data": ["prepare_data"]}
+TABLE_INPUTS = {
+    "main": [EVALUATIONS],
+    "benchmarks": [EVALUATIONS],
+    "domains": [EVALUATIONS],
+    "fidelity": [EVALUATIONS],
+    "ablation": [EVALUATIONS, "train"],
+    "scale": [EVALUATIONS, "train"],
+    "testtime": ["rehearsal_sweep"],
+    "training": ["train"],
+    "data": ["prepare_data"],
+}

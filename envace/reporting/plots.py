@@ -33,16 +33,22 @@ FIDELITY_KEYS = ("fidelity/exact_match", "fidelity/field_f1", "fidelity/error_ag
 STEP_LABEL = "GRPO step"
 SMOOTH_STEPS = 3
 # (panel title, y label, key): the training-diagnostics grid; each draws `key` and its per-role variants
-ROLE_PANELS = (("loss", "loss (per token)", "loss"), ("KL to reference", "KL (nats per token)", "kl"),
-               ("gradient norm (pre-clip)", "L2 norm", "grad_norm"),
-               ("clip fraction", "fraction of tokens", "clipfrac"),
-               ("parse-failure rate", "fraction of outputs", "parse_fail"),
-               ("throughput", "tokens / s", "tokens_per_s"))
-DATA_STATS = {"user_turns": ("user turns per row", "rows"), "tools_per_row": ("tools per row", "rows"),
-              "steps_per_turn": ("assistant steps per user turn", "turns"),
-              "calls_per_turn": ("tool calls per user turn", "turns"),
-              "items_per_turn": ("checklist items per user turn", "turns"),
-              "variants_per_row": ("checklist variants per row", "rows")}
+ROLE_PANELS = (
+    ("loss", "loss (per token)", "loss"),
+    ("KL to reference", "KL (nats per token)", "kl"),
+    ("gradient norm (pre-clip)", "L2 norm", "grad_norm"),
+    ("clip fraction", "fraction of tokens", "clipfrac"),
+    ("parse-failure rate", "fraction of outputs", "parse_fail"),
+    ("throughput", "tokens / s", "tokens_per_s"),
+)
+DATA_STATS = {
+    "user_turns": ("user turns per row", "rows"),
+    "tools_per_row": ("tools per row", "rows"),
+    "steps_per_turn": ("assistant steps per user turn", "turns"),
+    "calls_per_turn": ("tool calls per user turn", "turns"),
+    "items_per_turn": ("checklist items per user turn", "turns"),
+    "variants_per_row": ("checklist variants per row", "rows"),
+}
 
 
 # ---- inputs ---------------------------------------------------------------------------------------
@@ -53,8 +59,9 @@ def curves_frame(curves: Mapping[str, Any] | None) -> pd.DataFrame:
     lists of unequal length are padded with NaN."""
     if not curves or not curves.get("step"):
         return pd.DataFrame()
-    return pd.DataFrame({key: pd.Series(values, dtype=float) for key, values in curves.items()
-                         if isinstance(values, list)})
+    return pd.DataFrame(
+        {key: pd.Series(values, dtype=float) for key, values in curves.items() if isinstance(values, list)}
+    )
 
 
 def merge_curves(curves: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
@@ -98,8 +105,14 @@ def reward_figure(steps: pd.DataFrame) -> Figure | str:
     mean = part["reward/mean"]
     if "reward/std" in part:
         std = part["reward/std"].fillna(0.0)
-        ax.fill_between(part["step"], mean - std, mean + std, color="tab:blue", alpha=0.15,
-                        label="± std over the step's trajectories")
+        ax.fill_between(
+            part["step"],
+            mean - std,
+            mean + std,
+            color="tab:blue",
+            alpha=0.15,
+            label="± std over the step's trajectories",
+        )
     ax.plot(part["step"], mean, "o", color="tab:blue", markersize=4, alpha=0.6, label="mean over the step's group")
     smooth = mean.rolling(SMOOTH_STEPS, center=True, min_periods=1).mean()
     ax.plot(part["step"], smooth, color="tab:blue", linewidth=2, label=f"rolling mean ({SMOOTH_STEPS} steps)")
@@ -110,8 +123,11 @@ def reward_figure(steps: pd.DataFrame) -> Figure | str:
 
 def variant_reward_figure(variants: Mapping[str, pd.DataFrame]) -> Figure | str:
     """One line per training variant: reward/mean vs step."""
-    drawn = {label: frame for label, frame in variants.items()
-             if _measured(frame, ["step", "reward/mean"]) == ["step", "reward/mean"]}
+    drawn = {
+        label: frame
+        for label, frame in variants.items()
+        if _measured(frame, ["step", "reward/mean"]) == ["step", "reward/mean"]
+    }
     if not drawn:
         return "no variant has a per-step reward/mean"
     fig, (ax,) = new_figure("Training reward per variant")
@@ -150,8 +166,15 @@ def role_panels_figure(curves: pd.DataFrame) -> Figure | str:
                 ax.plot(points["step"], points[column], marker="o", markersize=3, color=color, label=label)
         _panel_note(ax, curves, [c for c, _, _ in series[key]], key)
     handles = {label: h for ax in axes for h, label in zip(*ax.get_legend_handles_labels())}
-    fig.legend(handles.values(), handles.keys(), loc="upper center", ncol=len(handles),
-               bbox_to_anchor=(0.5, 0.0), frameon=False, fontsize=9)
+    fig.legend(
+        handles.values(),
+        handles.keys(),
+        loc="upper center",
+        ncol=len(handles),
+        bbox_to_anchor=(0.5, 0.0),
+        frameon=False,
+        fontsize=9,
+    )
     fig.tight_layout()
     return fig
 
@@ -180,12 +203,25 @@ def advantage_figure(curves: pd.DataFrame) -> Figure | str:
     fig, (ax,) = new_figure(title)
     for role in roles:
         points = _points(curves, f"adv/{role}/std")
-        ax.plot(points["step"], points[f"adv/{role}/std"], marker="o", markersize=3, color=ROLE_COLORS[role],
-                label=f"{role}: std")
+        ax.plot(
+            points["step"],
+            points[f"adv/{role}/std"],
+            marker="o",
+            markersize=3,
+            color=ROLE_COLORS[role],
+            label=f"{role}: std",
+        )
         if _measured(curves, [f"adv/{role}/abs_mean"]):
             points = _points(curves, f"adv/{role}/abs_mean")
-            ax.plot(points["step"], points[f"adv/{role}/abs_mean"], marker="s", markersize=3, linestyle="--",
-                    color=ROLE_COLORS[role], label=f"{role}: mean |advantage|")
+            ax.plot(
+                points["step"],
+                points[f"adv/{role}/abs_mean"],
+                marker="s",
+                markersize=3,
+                linestyle="--",
+                color=ROLE_COLORS[role],
+                label=f"{role}: mean |advantage|",
+            )
     _step_axes(ax, "advantage (reward units)")
     ax.set_ylim(bottom=0)
     legend_outside(ax)
@@ -219,8 +255,9 @@ def data_stats_figure(stats: Mapping[str, Any]) -> Figure | str:
         return "no histograms in the data statistics"
     ncols = min(3, len(keys))
     nrows = math.ceil(len(keys) / ncols)
-    fig, axes = new_figure(f"Training data shape ({stats.get('n_rows', '?')} rows)", nrows, ncols,
-                           size=(3.6 * ncols, 2.9 * nrows))
+    fig, axes = new_figure(
+        f"Training data shape ({stats.get('n_rows', '?')} rows)", nrows, ncols, size=(3.6 * ncols, 2.9 * nrows)
+    )
     for ax, key in zip(axes, keys):
         values, counts = zip(*[(int(v), int(c)) for v, c in stats[key]["histogram"]])
         xlabel, unit = DATA_STATS[key]
@@ -230,7 +267,7 @@ def data_stats_figure(stats: Mapping[str, Any]) -> Figure | str:
         integer_ticks(ax.yaxis)
         ax.set(title=xlabel, xlabel=xlabel.split(" per ")[0], ylabel=f"{unit} (count)")
         ax.title.set_fontsize(10)
-    for ax in axes[len(keys):]:
+    for ax in axes[len(keys) :]:
         ax.set_visible(False)
     fig.tight_layout()
     return fig
@@ -263,8 +300,14 @@ def plot_data_stats(stats: Mapping[str, Any], path: Path) -> str | None:
     return draw(lambda: data_stats_figure(stats), path)
 
 
-def save_plots(out: Path, *, steps: pd.DataFrame, curves: pd.DataFrame, variants: Mapping[str, pd.DataFrame],
-               testtime: pd.DataFrame) -> tuple[list[str], dict[str, str]]:
+def save_plots(
+    out: Path,
+    *,
+    steps: pd.DataFrame,
+    curves: pd.DataFrame,
+    variants: Mapping[str, pd.DataFrame],
+    testtime: pd.DataFrame,
+) -> tuple[list[str], dict[str, str]]:
     """Draw every report figure into ``out``: (files written, {file not written: why}). ``testtime`` is
     ``sweep_cells(...)``; when it has cells their points also go to ``testtime_points.csv``."""
     jobs: dict[str, Callable[[Path], str | None]] = {

@@ -115,9 +115,16 @@ def dvc_changed_stages(root: str) -> frozenset[str] | None:
         return None
     # code (and config) only: a data dep differs whenever the workspace holds another run's outputs, and
     # an upstream stage whose code changed is reported on its own row
-    return frozenset(s for s, changes in status.items()
-                     if any(dep == "params.yaml" or dep.startswith(f"{CODE_DIR}/") or dep == CODE_DIR
-                            for c in changes if isinstance(c, dict) for dep in c.get("changed deps", {})))
+    return frozenset(
+        s
+        for s, changes in status.items()
+        if any(
+            dep == "params.yaml" or dep.startswith(f"{CODE_DIR}/") or dep == CODE_DIR
+            for c in changes
+            if isinstance(c, dict)
+            for dep in c.get("changed deps", {})
+        )
+    )
 
 
 def input_state(path: Path, name: str | None = None) -> InputState:
@@ -133,8 +140,12 @@ def input_state(path: Path, name: str | None = None) -> InputState:
     if changed_stages is not None:
         stage = _stage_of(path.name[: -len(".json")])
         if stage in changed_stages:
-            return InputState(name, producer, STALE, f"dvc status: stage {stage}'s code or params changed since "
-                                                     "dvc.lock recorded its run")
+            return InputState(
+                name,
+                producer,
+                STALE,
+                f"dvc status: stage {stage}'s code or params changed since dvc.lock recorded its run",
+            )
         return InputState(name, producer, CURRENT, "dvc status: its code and params match dvc.lock")
     if os.environ.get("DVC_STAGE"):  # inside `dvc repro`, which holds DVC's lock and re-ran what was stale
         return InputState(name, producer, CURRENT, "checked by the running dvc repro against dvc.lock")
@@ -144,9 +155,14 @@ def input_state(path: Path, name: str | None = None) -> InputState:
     last = git(["log", "-1", "--format=%h", "--", rel], root)
     if not last or git(["status", "--porcelain", "--", rel], root):
         newer = _newest_code_mtime(root) > path.stat().st_mtime
-        return InputState(name, None, STALE if newer else UNCOMMITTED,
-                          f"written after its last commit; {CODE_DIR}/ modified after it" if newer
-                          else "written by the working tree, not committed")
+        return InputState(
+            name,
+            None,
+            STALE if newer else UNCOMMITTED,
+            f"written after its last commit; {CODE_DIR}/ modified after it"
+            if newer
+            else "written by the working tree, not committed",
+        )
     changed = (git(["log", "--format=%h", f"{last}..HEAD", "--", CODE_DIR], root) or "").split()
     dirty = bool(git(["status", "--porcelain", "--", CODE_DIR], root))
     if not changed and not dirty:
@@ -156,22 +172,41 @@ def input_state(path: Path, name: str | None = None) -> InputState:
     return InputState(name, last, STALE, "; ".join(why))
 
 
-def header_lines(*, commit: str, dirty: bool, profile: str, overrides: list[str], model: str, variant: str,
-                 seeds: list[int], date: str, inputs: list[InputState]) -> list[str]:
+def header_lines(
+    *,
+    commit: str,
+    dirty: bool,
+    profile: str,
+    overrides: list[str],
+    model: str,
+    variant: str,
+    seeds: list[int],
+    date: str,
+    inputs: list[InputState],
+) -> list[str]:
     """The report's opening block: what produced it, then one row per input with its state."""
     tree = " (dirty: the code has uncommitted changes)" if dirty else ""
-    lines = [f"**Produced by** commit `{commit}`{tree}; profile `{profile}`; overrides "
-             f"`{' '.join(overrides) or 'none'}` (ENVACE_OVERRIDES, on top of params.yaml); model `{model}`; "
-             f"training variant `{variant}`; seed(s) {', '.join(map(str, seeds))}; generated {date}.", ""]
+    lines = [
+        f"**Produced by** commit `{commit}`{tree}; profile `{profile}`; overrides "
+        f"`{' '.join(overrides) or 'none'}` (ENVACE_OVERRIDES, on top of params.yaml); model `{model}`; "
+        f"training variant `{variant}`; seed(s) {', '.join(map(str, seeds))}; generated {date}.",
+        "",
+    ]
     if inputs:
         lines += ["| input | produced by commit | state |", "|:--|:--|:--|"]
-        lines += [f"| `{s.name}` | {s.commit or '—'} | {'**STALE**' if s.state == STALE else s.state}"
-                  f"{': ' + s.detail if s.detail else ''} |" for s in inputs]
+        lines += [
+            f"| `{s.name}` | {s.commit or '—'} | {'**STALE**' if s.state == STALE else s.state}"
+            f"{': ' + s.detail if s.detail else ''} |"
+            for s in inputs
+        ]
         stale = [s.name for s in inputs if s.state == STALE]
         if stale:
-            lines += ["", f"**Stale inputs** ({len(stale)} of {len(inputs)}): their numbers were produced by "
-                      f"older code than this commit; the tables built from them are marked. Rerun "
-                      f"`dvc repro` to refresh them."]
+            lines += [
+                "",
+                f"**Stale inputs** ({len(stale)} of {len(inputs)}): their numbers were produced by "
+                f"older code than this commit; the tables built from them are marked. Rerun "
+                f"`dvc repro` to refresh them.",
+            ]
         lines.append("")
     return lines
 

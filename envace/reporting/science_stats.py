@@ -29,8 +29,11 @@ from envace.utils.io import read_json
 CELL_DIR = re.compile(r"^(?P<variant>[a-z_]+)-seed(?P<seed>\d+)$")
 CONFIDENCE = 0.95
 # subsets of the test split a comparison is also reported on: name -> which task rows belong to it
-SUBSETS = {"all": lambda row: True, "in_domain": lambda row: not row.get("held_out"),
-           "held_out_domain": lambda row: row.get("held_out_kind") == "domain"}
+SUBSETS = {
+    "all": lambda row: True,
+    "in_domain": lambda row: not row.get("held_out"),
+    "held_out_domain": lambda row: row.get("held_out_kind") == "domain",
+}
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,10 @@ def outcomes_of(runs: Sequence[Sequence[Mapping[str, Any]]], where: str = "") ->
     for run in runs[1:]:
         other = [str(row["task_id"]) for row in run]
         if sorted(other) != sorted(ids):
-            raise ValueError(f"science: runs{where} were scored on different test tasks ({len(ids)} vs {len(other)}"
-                             f", {len(set(ids) ^ set(other))} differ): re-run them with the same data.seed")
+            raise ValueError(
+                f"science: runs{where} were scored on different test tasks ({len(ids)} vs {len(other)}"
+                f", {len(set(ids) ^ set(other))} differ): re-run them with the same data.seed"
+            )
     by_id = [{str(r["task_id"]): r for r in run} for run in runs]
     matrix = np.array([[1.0 if by[i].get("success") else 0.0 for i in ids] for by in by_id])
     return Outcomes(tuple(ids), matrix, tuple(by_id[0][i] for i in ids))
@@ -82,8 +87,13 @@ def _resample_mean(m: np.ndarray, tasks: np.ndarray, rng: np.random.Generator) -
 def mean_interval(o: Outcomes, n_boot: int, seed: int = 0) -> dict[str, Any]:
     """Mean success with its 95% two-way bootstrap interval (tasks × seeds), n tasks and n runs."""
     n_tasks, runs = o.matrix.shape[1], o.matrix.shape[0]
-    out: dict[str, Any] = {"mean": o.mean, "n_tasks": n_tasks, "n_seeds": runs, "ci95": None,
-                           "per_seed": [float(x) for x in o.matrix.mean(axis=1)] if n_tasks else []}
+    out: dict[str, Any] = {
+        "mean": o.mean,
+        "n_tasks": n_tasks,
+        "n_seeds": runs,
+        "ci95": None,
+        "per_seed": [float(x) for x in o.matrix.mean(axis=1)] if n_tasks else [],
+    }
     if n_tasks:
         rng = np.random.default_rng(seed)
         tasks = rng.integers(0, n_tasks, size=(n_boot, n_tasks))
@@ -97,8 +107,13 @@ def paired_difference(a: Outcomes, b: Outcomes, n_boot: int, seed: int = 0) -> d
     order = [b.task_ids.index(t) for t in a.task_ids]
     bm = b.matrix[:, order]
     n_tasks = len(a.task_ids)
-    out: dict[str, Any] = {"diff": a.mean - float(bm.mean()) if n_tasks else float("nan"), "n_tasks": n_tasks,
-                           "n_seeds": [a.matrix.shape[0], b.matrix.shape[0]], "ci95": None, "verdict": "cannot tell"}
+    out: dict[str, Any] = {
+        "diff": a.mean - float(bm.mean()) if n_tasks else float("nan"),
+        "n_tasks": n_tasks,
+        "n_seeds": [a.matrix.shape[0], b.matrix.shape[0]],
+        "ci95": None,
+        "verdict": "cannot tell",
+    }
     if not n_tasks:
         return out
     rng = np.random.default_rng(seed)
@@ -124,10 +139,13 @@ def load_cells(root: Path) -> dict[str, dict[str, Any]]:
     cells: dict[str, dict[str, Any]] = {}
     for path, variant, seed in cell_dirs(root / "cells", "tasks.json"):
         cells[f"{variant}/seed{seed}"] = {
-            "variant": variant, "seed": seed, "dir": path,
+            "variant": variant,
+            "seed": seed,
+            "dir": path,
             "tasks": read_json(path / "tasks.json")["policy"],
             "train": read_metrics(path / "train.json") if (path / "train.json").exists() else {},
-            "evaluate": read_metrics(path / "evaluate_toolworld.json")}
+            "evaluate": read_metrics(path / "evaluate_toolworld.json"),
+        }
     return cells
 
 
@@ -153,8 +171,13 @@ def testtime_cells(root: Path) -> dict[str, dict[str, Any]]:
             _, mode, n, rehearser = key.split("/")
             label = f"{n}-{mode}-{rehearser}"
             out[f"{variant}/seed{seed}/{mode}/{n}/{rehearser}"] = {
-                **cell, "mode": mode, "rehearser": rehearser, "seed": seed, "variant": variant,
-                "tasks": tasks.get(label, [])}
+                **cell,
+                "mode": mode,
+                "rehearser": rehearser,
+                "seed": seed,
+                "variant": variant,
+                "tasks": tasks.get(label, []),
+            }
     return out
 
 
@@ -172,7 +195,8 @@ def summarize(root: Path, variants: Sequence[str], n_boot: int) -> dict[str, Any
         aggregate["variants"][name] = {s: mean_interval(o.subset(s), n_boot) for s in SUBSETS}
     for a, b in comparisons(v for v in variants if v in groups):
         aggregate["differences"][f"{a}-{b}"] = {
-            s: paired_difference(groups[a].subset(s), groups[b].subset(s), n_boot) for s in SUBSETS}
+            s: paired_difference(groups[a].subset(s), groups[b].subset(s), n_boot) for s in SUBSETS
+        }
     testtime = testtime_cells(root)
     aggregate["testtime"] = testtime_comparisons(testtime, n_boot)
     return {"cells": cells, "groups": groups, "aggregate": aggregate, "testtime": testtime}
@@ -195,5 +219,6 @@ def testtime_comparisons(testtime: Mapping[str, Mapping[str, Any]], n_boot: int)
             base = testtime.get(f"{variant}/{seed}/parallel/n2/base")
             if trained and base and trained["tasks"] and base["tasks"]:
                 out[f"{variant}/{seed}/parallel/n2/trained-vs-base"] = paired_difference(
-                    outcomes_of([trained["tasks"]]), outcomes_of([base["tasks"]]), n_boot)
+                    outcomes_of([trained["tasks"]]), outcomes_of([base["tasks"]]), n_boot
+                )
     return out

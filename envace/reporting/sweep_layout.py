@@ -33,8 +33,11 @@ def keyed_cells(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return keyed
 
 
-def cells_list(cells: dict[str, dict[str, Any]] | list[dict[str, Any]], modes: list[str] | None = None,
-               rehearsers: list[str] | None = None) -> list[dict[str, Any]]:
+def cells_list(
+    cells: dict[str, dict[str, Any]] | list[dict[str, Any]],
+    modes: list[str] | None = None,
+    rehearsers: list[str] | None = None,
+) -> list[dict[str, Any]]:
     """The rows of ``keyed_cells`` again, in grid order: per benchmark, N ascending, then ``modes`` and
     ``rehearsers`` in the order given (the config's, as the sweep ran them; default parallel, sequential
     and trained, base), unknown names last. A list is returned as it is."""
@@ -45,8 +48,14 @@ def cells_list(cells: dict[str, dict[str, Any]] | list[dict[str, Any]], modes: l
 
     def order(row: dict[str, Any]) -> tuple[Any, ...]:
         mode, rehearser = str(row.get("mode")), str(row.get("rehearser"))
-        return (str(row.get("benchmark", "")), int(row.get("n_attempts") or 0), mode_rank.get(mode, len(mode_rank)),
-                mode, rehearser_rank.get(rehearser, len(rehearser_rank)), rehearser)
+        return (
+            str(row.get("benchmark", "")),
+            int(row.get("n_attempts") or 0),
+            mode_rank.get(mode, len(mode_rank)),
+            mode,
+            rehearser_rank.get(rehearser, len(rehearser_rank)),
+            rehearser,
+        )
 
     return sorted(cells.values(), key=order)
 

@@ -48,8 +48,12 @@ class Score:
 
     def columns(self, name: str, *, flags: bool = False) -> dict[str, Any]:
         lo, hi = self.ci if self.ci else (None, None)
-        out = {name: self.value if self.n != 0 else None, f"{name}/n": self.n, f"{name}/ci_low": lo,
-               f"{name}/ci_high": hi}
+        out = {
+            name: self.value if self.n != 0 else None,
+            f"{name}/n": self.n,
+            f"{name}/ci_low": lo,
+            f"{name}/ci_high": hi,
+        }
         if self.unit:
             out[f"{name}/unit"] = self.unit
         return {**out, f"{name}/overflows": self.overflows, f"{name}/status": self.status} if flags else out
@@ -94,50 +98,71 @@ def overall_score(scores: Mapping[str, Score], benchmarks: Sequence[str] | None 
         return Score(None, 0)
     counted = all(s.n and not s.unit for s in ran)
     ci = bootstrap_overall([(successes(s.value / 100, s.n), s.n) for s in ran]) if counted else None
-    return Score(sum(s.value for s in ran) / len(ran), sum(s.n for s in ran) if counted else None,
-                 (100 * ci[0], 100 * ci[1]) if ci else None)
+    return Score(
+        sum(s.value for s in ran) / len(ran),
+        sum(s.n for s in ran) if counted else None,
+        (100 * ci[0], 100 * ci[1]) if ci else None,
+    )
 
 
 def overall_columns(scores: Mapping[str, Score]) -> dict[str, Any]:
     """``Overall`` (paper benchmarks that ran) and ``Overall (all)`` (every benchmark that ran)."""
-    return {**overall_score(scores, PAPER_BENCHMARKS).columns("Overall"),
-            **overall_score(scores).columns("Overall (all)")}
+    return {
+        **overall_score(scores, PAPER_BENCHMARKS).columns("Overall"),
+        **overall_score(scores).columns("Overall (all)"),
+    }
 
 
 def overall_note(main: pd.DataFrame, benchmarks: Sequence[str]) -> str:
     """Which benchmarks the two Overall columns of ``main`` cover, and how the intervals are computed."""
     ran = [b for b in benchmarks if b in main.columns and main[b].notna().any()]
     paper = [b for b in ran if b in PAPER_BENCHMARKS]
-    return (f"Overall = mean over the paper's benchmarks that ran here: {', '.join(paper) or 'none'} "
-            f"(the paper: BFCL-v4, τ², VitaBench); Overall (all) = mean over {', '.join(ran) or 'none'}. "
-            + INTERVAL_NOTE)
+    return (
+        f"Overall = mean over the paper's benchmarks that ran here: {', '.join(paper) or 'none'} "
+        f"(the paper: BFCL-v4, τ², VitaBench); Overall (all) = mean over {', '.join(ran) or 'none'}. " + INTERVAL_NOTE
+    )
 
 
-INTERVAL_NOTE = ("Cells: success % [95% interval] (n = episodes). Single-benchmark intervals are Wilson score "
-                 "intervals from (successes, n) — a task's success is binary, so the counts are all the per-task "
-                 "information; the Overall intervals are a seeded percentile bootstrap over tasks, resampled within "
-                 "each benchmark (2000 resamples; a point when every task had the same outcome). `overflow` = "
-                 "episodes that ended in a context overflow (the prompt exceeded the model's context window), "
-                 "of n. `—` = nothing measured (n = 0).")
+INTERVAL_NOTE = (
+    "Cells: success % [95% interval] (n = episodes). Single-benchmark intervals are Wilson score "
+    "intervals from (successes, n) — a task's success is binary, so the counts are all the per-task "
+    "information; the Overall intervals are a seeded percentile bootstrap over tasks, resampled within "
+    "each benchmark (2000 resamples; a point when every task had the same outcome). `overflow` = "
+    "episodes that ended in a context overflow (the prompt exceeded the model's context window), "
+    "of n. `—` = nothing measured (n = 0)."
+)
 
 
-def main_table(benchmarks: Sequence[str], labels: Mapping[str, str], m: Mapping[str, Any],
-               variant: str = "") -> pd.DataFrame:
+def main_table(
+    benchmarks: Sequence[str], labels: Mapping[str, str], m: Mapping[str, Any], variant: str = ""
+) -> pd.DataFrame:
     """Method × benchmark success % (with n, interval, overflows, status), the two Overall columns and
     the paper's reference column. ``labels``: contender → row name; ``variant``: the policy's algo."""
     rows = []
     for key, label in labels.items():
         scores = {bench: contender_score(m, bench, key) for bench in benchmarks}
         cells = {k: v for bench, s in scores.items() for k, v in s.columns(bench, flags=True).items()}
-        rows.append({"method": label, "contender": key, **cells, **overall_columns(scores),
-                     REFERENCE_COLUMN: main_reference(key, variant)})
+        rows.append(
+            {
+                "method": label,
+                "contender": key,
+                **cells,
+                **overall_columns(scores),
+                REFERENCE_COLUMN: main_reference(key, variant),
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def _evaluations(m: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
     """(benchmark, contender, its metrics) for every evaluate_* file."""
-    return [(result["benchmark"], label, result[label]) for name, result in m.items()
-            if name.startswith("evaluate_") for label in CONTENDERS if result.get(label)]
+    return [
+        (result["benchmark"], label, result[label])
+        for name, result in m.items()
+        if name.startswith("evaluate_")
+        for label in CONTENDERS
+        if result.get(label)
+    ]
 
 
 def benchmark_table(m: Mapping[str, Any]) -> pd.DataFrame:
@@ -148,8 +173,17 @@ def benchmark_table(m: Mapping[str, Any]) -> pd.DataFrame:
     def add(bench: str, label: str, measure: str, value: Any, n: Any = None, binary: bool = False) -> None:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             ci = wilson(successes(value, n), n) if binary and n else None
-            rows.append({"benchmark": bench, "model": label, "measure": measure, "value": value, "n": n,
-                         "ci_low": ci[0] if ci else None, "ci_high": ci[1] if ci else None})
+            rows.append(
+                {
+                    "benchmark": bench,
+                    "model": label,
+                    "measure": measure,
+                    "value": value,
+                    "n": n,
+                    "ci_low": ci[0] if ci else None,
+                    "ci_high": ci[1] if ci else None,
+                }
+            )
 
     for bench, label, r in _evaluations(m):
         for name, row in (r.get("categories") or {}).items():  # BFCL per category
@@ -160,9 +194,9 @@ def benchmark_table(m: Mapping[str, Any]) -> pd.DataFrame:
         for key, row in (r.get("domains") or {}).items():  # τ² per domain, pass^k
             for measure in ("avg_reward", *sorted(k for k in row if k.startswith("pass^"))):
                 add(bench, label, f"{key}:{measure}", row.get(measure), row.get("n_tasks"))
-        overall = ((r.get("finmcp") or {}).get("overall") or {})
+        overall = (r.get("finmcp") or {}).get("overall") or {}
         for measure, value in overall.items():  # FinMCP tool P/R/F1 (macro/micro), exact match
-            for sub, v in (value.items() if isinstance(value, dict) else [("", value)]):
+            for sub, v in value.items() if isinstance(value, dict) else [("", value)]:
                 add(bench, label, f"finmcp:{measure}" + (f"/{sub}" if sub else ""), v)
         add(bench, label, "context_overflows", r.get("context_overflows"), r.get("n_tasks"))
     return pd.DataFrame(rows, columns=["benchmark", "model", "measure", "value", "n", "ci_low", "ci_high"])
@@ -171,11 +205,22 @@ def benchmark_table(m: Mapping[str, Any]) -> pd.DataFrame:
 def domain_table(m: Mapping[str, Any]) -> pd.DataFrame:
     rows = []
     for bench, label, r in _evaluations(m):
-        groups = {**{f"domain:{d}": g for d, g in r.get("per_domain", {}).items()},
-                  "held-out (transfer)": r.get("transfer"), "in-domain": r.get("in_domain")}
-        rows += [{"benchmark": bench, "model": label, "group": g,
-                  **rate_score(v["success_rate"], v["n"]).columns("success_%"), "mean_score": v["mean_score"]}
-                 for g, v in groups.items() if v]
+        groups = {
+            **{f"domain:{d}": g for d, g in r.get("per_domain", {}).items()},
+            "held-out (transfer)": r.get("transfer"),
+            "in-domain": r.get("in_domain"),
+        }
+        rows += [
+            {
+                "benchmark": bench,
+                "model": label,
+                "group": g,
+                **rate_score(v["success_rate"], v["n"]).columns("success_%"),
+                "mean_score": v["mean_score"],
+            }
+            for g, v in groups.items()
+            if v
+        ]
     return pd.DataFrame(rows)
 
 
@@ -195,8 +240,13 @@ def fidelity_table(m: Mapping[str, Any]) -> pd.DataFrame:
             n = int(stats.get("n") or 0)
             row: dict[str, Any] = {"benchmark": bench, "model": label, "calls": calls, "n": n}
             for measure in FIDELITY_RATES:  # n: the row's
-                row.update({k: v for k, v in rate_score(stats.get(measure), n, scale=1.0).columns(measure).items()
-                            if k != f"{measure}/n"})
+                row.update(
+                    {
+                        k: v
+                        for k, v in rate_score(stats.get(measure), n, scale=1.0).columns(measure).items()
+                        if k != f"{measure}/n"
+                    }
+                )
             row["field_f1"] = stats.get("field_f1") if n else None
             rows.append(row)
     return pd.DataFrame(rows)
@@ -210,9 +260,23 @@ def _sweep_rows(sweep: Mapping[str, Any]) -> list[dict[str, Any]]:
     return list(cells)
 
 
-TESTTIME_COLS = ["benchmark", "n_attempts", "mode", "rehearser", "scope", "success_rate", "success_rate/n",
-                 "success_rate/ci_low", "success_rate/ci_high", "gain_vs_none", "cost/rehearsal_completion_tokens",
-                 "cost/rehearsal_wall_s", "cost/real_env_calls", "cost/committed_executions", REFERENCE_COLUMN]
+TESTTIME_COLS = [
+    "benchmark",
+    "n_attempts",
+    "mode",
+    "rehearser",
+    "scope",
+    "success_rate",
+    "success_rate/n",
+    "success_rate/ci_low",
+    "success_rate/ci_high",
+    "gain_vs_none",
+    "cost/rehearsal_completion_tokens",
+    "cost/rehearsal_wall_s",
+    "cost/real_env_calls",
+    "cost/committed_executions",
+    REFERENCE_COLUMN,
+]
 
 
 def testtime_table(m: Mapping[str, Any]) -> pd.DataFrame:
@@ -227,12 +291,15 @@ def testtime_table(m: Mapping[str, Any]) -> pd.DataFrame:
     if "scope" in frame.columns:
         frame["scope"] = frame["scope"].map(lambda v: scope_label(v) if isinstance(v, str) else v)
     n_tasks = sweep.get("n_tasks") or {}
-    scores = [rate_score(row.get("success_rate"), row.get("n", n_tasks.get(row.get("benchmark"))), scale=1.0)
-              for row in frame.to_dict("records")]
+    scores = [
+        rate_score(row.get("success_rate"), row.get("n", n_tasks.get(row.get("benchmark"))), scale=1.0)
+        for row in frame.to_dict("records")
+    ]
     for key in ("success_rate/n", "success_rate/ci_low", "success_rate/ci_high"):
         frame[key] = [s.columns("success_rate")[key] for s in scores]
-    frame[REFERENCE_COLUMN] = [testtime_reference(int(r["n_attempts"]), str(r["mode"]), str(r["rehearser"]))
-                               for r in frame.to_dict("records")]
+    frame[REFERENCE_COLUMN] = [
+        testtime_reference(int(r["n_attempts"]), str(r["mode"]), str(r["rehearser"])) for r in frame.to_dict("records")
+    ]
     return frame[[c for c in TESTTIME_COLS if c in frame.columns]]
 
 
@@ -242,8 +309,11 @@ SUMMARY_HINTS = ("reward", "loss", "parse_fail", "time/step", "kl", "mean")
 
 def summary_table(metrics: Mapping[str, Any]) -> pd.DataFrame:
     """Two columns (metric, value): the named keys plus rewards, losses, parse failures, means."""
-    rows = [{"metric": k, "value": v} for k, v in metrics.items()
-            if (k in SUMMARY_KEYS or any(h in k for h in SUMMARY_HINTS)) and isinstance(v, (int, float, str))]
+    rows = [
+        {"metric": k, "value": v}
+        for k, v in metrics.items()
+        if (k in SUMMARY_KEYS or any(h in k for h in SUMMARY_HINTS)) and isinstance(v, (int, float, str))
+    ]
     return pd.DataFrame(rows)
 
 
@@ -300,8 +370,13 @@ def render_markdown(frame: pd.DataFrame, decimals: int = 1) -> str:
     scored = [c for c in frame.columns if f"{c}/ci_low" in frame.columns]
     hidden = {f"{c}{s}" for c in scored for s in SUFFIXES}
     records = frame.to_dict("records")
-    out = pd.DataFrame({c: [format_cell(r, c, decimals) if c in scored else _plain(r[c]) for r in records]
-                        for c in frame.columns if c not in hidden})
+    out = pd.DataFrame(
+        {
+            c: [format_cell(r, c, decimals) if c in scored else _plain(r[c]) for r in records]
+            for c in frame.columns
+            if c not in hidden
+        }
+    )
     return out.to_markdown(index=False)
 
 

@@ -21,8 +21,10 @@ from envace.reporting import intervals
 from envace.reporting.figures import draw, new_figure
 from envace.reporting.sweep_layout import CELL_NAME
 
-COST_AXES = {"cost/rehearsal_completion_tokens": "rehearsal completion tokens (mean per task)",
-             "cost/rehearsal_wall_s": "rehearsal wall time (s, mean per task)"}
+COST_AXES = {
+    "cost/rehearsal_completion_tokens": "rehearsal completion tokens (mean per task)",
+    "cost/rehearsal_wall_s": "rehearsal wall time (s, mean per task)",
+}
 
 
 # ---- inputs ---------------------------------------------------------------------------------------
@@ -80,8 +82,10 @@ def cell_intervals(cells: pd.DataFrame) -> tuple[pd.DataFrame, str]:
         method = "95% bootstrap over tasks"
     else:
         n = cells["n"] if "n" in cells else pd.Series(math.nan, index=cells.index)
-        bounds = [wilson_interval(round(r * k), k) if pd.notna(k) else (math.nan, math.nan)
-                  for r, k in zip(cells["success_rate"], n)]
+        bounds = [
+            wilson_interval(round(r * k), k) if pd.notna(k) else (math.nan, math.nan)
+            for r, k in zip(cells["success_rate"], n)
+        ]
         method = "95% Wilson (binomial, n tasks)"
     low, high = zip(*bounds) if bounds else ((), ())
     return cells.assign(low=list(low), high=list(high)), method
@@ -101,8 +105,14 @@ def _series(cells: pd.DataFrame):
     for i, ((mode, who), rows) in enumerate(cells[cells.n_attempts > 0].groupby(["mode", "rehearser"])):
         marker, line, face = SERIES_STYLE.get(mode, ("^", ":", None))
         color = REHEARSER_COLORS.get(who, f"C{i + 2}")
-        style = {"color": color, "marker": marker, "linestyle": line, "markersize": 8 if face else 5,
-                 "markerfacecolor": face or color, "markeredgewidth": 1.5}
+        style = {
+            "color": color,
+            "marker": marker,
+            "linestyle": line,
+            "markersize": 8 if face else 5,
+            "markerfacecolor": face or color,
+            "markeredgewidth": 1.5,
+        }
         yield i, f"{mode}, {who} rehearser", rows.sort_values("n_attempts"), style
 
 
@@ -121,8 +131,17 @@ def _legend_below(fig, ax, method: str) -> None:
     """One legend for the figure, under its axes, titled with the interval the bars show."""
     handles, labels = ax.get_legend_handles_labels()
     fig.tight_layout()
-    fig.legend(handles, labels, title=INTERVAL_NOTE.format(method=method), loc="upper center", ncol=3,
-               bbox_to_anchor=(0.5, 0.0), fontsize=8, title_fontsize=8, frameon=False)
+    fig.legend(
+        handles,
+        labels,
+        title=INTERVAL_NOTE.format(method=method),
+        loc="upper center",
+        ncol=3,
+        bbox_to_anchor=(0.5, 0.0),
+        fontsize=8,
+        title_fontsize=8,
+        frameon=False,
+    )
 
 
 def _success_axes(ax, xlabel: str) -> None:
@@ -142,8 +161,9 @@ def testtime_figure(cells: pd.DataFrame) -> Figure | str:
         return "no rehearsal_sweep cells"
     cells, method = cell_intervals(cells)
     benches = sorted(cells["benchmark"].unique())
-    fig, axes = new_figure("Test-time rehearsal: success vs attempts N", 1, len(benches),
-                           size=(5.6 * len(benches), 3.8))
+    fig, axes = new_figure(
+        "Test-time rehearsal: success vs attempts N", 1, len(benches), size=(5.6 * len(benches), 3.8)
+    )
     for ax, bench in zip(axes, benches):
         rows = cells[cells.benchmark == bench]
         base = rows[rows.n_attempts == 0]
@@ -151,8 +171,14 @@ def testtime_figure(cells: pd.DataFrame) -> Figure | str:
         for i, label, part, style in series:
             shift = 0.07 * (i - (len(series) - 1) / 2)
             if len(base):  # a faint link from the shared baseline to the series' first N
-                ax.plot([0, part.n_attempts.iloc[0] + shift], [base.success_rate.iloc[0], part.success_rate.iloc[0]],
-                        color=style["color"], linestyle=style["linestyle"], alpha=0.4, linewidth=1)
+                ax.plot(
+                    [0, part.n_attempts.iloc[0] + shift],
+                    [base.success_rate.iloc[0], part.success_rate.iloc[0]],
+                    color=style["color"],
+                    linestyle=style["linestyle"],
+                    alpha=0.4,
+                    linewidth=1,
+                )
             _errorbar(ax, part.n_attempts + shift, part, label=label, **style)
         _baseline(ax, base, base.n_attempts)
         ax.set_title(f"{bench or 'sweep'}{_tasks_note(rows)}", fontsize=10)
@@ -176,8 +202,14 @@ def _label_points(ax, xs, ys, ns) -> None:
             groups.append([x, y, {n}])
     for rank, (x, y, values) in enumerate(sorted(groups, key=lambda g: (g[1], g[0]))):
         lift = 6 + 9 * (rank % 2)
-        ax.annotate("N=" + ",".join(map(str, sorted(values))), (x, y), textcoords="offset points",
-                    xytext=(4, -lift - 6 if y > 0.5 else lift), fontsize=7, color="0.25")
+        ax.annotate(
+            "N=" + ",".join(map(str, sorted(values))),
+            (x, y),
+            textcoords="offset points",
+            xytext=(4, -lift - 6 if y > 0.5 else lift),
+            fontsize=7,
+            color="0.25",
+        )
 
 
 def testtime_cost_figure(cells: pd.DataFrame) -> Figure | str:
@@ -188,8 +220,9 @@ def testtime_cost_figure(cells: pd.DataFrame) -> Figure | str:
         return "no rehearsal_sweep cells with cost/rehearsal_* fields"
     cells, method = cell_intervals(cells)
     several = cells["benchmark"].nunique() > 1
-    fig, axes = new_figure("Test-time rehearsal: success vs rehearsal cost", 1, len(costs),
-                           size=(5.2 * len(costs), 3.8))
+    fig, axes = new_figure(
+        "Test-time rehearsal: success vs rehearsal cost", 1, len(costs), size=(5.2 * len(costs), 3.8)
+    )
     for ax, cost in zip(axes, costs):
         for _, label, part, style in _series(cells):
             for bench, rows in part.groupby("benchmark"):

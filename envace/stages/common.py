@@ -33,8 +33,13 @@ def data_seed(cfg: DictConfig) -> int:
 def toolworld_config(cfg: DictConfig) -> Any:
     """The tool world's generator config from ``data.*`` (train/val/test sizes, seed, held-out domain)."""
     data = cfg.data
-    return ToolWorldConfig(seed=data_seed(cfg), n_train=int(data.n_train), n_val=int(data.n_val),
-                           n_test=int(data.n_test), held_out_domain=data.held_out_domain)
+    return ToolWorldConfig(
+        seed=data_seed(cfg),
+        n_train=int(data.n_train),
+        n_val=int(data.n_val),
+        n_test=int(data.n_test),
+        held_out_domain=data.held_out_domain,
+    )
 
 
 @dataclass(frozen=True)
@@ -82,8 +87,9 @@ def trained_backend(cfg: DictConfig, role: str) -> Any:
     """Chat backend of the trained model that plays ``role`` ("act" | "rehearse"), per the manifest."""
     manifest = read_manifest(cfg)
     rel = manifest["roles"][role]
-    return _backend(model_spec(cfg, Path(cfg.paths.checkpoints) / rel), f"trained:{Path(rel).name}",
-                    *backend_options(cfg))
+    return _backend(
+        model_spec(cfg, Path(cfg.paths.checkpoints) / rel), f"trained:{Path(rel).name}", *backend_options(cfg)
+    )
 
 
 def base_backend(cfg: DictConfig) -> Any:

@@ -45,8 +45,9 @@ def gold_probe(cfg: DictConfig, adapter: Any, tasks: list[Any], n: int) -> Any:
     or impossible: no oracle, no executable task, no call)."""
     if not n:
         return None
-    chosen = sample_tasks(tasks, n, data_seed(cfg),
-                          where=lambda t: not t.meta.get("trial") and adapter.real_executor(t) is not None)
+    chosen = sample_tasks(
+        tasks, n, data_seed(cfg), where=lambda t: not t.meta.get("trial") and adapter.real_executor(t) is not None
+    )
     try:
         return oracle_probe_set(adapter, chosen)
     except ValueError as exc:  # nothing to probe here: say so, measure the rest
@@ -55,32 +56,64 @@ def gold_probe(cfg: DictConfig, adapter: Any, tasks: list[Any], n: int) -> Any:
 
 
 def fidelity_json(report: Any) -> dict[str, Any]:
-    return {"overall": report.overall.to_json(),
-            "per_tool": {tool: stats.to_json() for tool, stats in sorted(report.per_tool.items())},
-            "pairs": [asdict(p) for p in report.pairs]}
+    return {
+        "overall": report.overall.to_json(),
+        "per_tool": {tool: stats.to_json() for tool, stats in sorted(report.per_tool.items())},
+        "pairs": [asdict(p) for p in report.pairs],
+    }
 
 
-def evaluate_one(cfg: DictConfig, adapter: Any, subset: str, tasks: list[Any], actor: Any, rehearser: Any,
-                 out: Path, label: str, gold: Any = None, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
+def evaluate_one(
+    cfg: DictConfig,
+    adapter: Any,
+    subset: str,
+    tasks: list[Any],
+    actor: Any,
+    rehearser: Any,
+    out: Path,
+    label: str,
+    gold: Any = None,
+    tracker: Tracker = NULL_TRACKER,
+) -> dict[str, Any]:
     ev = cfg.eval
     overflows = getattr(actor, "context_overflows", 0)
     result = evaluate(adapter, actor, tasks, concurrency=int(ev.concurrency))
     # a bounded sample of the episodes as MLflow traces (tracking.max_traces per stage run, shared by the models)
-    trace_episodes(cfg, tracker, result.records, share=2 if ev.compare_base else 1, stage="evaluate", policy=label,
-                   benchmark=adapter.name, split=subset)
+    trace_episodes(
+        cfg,
+        tracker,
+        result.records,
+        share=2 if ev.compare_base else 1,
+        stage="evaluate",
+        policy=label,
+        benchmark=adapter.name,
+        split=subset,
+    )
     write_jsonl(out / f"{label}.predictions.jsonl", result.predictions())
     summary: dict[str, Any] = {**result.metrics.to_json(), **adapter.summarize(subset, result.records)}
     # ACT requests refused because the prompt exceeds the model's context window (local backends)
     summary["context_overflows"] = getattr(actor, "context_overflows", 0) - overflows
     if ev.fidelity:
-        report = measure_fidelity(rehearser, result.records, tasks, max_new_tokens=int(ev.rehearse_max_new_tokens),
-                                  seed=int(cfg.seed), context_tokens=int(cfg.rollout.rehearse_context_tokens))
+        report = measure_fidelity(
+            rehearser,
+            result.records,
+            tasks,
+            max_new_tokens=int(ev.rehearse_max_new_tokens),
+            seed=int(cfg.seed),
+            context_tokens=int(cfg.rollout.rehearse_context_tokens),
+        )
         write_json(out / f"{label}.fidelity.json", fidelity_json(report))
         summary["fidelity"] = report.overall.to_json()
         summary["fidelity_per_tool"] = {t: s.to_json() for t, s in sorted(report.per_tool.items())}
     if gold is not None:  # the same oracle calls for every model: comparable across checkpoints
-        report = measure_fidelity(rehearser, gold.records, gold.tasks, max_new_tokens=int(ev.rehearse_max_new_tokens),
-                                  seed=int(cfg.seed), context_tokens=int(cfg.rollout.rehearse_context_tokens))
+        report = measure_fidelity(
+            rehearser,
+            gold.records,
+            gold.tasks,
+            max_new_tokens=int(ev.rehearse_max_new_tokens),
+            seed=int(cfg.seed),
+            context_tokens=int(cfg.rollout.rehearse_context_tokens),
+        )
         write_json(out / f"{label}.fidelity_gold.json", fidelity_json(report))
         summary["fidelity_gold"] = report.overall.to_json()
     return summary
@@ -100,9 +133,12 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     tasks = with_trials(probe.tasks(suite.split, limit=suite.limit, seed=data_seed(cfg)), suite.trials)
     skipped = dict(getattr(probe, "skipped", {}))  # parts of the split that cannot run here, with the reason
     if not tasks:
-        raise ValueError(f"evaluate: benchmark {benchmark} has no runnable tasks in split {suite.split!r}"
-                         + (f" (skipped: {skipped})" if skipped else "") + "; set eval.suites."
-                         f"{benchmark}.split to a subset that exists")
+        raise ValueError(
+            f"evaluate: benchmark {benchmark} has no runnable tasks in split {suite.split!r}"
+            + (f" (skipped: {skipped})" if skipped else "")
+            + "; set eval.suites."
+            f"{benchmark}.split to a subset that exists"
+        )
     # the oracle plays on an adapter of its own (no shared state with the evaluated models)
     gold = gold_probe(cfg, make_adapter(cfg, suite, models["policy"][1]), tasks, suite.gold_fidelity_tasks)
     out = Path(cfg.paths.evaluation) / benchmark
@@ -110,12 +146,19 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     with atomic_dir(out) as tmp:
         for label, (actor, rehearser) in models.items():
             logger.info("evaluate %s: %s on %d tasks", benchmark, label, len(tasks))
-            results[label] = evaluate_one(cfg, adapters[label], suite.split, tasks, actor, rehearser, tmp, label, gold,
-                                          tracker)
+            results[label] = evaluate_one(
+                cfg, adapters[label], suite.split, tasks, actor, rehearser, tmp, label, gold, tracker
+            )
     tracker.log_artifact(out, f"evaluation/{benchmark}")
-    metrics: dict[str, Any] = {"benchmark": benchmark, "split": suite.split, "n_tasks": len(tasks),
-                               "trials": suite.trials, "not_runnable": skipped, **results,
-                               "gold_fidelity_calls": 0 if gold is None else gold.n_calls}
+    metrics: dict[str, Any] = {
+        "benchmark": benchmark,
+        "split": suite.split,
+        "n_tasks": len(tasks),
+        "trials": suite.trials,
+        "not_runnable": skipped,
+        **results,
+        "gold_fidelity_calls": 0 if gold is None else gold.n_calls,
+    }
     if "base" in results:
         metrics["success_gain_vs_base"] = results["policy"]["success_rate"] - results["base"]["success_rate"]
     return metrics

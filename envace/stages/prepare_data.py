@@ -43,8 +43,10 @@ def cm2_rows(cfg: DictConfig) -> tuple[dict[str, list[Any]], list[Any]]:
     root = Path(cfg.paths.raw_cm2)
     files = sorted(p for p in root.rglob("*") if p.suffix in (".json", ".jsonl"))
     if not files:
-        raise FileNotFoundError(f"data.source=cm2 but {root} holds no *.json/*.jsonl; put the CM2 rows there "
-                                "(see data/raw/cm2/README.md) or use data=toolworld")
+        raise FileNotFoundError(
+            f"data.source=cm2 but {root} holds no *.json/*.jsonl; put the CM2 rows there "
+            "(see data/raw/cm2/README.md) or use data=toolworld"
+        )
     rows: list[Any] = []
     rejects: list[Any] = []
     for path in files:
@@ -97,8 +99,10 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
         write_jsonl(tmp / "rejects.jsonl", (r.to_json() for r in rejects))
         tracker.log_artifact(tmp / "rejects.jsonl", "data")
         if not splits.get("train"):
-            raise ValueError(f"prepare_data: no training row survived validation ({n_raw} rows, rejects {counts}); "
-                             "the reasons are in the MLflow artifact data/rejects.jsonl")
+            raise ValueError(
+                f"prepare_data: no training row survived validation ({n_raw} rows, rejects {counts}); "
+                "the reasons are in the MLflow artifact data/rejects.jsonl"
+            )
         for split, rows in splits.items():
             write_jsonl(tmp / f"{split}.jsonl", rows)
         write_json(tmp / "stats.json", {"splits": stats, "rejects": counts, "n_raw": n_raw})
@@ -106,8 +110,9 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     plot_stats(stats["train"], plot_path)
     for artifact in (out / "stats.json", plot_path):
         tracker.log_artifact(artifact, "data")
-    logger.info("prepare_data: %s accepted, %d rejected %s", {s: len(r) for s, r in splits.items()}, len(rejects),
-                counts)
+    logger.info(
+        "prepare_data: %s accepted, %d rejected %s", {s: len(r) for s, r in splits.items()}, len(rejects), counts
+    )
     return {
         "source": to_plain(cfg.data.source),
         "n_raw": n_raw,

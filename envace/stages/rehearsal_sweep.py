@@ -62,10 +62,18 @@ def grid_rows(cells: list[Any], benchmark: str) -> list[dict[str, Any]]:
     baseline = next((c.metrics.success_rate for c in cells if c.n_attempts == 0), None)
     rows = []
     for cell in cells:
-        row = {"benchmark": benchmark, "cell": cell.key, "n_attempts": cell.n_attempts, "mode": cell.mode,
-               "rehearser": cell.rehearser, "scope": cell.scope, "scope_label": cell.scope_label,
-               "success_rate": cell.metrics.success_rate,
-               "mean_score": cell.metrics.mean_score, **cost_metrics(cell)}
+        row = {
+            "benchmark": benchmark,
+            "cell": cell.key,
+            "n_attempts": cell.n_attempts,
+            "mode": cell.mode,
+            "rehearser": cell.rehearser,
+            "scope": cell.scope,
+            "scope_label": cell.scope_label,
+            "success_rate": cell.metrics.success_rate,
+            "mean_score": cell.metrics.mean_score,
+            **cost_metrics(cell),
+        }
         if baseline is not None:
             row["gain_vs_none"] = cell.metrics.success_rate - baseline
         rows.append(row)
@@ -75,12 +83,28 @@ def grid_rows(cells: list[Any], benchmark: str) -> list[dict[str, Any]]:
 def log_cell(tracker: Tracker, benchmark: str, cell: Any, cfg: DictConfig | None = None) -> None:
     """One nested MLflow run per cell: its setting as params, its score and costs as metrics."""
     with tracker.nested(f"{benchmark}/{cell.key}", {"envace.cell": cell.key, "envace.benchmark": benchmark}) as run:
-        run.log_params({"benchmark": benchmark, "n_attempts": cell.n_attempts, "mode": cell.mode,
-                        "rehearser": cell.rehearser, "scope": cell.scope})
+        run.log_params(
+            {
+                "benchmark": benchmark,
+                "n_attempts": cell.n_attempts,
+                "mode": cell.mode,
+                "rehearser": cell.rehearser,
+                "scope": cell.scope,
+            }
+        )
         run.log_metrics({**cell.metrics.flat(), **cost_metrics(cell)})
     # a few episodes per cell as traces on the stage's run (tracking.max_traces per stage run in all)
-    trace_episodes(cfg, tracker, cell.records, share=10, stage="rehearsal_sweep",
-                   benchmark=benchmark, cell=cell.key, n_attempts=cell.n_attempts, mode=cell.mode)
+    trace_episodes(
+        cfg,
+        tracker,
+        cell.records,
+        share=10,
+        stage="rehearsal_sweep",
+        benchmark=benchmark,
+        cell=cell.key,
+        n_attempts=cell.n_attempts,
+        mode=cell.mode,
+    )
 
 
 def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
@@ -99,11 +123,19 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
             adapter = make_adapter(cfg, suite)
             tasks = adapter.tasks(suite.split, limit=suite.limit, seed=data_seed(cfg))
             if not tasks:
-                raise ValueError(f"rehearsal_sweep: {benchmark} has no runnable tasks in split {suite.split!r}; "
-                                 f"set eval.suites.{benchmark}.split or rehearsal.split")
+                raise ValueError(
+                    f"rehearsal_sweep: {benchmark} has no runnable tasks in split {suite.split!r}; "
+                    f"set eval.suites.{benchmark}.split or rehearsal.split"
+                )
             cells = run_rehearsal_sweep(
-                adapter, actor, rehearsers, [int(n) for n in r.n_attempts], to_plain(r.modes), tasks,
-                rehearsal_settings(cfg), concurrency=int(r.concurrency),
+                adapter,
+                actor,
+                rehearsers,
+                [int(n) for n in r.n_attempts],
+                to_plain(r.modes),
+                tasks,
+                rehearsal_settings(cfg),
+                concurrency=int(r.concurrency),
                 on_cell=lambda cell, b=benchmark: log_cell(tracker, b, cell, cfg),
             )
             rows += grid_rows(cells, benchmark)

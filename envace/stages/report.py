@@ -85,14 +85,21 @@ def load_steps(cfg: DictConfig) -> pd.DataFrame:
 
 def current_run(cfg: DictConfig, m: dict[str, Any]) -> RunResult:
     """This workspace's run as a comparison row (its params, policy success, final reward)."""
-    params = {"profile": to_plain(cfg.profile), "experiment_name": cfg.experiment_name,
-              "algo.name": to_plain(cfg.algo.name), "model.name": cfg.model.name,
-              "engine.name": to_plain(cfg.engine.name), "seed": cfg.seed}
-    success = {b: (m.get(f"evaluate_{b}", {}).get("policy") or {}).get("success_rate")
-               for b in to_plain(cfg.eval.benchmarks)}
+    params = {
+        "profile": to_plain(cfg.profile),
+        "experiment_name": cfg.experiment_name,
+        "algo.name": to_plain(cfg.algo.name),
+        "model.name": cfg.model.name,
+        "engine.name": to_plain(cfg.engine.name),
+        "seed": cfg.seed,
+    }
+    success = {
+        b: (m.get(f"evaluate_{b}", {}).get("policy") or {}).get("success_rate") for b in to_plain(cfg.eval.benchmarks)
+    }
     n = {b: (m.get(f"evaluate_{b}", {}).get("policy") or {}).get("n_tasks") for b in to_plain(cfg.eval.benchmarks)}
-    return RunResult(run=CURRENT_RUN, params=params, success=success,
-                     final_reward=m.get("train", {}).get("final/reward/mean"), n=n)
+    return RunResult(
+        run=CURRENT_RUN, params=params, success=success, final_reward=m.get("train", {}).get("final/reward/mean"), n=n
+    )
 
 
 def comparisons(cfg: DictConfig, m: dict[str, Any], curves: pd.DataFrame):
@@ -102,51 +109,91 @@ def comparisons(cfg: DictConfig, m: dict[str, Any], curves: pd.DataFrame):
     benchmarks = to_plain(cfg.eval.benchmarks)
     ablation, variants = ablation_table(runs, current, benchmarks)
     scale, _ = scale_table(runs, current, benchmarks)
-    reward = {f"{r.params['algo.name']} ({r.run})": curves if r is current else curves_frame(r.curves)
-              for r in variants}
+    reward = {
+        f"{r.params['algo.name']} ({r.run})": curves if r is current else curves_frame(r.curves) for r in variants
+    }
     return ablation, scale, reward
 
 
 def cross_run_note(cfg: DictConfig, what: str, collected: bool) -> str:
     source = f"`{cfg.paths.metrics}/{OUTPUT_NAME}`"
     if not collected:
-        return (f"Only this run (`{CURRENT_RUN}`): no {source} yet. Run `make ablation`, or `dvc exp run -S "
-                "algo=grpo` (`-S model=...` for scale), then "
-                "`python -m envace.experiments collect && dvc repro report`.")
+        return (
+            f"Only this run (`{CURRENT_RUN}`): no {source} yet. Run `make ablation`, or `dvc exp run -S "
+            "algo=grpo` (`-S model=...` for scale), then "
+            "`python -m envace.experiments collect && dvc repro report`."
+        )
     return f"Rows: this run (`{CURRENT_RUN}`) and the latest experiment per {what} in {source} (`run` names it)."
 
 
 def provenance(cfg: DictConfig, tables: dict[str, pd.DataFrame], inputs: list[InputState]) -> list[str]:
     where = repo_root(Path.cwd())
     commit, dirty = head_state(where) if where else ("unknown", False)
-    seeds = {int(cfg.seed)} | {int(s) for key in ("ablation", "scale") if "seeds" in tables[key]
-                               for cell in tables[key]["seeds"] for s in str(cell).split(", ") if s.isdigit()}
+    seeds = {int(cfg.seed)} | {
+        int(s)
+        for key in ("ablation", "scale")
+        if "seeds" in tables[key]
+        for cell in tables[key]["seeds"]
+        for s in str(cell).split(", ")
+        if s.isdigit()
+    }
     overrides = json.loads(os.environ.get(ENV_OVERRIDES) or "[]")
-    return header_lines(commit=commit, dirty=dirty, profile=to_plain(cfg.profile), overrides=list(overrides),
-                        model=cfg.model.name, variant=to_plain(cfg.algo.name), seeds=sorted(seeds),
-                        date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), inputs=inputs)
+    return header_lines(
+        commit=commit,
+        dirty=dirty,
+        profile=to_plain(cfg.profile),
+        overrides=list(overrides),
+        model=cfg.model.name,
+        variant=to_plain(cfg.algo.name),
+        seeds=sorted(seeds),
+        date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        inputs=inputs,
+    )
 
 
-def markdown(cfg: DictConfig, tables: dict[str, pd.DataFrame], plots: list[str], skipped: dict[str, str],
-             collected: bool, inputs: list[InputState] | None = None) -> str:
+def markdown(
+    cfg: DictConfig,
+    tables: dict[str, pd.DataFrame],
+    plots: list[str],
+    skipped: dict[str, str],
+    collected: bool,
+    inputs: list[InputState] | None = None,
+) -> str:
     inputs = inputs or []
-    head = [f"# envace report — profile `{to_plain(cfg.profile)}`, experiment `{cfg.experiment_name}`", "",
-            *provenance(cfg, tables, inputs),
-            (f"Model `{cfg.model.name}`, training variant `{to_plain(cfg.algo.name)}`, engine "
-             f"`{to_plain(cfg.engine.name)}`. Every number in our columns was measured by this pipeline (this run "
-             "and, in the ablation and scale tables, the collected DVC experiments); the paper's numbers appear "
-             "only in the column `paper (Qwen3-8B, reference)`."), ""]
-    notes = {"ablation": cross_run_note(cfg, "variant", collected), "scale": cross_run_note(cfg, "model", collected),
-             "main": overall_note(tables["main"], to_plain(cfg.eval.benchmarks)), "testtime": TESTTIME_NOTE,
-             "fidelity": FIDELITY_NOTE}
+    head = [
+        f"# envace report — profile `{to_plain(cfg.profile)}`, experiment `{cfg.experiment_name}`",
+        "",
+        *provenance(cfg, tables, inputs),
+        (
+            f"Model `{cfg.model.name}`, training variant `{to_plain(cfg.algo.name)}`, engine "
+            f"`{to_plain(cfg.engine.name)}`. Every number in our columns was measured by this pipeline (this run "
+            "and, in the ablation and scale tables, the collected DVC experiments); the paper's numbers appear "
+            "only in the column `paper (Qwen3-8B, reference)`."
+        ),
+        "",
+    ]
+    notes = {
+        "ablation": cross_run_note(cfg, "variant", collected),
+        "scale": cross_run_note(cfg, "model", collected),
+        "main": overall_note(tables["main"], to_plain(cfg.eval.benchmarks)),
+        "testtime": TESTTIME_NOTE,
+        "fidelity": FIDELITY_NOTE,
+    }
     if int(cfg.train.sft_epochs) > 0:
         notes["training"] = SFT_NOTE
     body = []
     for key, title in TITLES.items():
         stale = stale_note(TABLE_INPUTS.get(key, []), inputs)
-        body += [f"## {title}", "", *([stale, ""] if stale else []), *([notes[key], ""] if key in notes else []),
-                 render_markdown(tables[key].drop(columns=["contender"], errors="ignore"),
-                                 3 if key in FRACTION_TABLES else 1), ""]
+        body += [
+            f"## {title}",
+            "",
+            *([stale, ""] if stale else []),
+            *([notes[key], ""] if key in notes else []),
+            render_markdown(
+                tables[key].drop(columns=["contender"], errors="ignore"), 3 if key in FRACTION_TABLES else 1
+            ),
+            "",
+        ]
     body += ["## Plots", "", *[f"![{p}]({p})" for p in plots], ""]
     body += [f"- `{name}` not drawn: {why}." for name, why in skipped.items()]
     return "\n".join(head + body + ["", f"## {REFERENCE_TITLE}", "", REFERENCE_NOTE, ""])
@@ -158,27 +205,42 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     curves = merge_curves(curves_frame(m.get("train", {}).get("curves")), steps)
     ablation, scale, reward = comparisons(cfg, m, curves)
     labels = {"base": f"{cfg.model.name} (base)", "policy": f"{to_plain(cfg.algo.name)} ({cfg.model.name})"}
-    tables = {"main": main_table(to_plain(cfg.eval.benchmarks), labels, m, to_plain(cfg.algo.name)),
-              "benchmarks": benchmark_table(m),
-              "ablation": ablation, "scale": scale, "domains": domain_table(m),
-              "fidelity": fidelity_table(m), "testtime": testtime_table(m),
-              "training": summary_table(m.get("train", {})), "data": summary_table(m.get("prepare_data", {}))}
+    tables = {
+        "main": main_table(to_plain(cfg.eval.benchmarks), labels, m, to_plain(cfg.algo.name)),
+        "benchmarks": benchmark_table(m),
+        "ablation": ablation,
+        "scale": scale,
+        "domains": domain_table(m),
+        "fidelity": fidelity_table(m),
+        "testtime": testtime_table(m),
+        "training": summary_table(m.get("train", {})),
+        "data": summary_table(m.get("prepare_data", {})),
+    }
     collected = (Path(cfg.paths.metrics) / OUTPUT_NAME).exists()
     out = Path(cfg.paths.reports)
     with atomic_dir(out) as tmp:
         for key, frame in tables.items():
             frame.to_csv(tmp / f"{key}.csv", index=False)
-        plots, skipped = save_plots(tmp, steps=steps, curves=curves, variants=reward,
-                                    testtime=sweep_cells(m.get("rehearsal_sweep")))
+        plots, skipped = save_plots(
+            tmp, steps=steps, curves=curves, variants=reward, testtime=sweep_cells(m.get("rehearsal_sweep"))
+        )
         inputs = input_states(Path(cfg.paths.metrics), str(cfg.paths.metrics), sorted(m))
         write_text(tmp / "report.md", markdown(cfg, tables, plots, skipped, collected, inputs))
     tracker.log_artifact(out, "report")
     tracker.set_tags({f"report.label.{key}": label for key, label in labels.items()})
-    logger.info("report: %s (tables %s, plots %s, not drawn %s)", out / "report.md", sorted(tables), plots,
-                sorted(skipped))
-    return {"tables": sorted(tables), "plots": plots, "skipped_plots": skipped, **stable_metrics(tables["main"]),
-            "stale_inputs": sum(s.state == "stale" for s in inputs), "labels": labels,
-            "ablation_runs": ablation["run"].tolist(), "scale_runs": scale["run"].tolist()}
+    logger.info(
+        "report: %s (tables %s, plots %s, not drawn %s)", out / "report.md", sorted(tables), plots, sorted(skipped)
+    )
+    return {
+        "tables": sorted(tables),
+        "plots": plots,
+        "skipped_plots": skipped,
+        **stable_metrics(tables["main"]),
+        "stale_inputs": sum(s.state == "stale" for s in inputs),
+        "labels": labels,
+        "ablation_runs": ablation["run"].tolist(),
+        "scale_runs": scale["run"].tolist(),
+    }
 
 
 main = stage_main("report", run, lambda cfg: Path(cfg.paths.reports) / "summary.json")

@@ -88,10 +88,22 @@ def is_metric(value: Any) -> bool:
 HEADLINE: dict[str, tuple[str, ...]] = {
     "prepare_data": ("n_raw", "n_train", "n_val", "n_rejected"),
     "template_prompts": ("*/rows_kept", "records_filtered"),
-    "train": ("steps_done", "final/reward/mean", "final/loss", "final/kl", "final/fidelity/field_f1",
-              "final/tokens_per_s"),
-    "evaluate": ("n_tasks", "success_gain_vs_base", "policy.success_rate", "base.success_rate",
-                 "policy.context_overflows", "policy.fidelity.field_f1"),
+    "train": (
+        "steps_done",
+        "final/reward/mean",
+        "final/loss",
+        "final/kl",
+        "final/fidelity/field_f1",
+        "final/tokens_per_s",
+    ),
+    "evaluate": (
+        "n_tasks",
+        "success_gain_vs_base",
+        "policy.success_rate",
+        "base.success_rate",
+        "policy.context_overflows",
+        "policy.fidelity.field_f1",
+    ),
     "rehearsal_sweep": ("cells.*.success_rate",),
 }
 
@@ -186,8 +198,12 @@ def execute(
     seed_everything(int(cfg.seed))
     started = time.perf_counter()
     with stage_run(
-        name, flatten(cfg), profile=to_plain(cfg.profile), backend=to_plain(cfg.tracking.backend),
-        experiment=cfg.tracking.experiment, tracking_uri=tracking_uri,
+        name,
+        flatten(cfg),
+        profile=to_plain(cfg.profile),
+        backend=to_plain(cfg.tracking.backend),
+        experiment=cfg.tracking.experiment,
+        tracking_uri=tracking_uri,
     ) as tracker:
         metrics = run_fn(cfg, tracker)
         numbers_file, details_file = write_metrics(metrics_path, metrics, headline_for(name))
@@ -234,9 +250,11 @@ def stage_parser(name: str, module_doc: str | None) -> argparse.ArgumentParser:
     """``python -m envace.stages.<name> [-h] [key=value …]``: purpose from the docstring, override help."""
     examples = "\n".join(f"  python -m envace.stages.{name} {e}" for e in EXAMPLES.get(name, ()))
     parser = argparse.ArgumentParser(
-        prog=f"python -m envace.stages.{name}", description=stage_purpose(module_doc),
+        prog=f"python -m envace.stages.{name}",
+        description=stage_purpose(module_doc),
         epilog=OVERRIDES_HELP.format(examples=examples, debug=ENV_DEBUG),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of params.yaml (below)")
     return parser
 
@@ -244,8 +262,10 @@ def stage_parser(name: str, module_doc: str | None) -> argparse.ArgumentParser:
 def one_line(exc: BaseException) -> str:
     """What a user reads of ``exc``: its message on one line (a missing file named with its path)."""
     if isinstance(exc, FileNotFoundError) and exc.filename:
-        return (f"missing input {exc.filename} ({exc.strerror}); run the stage that writes it first "
-                "(`dvc repro` runs them in order) or fix the paths.* keys")
+        return (
+            f"missing input {exc.filename} ({exc.strerror}); run the stage that writes it first "
+            "(`dvc repro` runs them in order) or fix the paths.* keys"
+        )
     text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
     return text or type(exc).__name__
 
@@ -299,5 +319,16 @@ def stage_main(name: str, run_fn: RunFn, metrics_path: MetricsPathFn | None = No
     return main
 
 
-__all__ = ["NULL_TRACKER", "NullTracker", "Tracker", "configure_torch", "details_path", "execute", "merge_metrics",
-           "read_metrics", "split_metrics", "stage_main", "write_metrics"]
+__all__ = [
+    "NULL_TRACKER",
+    "NullTracker",
+    "Tracker",
+    "configure_torch",
+    "details_path",
+    "execute",
+    "merge_metrics",
+    "read_metrics",
+    "split_metrics",
+    "stage_main",
+    "write_metrics",
+]

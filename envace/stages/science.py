@@ -46,8 +46,17 @@ from envace.utils.telemetry import telemetry_off
 logger = logging.getLogger(__name__)
 
 PARTS = ("data", "sft", "sft_eval", "cell", "testtime", "aggregate")
-TASK_FIELDS = ("task_id", "domain", "held_out", "held_out_kind", "success", "score", "termination", "parse_failures",
-               "real_calls")
+TASK_FIELDS = (
+    "task_id",
+    "domain",
+    "held_out",
+    "held_out_kind",
+    "success",
+    "score",
+    "termination",
+    "parse_failures",
+    "real_calls",
+)
 # what each ordinary stage leaves per task, as (directory key in paths, glob, suffix of the label)
 OUTCOME_FILES = {"evaluate": ("evaluation", "*.predictions.jsonl"), "rehearsal_sweep": ("rehearsal", "*.records.jsonl")}
 
@@ -58,9 +67,17 @@ def cell_name(variant: str, seed: int) -> str:
 
 
 def _data(s: DictConfig) -> list[str]:
-    return [f"data.seed={s.data_seed}", f"data.n_train={s.n_train}", f"data.n_val={s.n_val}",
-            f"data.n_test={s.n_test}", f"paths.prepared={s.dir}/prepared", f"paths.prompts={s.dir}/prompts",
-            "tracking.log_model=false", "eval.n_tasks=0", "eval.benchmark=toolworld"]
+    return [
+        f"data.seed={s.data_seed}",
+        f"data.n_train={s.n_train}",
+        f"data.n_val={s.n_val}",
+        f"data.n_test={s.n_test}",
+        f"paths.prepared={s.dir}/prepared",
+        f"paths.prompts={s.dir}/prompts",
+        "tracking.log_model=false",
+        "eval.n_tasks=0",
+        "eval.benchmark=toolworld",
+    ]
 
 
 def _into(s: DictConfig, part: str) -> list[str]:
@@ -71,13 +88,20 @@ def _into(s: DictConfig, part: str) -> list[str]:
 def _from_sft(cfg: DictConfig) -> list[str]:
     """The model of every cell: the shared SFT checkpoint (its manifest names the policy directory)."""
     s = cfg.science
-    return ["model.kind=path", f"model.path={s.dir}/sft/final/policy", f"model.name={cfg.model.name}+sft",
-            "train.sft_epochs=0"]
+    return [
+        "model.kind=path",
+        f"model.path={s.dir}/sft/final/policy",
+        f"model.name={cfg.model.name}+sft",
+        "train.sft_epochs=0",
+    ]
 
 
 def _eval(s: DictConfig, compare_base: bool) -> list[str]:
-    return [f"eval.compare_base={str(compare_base).lower()}", "eval.fidelity=false",
-            f"eval.gold_fidelity_tasks={s.gold_fidelity_tasks}"]
+    return [
+        f"eval.compare_base={str(compare_base).lower()}",
+        "eval.fidelity=false",
+        f"eval.gold_fidelity_tasks={s.gold_fidelity_tasks}",
+    ]
 
 
 def part_overrides(cfg: DictConfig, part: str, variant: str | None = None, seed: int | None = None) -> list[list[str]]:
@@ -87,32 +111,72 @@ def part_overrides(cfg: DictConfig, part: str, variant: str | None = None, seed:
     if part == "data":
         return [[*base, f"seed={s.data_seed}", *_into(s, "data")]] * 2
     if part == "sft":
-        return [[*base, f"seed={s.data_seed}", "train.steps=0", f"train.sft_epochs={s.sft_epochs}",
-                 "train.fidelity_every=0", f"engine.num_threads={s.sft_threads}", f"paths.checkpoints={s.dir}/sft",
-                 *_into(s, "sft")]]
+        return [
+            [
+                *base,
+                f"seed={s.data_seed}",
+                "train.steps=0",
+                f"train.sft_epochs={s.sft_epochs}",
+                "train.fidelity_every=0",
+                f"engine.num_threads={s.sft_threads}",
+                f"paths.checkpoints={s.dir}/sft",
+                *_into(s, "sft"),
+            ]
+        ]
     if part == "sft_eval":
-        return [[*base, f"seed={s.data_seed}", f"paths.checkpoints={s.dir}/sft", f"paths.evaluation={s.dir}/sft_eval",
-                 *_eval(s, True), *_into(s, "sft")]]
+        return [
+            [
+                *base,
+                f"seed={s.data_seed}",
+                f"paths.checkpoints={s.dir}/sft",
+                f"paths.evaluation={s.dir}/sft_eval",
+                *_eval(s, True),
+                *_into(s, "sft"),
+            ]
+        ]
     assert variant is not None and seed is not None
     name = cell_name(variant, seed)
     # two cells may run side by side (one per core): one thread each, never the measured ``auto``
-    cell = [*base, f"seed={seed}", *_from_sft(cfg), f"paths.checkpoints={s.dir}/cells/{name}/checkpoints",
-            "engine.num_threads=1"]
+    cell = [
+        *base,
+        f"seed={seed}",
+        *_from_sft(cfg),
+        f"paths.checkpoints={s.dir}/cells/{name}/checkpoints",
+        "engine.num_threads=1",
+    ]
     if part == "cell":
-        train = [*cell, f"algo.name={variant}", f"train.steps={s.steps}", f"train.fidelity_every={s.fidelity_every}",
-                 *_into(s, f"cells/{name}")]
-        evaluate = [*cell, f"paths.evaluation={s.dir}/cells/{name}/evaluation", *_eval(s, False),
-                    *_into(s, f"cells/{name}")]
+        train = [
+            *cell,
+            f"algo.name={variant}",
+            f"train.steps={s.steps}",
+            f"train.fidelity_every={s.fidelity_every}",
+            *_into(s, f"cells/{name}"),
+        ]
+        evaluate = [
+            *cell,
+            f"paths.evaluation={s.dir}/cells/{name}/evaluation",
+            *_eval(s, False),
+            *_into(s, f"cells/{name}"),
+        ]
         return [train, evaluate]
     if part == "testtime":
         first = int(seed) == int(s.seeds[0])
         attempts = to_plain(s.testtime_n_attempts if first else s.testtime_other_seeds_n_attempts)
         modes = to_plain(s.testtime_modes) if first else ["parallel"]
         rehearsers = ["trained", "base"] if first else ["trained"]
-        return [[*cell, f"paths.rehearsal={s.dir}/testtime/{name}", "rehearsal.benchmarks=[toolworld]",
-                 "rehearsal.split=test", f"rehearsal.n_tasks={s.testtime_n_tasks}",
-                 f"rehearsal.n_attempts=[{','.join(map(str, attempts))}]", f"rehearsal.modes=[{','.join(modes)}]",
-                 f"rehearsal.rehearsers=[{','.join(rehearsers)}]", *_into(s, f"testtime/{name}")]]
+        return [
+            [
+                *cell,
+                f"paths.rehearsal={s.dir}/testtime/{name}",
+                "rehearsal.benchmarks=[toolworld]",
+                "rehearsal.split=test",
+                f"rehearsal.n_tasks={s.testtime_n_tasks}",
+                f"rehearsal.n_attempts=[{','.join(map(str, attempts))}]",
+                f"rehearsal.modes=[{','.join(modes)}]",
+                f"rehearsal.rehearsers=[{','.join(rehearsers)}]",
+                *_into(s, f"testtime/{name}"),
+            ]
+        ]
     raise ValueError(f"science: unknown part {part!r}; one of {PARTS}")
 
 
@@ -136,16 +200,23 @@ def write_task_outcomes(directory: Path, pattern: str, out: Path) -> dict[str, A
 
 
 def _stages() -> dict[str, tuple[str, Callable[..., dict[str, Any]], Callable[[DictConfig], Path]]]:
-    return {"prepare_data": ("prepare_data", prepare_data.run, default_metrics_path("prepare_data")),
-            "template_prompts": ("template_prompts", template_prompts.run, default_metrics_path("template_prompts")),
-            "train": ("train", train.run, default_metrics_path("train")),
-            "evaluate": ("evaluate", evaluate.run, evaluate.metrics_path),
-            "rehearsal_sweep": ("rehearsal_sweep", rehearsal_sweep.run, default_metrics_path("rehearsal_sweep"))}
+    return {
+        "prepare_data": ("prepare_data", prepare_data.run, default_metrics_path("prepare_data")),
+        "template_prompts": ("template_prompts", template_prompts.run, default_metrics_path("template_prompts")),
+        "train": ("train", train.run, default_metrics_path("train")),
+        "evaluate": ("evaluate", evaluate.run, evaluate.metrics_path),
+        "rehearsal_sweep": ("rehearsal_sweep", rehearsal_sweep.run, default_metrics_path("rehearsal_sweep")),
+    }
 
 
 # part -> the ordinary stages it runs, in order
-PART_STAGES = {"data": ("prepare_data", "template_prompts"), "sft": ("train",), "sft_eval": ("evaluate",),
-               "cell": ("train", "evaluate"), "testtime": ("rehearsal_sweep",)}
+PART_STAGES = {
+    "data": ("prepare_data", "template_prompts"),
+    "sft": ("train",),
+    "sft_eval": ("evaluate",),
+    "cell": ("train", "evaluate"),
+    "testtime": ("rehearsal_sweep",),
+}
 
 
 def run_part(part: str, variant: str | None, seed: int | None, extra: list[str]) -> None:
@@ -171,13 +242,18 @@ def run_part(part: str, variant: str | None, seed: int | None, extra: list[str])
             key, pattern = OUTCOME_FILES[name]
             write_task_outcomes(Path(stage_cfg.paths[key]) / "toolworld", pattern, Path(stage_cfg.paths.metrics))
     # wall time of each stage run, for the report's cost table (the file is part of the part's outputs)
-    write_json(Path(stage_cfg.paths.metrics) / f"timing_{part}.json",
-               {"part": part, "seconds": seconds, "threads": torch_threads(), "cpu": cpu_model()})
+    write_json(
+        Path(stage_cfg.paths.metrics) / f"timing_{part}.json",
+        {"part": part, "seconds": seconds, "threads": torch_threads(), "cpu": cpu_model()},
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m envace.stages.science", description=__doc__.split("\n\n")[0],
-                                     epilog="Trailing key=value arguments override params.yaml for every stage run.")
+    parser = argparse.ArgumentParser(
+        prog="python -m envace.stages.science",
+        description=__doc__.split("\n\n")[0],
+        epilog="Trailing key=value arguments override params.yaml for every stage run.",
+    )
     parser.add_argument("part", choices=PARTS)
     parser.add_argument("--variant", default=None, help="cell: the algo.name of the cell")
     parser.add_argument("--seed", type=int, default=None, help="cell/testtime: the training seed of the cell")

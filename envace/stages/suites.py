@@ -81,13 +81,21 @@ def eval_suite(cfg: DictConfig, benchmark: str, section: str = "eval") -> Suite:
     def pick(key: str) -> Any:
         return ev[key] if over.get(key) is None else over[key]
 
-    budgets = Budgets(int(pick("max_steps_per_turn")), int(pick("act_max_new_tokens")), float(ev.temperature),
-                      int(cfg.seed))
+    budgets = Budgets(
+        int(pick("max_steps_per_turn")), int(pick("act_max_new_tokens")), float(ev.temperature), int(cfg.seed)
+    )
     trials = int(over.get("trials") or 1)
     if trials < 1:
         raise ValueError(f"eval.suites.{benchmark}.trials={trials}: must be >= 1")
-    return Suite(benchmark, str(over.get("split") or ev.split), int(pick("n_tasks")), budgets, options, trials,
-                 int(pick("gold_fidelity_tasks")) if ev.fidelity else 0)
+    return Suite(
+        benchmark,
+        str(over.get("split") or ev.split),
+        int(pick("n_tasks")),
+        budgets,
+        options,
+        trials,
+        int(pick("gold_fidelity_tasks")) if ev.fidelity else 0,
+    )
 
 
 def _endpoint(options: dict[str, Any], prefix: str) -> dict[str, Any] | None:
@@ -98,8 +106,10 @@ def _endpoint(options: dict[str, Any], prefix: str) -> dict[str, Any] | None:
 
 def _needs_path(benchmark: str, options: dict[str, Any]) -> str:
     if "data_path" not in options:
-        raise ValueError(f"{benchmark} reads user-supplied data: set eval.suites.{benchmark}.data_path=/path "
-                         "(see README, 'Benchmarks')")
+        raise ValueError(
+            f"{benchmark} reads user-supplied data: set eval.suites.{benchmark}.data_path=/path "
+            "(see README, 'Benchmarks')"
+        )
     return str(options["data_path"])
 
 
@@ -118,8 +128,9 @@ def _bfcl_kwargs(cfg: DictConfig, suite: Suite, rehearser: Any) -> dict[str, Any
 def _tau2_kwargs(cfg: DictConfig, suite: Suite, rehearser: Any) -> dict[str, Any]:
     # τ² budgets a whole episode in orchestrator steps (max_steps), not steps per user turn
     b = suite.budgets
-    return {"config": Tau2Config(max_new_tokens=b.max_new_tokens, temperature=b.temperature, seed=b.seed,
-                                 **suite.options)}
+    return {
+        "config": Tau2Config(max_new_tokens=b.max_new_tokens, temperature=b.temperature, seed=b.seed, **suite.options)
+    }
 
 
 def _finmcp_kwargs(cfg: DictConfig, suite: Suite, rehearser: Any) -> dict[str, Any]:
@@ -127,16 +138,26 @@ def _finmcp_kwargs(cfg: DictConfig, suite: Suite, rehearser: Any) -> dict[str, A
     unrecorded = o.get("unrecorded", "error")
     if unrecorded == "rehearse" and rehearser is None:
         raise ValueError("eval.suites.finmcp.unrecorded=rehearse needs the evaluated model's REHEARSE backend")
-    return {"path": _needs_path("finmcp", o), "tools_path": o.get("tools_path"), "config": _act_loop(suite.budgets),
-            "unrecorded": unrecorded, "fallback_backend": rehearser if unrecorded == "rehearse" else None,
-            "simulator": _endpoint(o, "user")}
+    return {
+        "path": _needs_path("finmcp", o),
+        "tools_path": o.get("tools_path"),
+        "config": _act_loop(suite.budgets),
+        "unrecorded": unrecorded,
+        "fallback_backend": rehearser if unrecorded == "rehearse" else None,
+        "simulator": _endpoint(o, "user"),
+    }
 
 
 def _vitabench_kwargs(cfg: DictConfig, suite: Suite, rehearser: Any) -> dict[str, Any]:
     o = suite.options
     extra = {"max_steps": int(o["max_steps"])} if "max_steps" in o else {}
-    return {"path": _needs_path("vitabench", o), "config": _act_loop(suite.budgets),
-            "user_simulator": _endpoint(o, "user"), "judge": _endpoint(o, "judge"), **extra}
+    return {
+        "path": _needs_path("vitabench", o),
+        "config": _act_loop(suite.budgets),
+        "user_simulator": _endpoint(o, "user"),
+        "judge": _endpoint(o, "judge"),
+        **extra,
+    }
 
 
 # benchmark name -> constructor kwargs of its adapter (one line per benchmark; names = config.Benchmark)
@@ -155,16 +176,20 @@ def make_adapter(cfg: DictConfig, suite: Suite, rehearser: Any = None) -> Any:
     unknown = sorted(set(suite.options) - set(SUITE_OPTION_USERS[suite.benchmark]))
     if unknown:
         users = "; ".join(f"{b}: {', '.join(o) or '-'}" for b, o in SUITE_OPTION_USERS.items())
-        raise ValueError(f"eval.suites.{suite.benchmark} sets {unknown}, which {suite.benchmark} does not use; "
-                         f"remove them (options per benchmark — {users})")
+        raise ValueError(
+            f"eval.suites.{suite.benchmark} sets {unknown}, which {suite.benchmark} does not use; "
+            f"remove them (options per benchmark — {users})"
+        )
     return get_benchmark(suite.benchmark, **BENCHMARK_KWARGS[suite.benchmark](cfg, suite, rehearser))
 
 
 def _toolworld_probe_set(cfg: DictConfig, rows: list[dict[str, Any]]) -> Any:
     """The oracle's episodes (real responses) on ``train.fidelity_tasks`` of the validation ``rows``."""
     if not rows:
-        raise ValueError(f"train.fidelity_every={cfg.train.fidelity_every} needs validation tasks, but none were "
-                         f"kept in {cfg.paths.prepared}/val.jsonl; set data.n_val > 0 or train.fidelity_every=0")
+        raise ValueError(
+            f"train.fidelity_every={cfg.train.fidelity_every} needs validation tasks, but none were "
+            f"kept in {cfg.paths.prepared}/val.jsonl; set data.n_val > 0 or train.fidelity_every=0"
+        )
     tasks = sample_tasks([task_from_cm2_row(r) for r in rows], int(cfg.train.fidelity_tasks), data_seed(cfg))
     steps = max((len(turn) for t in tasks for turn in t.gold_calls), default=0) + 1  # gold steps + the reply
     suite = Suite("toolworld", "val", 0, Budgets(steps, 64, 0.0, int(cfg.seed)), {})

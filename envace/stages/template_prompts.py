@@ -41,14 +41,28 @@ SPLITS = ("train", "val")
 def row_prompts(row: dict[str, Any], variant: int) -> list[dict[str, Any]]:
     """ACT and REHEARSE prompt messages of one CM2 row (no rendering yet)."""
     spec = cm2_row_to_episode_spec(row, variant)
-    out = [{"role": "ACT", "turn": 0, "index": 0, "tools": list(spec.tools),
-            "messages": act_messages(DEFAULT_ROLE_PROMPTS, spec.system_prompt, spec.user_turns[0])}]
+    out = [
+        {
+            "role": "ACT",
+            "turn": 0,
+            "index": 0,
+            "tools": list(spec.tools),
+            "messages": act_messages(DEFAULT_ROLE_PROMPTS, spec.system_prompt, spec.user_turns[0]),
+        }
+    ]
     history: list[Any] = []
     for turn, exchanges in enumerate(spec.exchanges):
         history.append(Said("user", spec.user_turns[turn]))
         for ex in exchanges:
-            out.append({"role": "REHEARSE", "turn": turn, "index": len(out), "tools": None,
-                        "messages": rehearse_context(DEFAULT_ROLE_PROMPTS, spec.tools, history, ex.call)})
+            out.append(
+                {
+                    "role": "REHEARSE",
+                    "turn": turn,
+                    "index": len(out),
+                    "tools": None,
+                    "messages": rehearse_context(DEFAULT_ROLE_PROMPTS, spec.tools, history, ex.call),
+                }
+            )
             history.append(Answered(ex.call, ex.response))
         reply = (spec.reference_replies[turn] if turn < len(spec.reference_replies) else "") or ""
         if reply.strip():
@@ -62,8 +76,15 @@ def render_records(rows: list[dict[str, Any]], split: str, formatter: Any, varia
     for row in tqdm(rows, desc=f"template {split}", leave=False):
         for prompt in row_prompts(row, variant):
             text = formatter.render(prompt["messages"], prompt["tools"], True)
-            records.append({"schema_version": SCHEMA_VERSION, "uuid": row["uuid"], "split": split,
-                            **prompt, "n_tokens": len(formatter.encode(text))})
+            records.append(
+                {
+                    "schema_version": SCHEMA_VERSION,
+                    "uuid": row["uuid"],
+                    "split": split,
+                    **prompt,
+                    "n_tokens": len(formatter.encode(text)),
+                }
+            )
     return records
 
 
@@ -71,13 +92,24 @@ def write_parquet(path: Path, records: list[dict[str, Any]], source: str) -> Non
     """verl's RL-dataset layout: chat ``messages`` plus ``extra_info`` (tools as JSON text)."""
     import pandas as pd
 
-    frame = pd.DataFrame({
-        "data_source": [f"envace/{source}"] * len(records),
-        "messages": [r["messages"] for r in records],
-        "extra_info": [{"uuid": r["uuid"], "role": r["role"], "turn": r["turn"], "index": r["index"],
-                        "n_tokens": r["n_tokens"], "split": r["split"],
-                        "tools": json.dumps(r["tools"]) if r["tools"] else ""} for r in records],
-    })
+    frame = pd.DataFrame(
+        {
+            "data_source": [f"envace/{source}"] * len(records),
+            "messages": [r["messages"] for r in records],
+            "extra_info": [
+                {
+                    "uuid": r["uuid"],
+                    "role": r["role"],
+                    "turn": r["turn"],
+                    "index": r["index"],
+                    "n_tokens": r["n_tokens"],
+                    "split": r["split"],
+                    "tools": json.dumps(r["tools"]) if r["tools"] else "",
+                }
+                for r in records
+            ],
+        }
+    )
     frame.to_parquet(path, index=False)
 
 
@@ -85,8 +117,11 @@ def length_stats(records: list[dict[str, Any]], role: str) -> dict[str, float]:
     lengths = [r["n_tokens"] for r in records if r["role"] == role]
     if not lengths:
         return {f"{role.lower()}_records": 0}
-    return {f"{role.lower()}_records": len(lengths), f"{role.lower()}_tokens_mean": statistics.fmean(lengths),
-            f"{role.lower()}_tokens_max": max(lengths)}
+    return {
+        f"{role.lower()}_records": len(lengths),
+        f"{role.lower()}_tokens_mean": statistics.fmean(lengths),
+        f"{role.lower()}_tokens_max": max(lengths),
+    }
 
 
 def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
@@ -101,8 +136,9 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
         for split in SPLITS:
             records = render_records(read_jsonl(Path(cfg.paths.prepared) / f"{split}.jsonl"), split, formatter, variant)
             too_long = {r["uuid"] for r in records if r["n_tokens"] > limit}
-            filtered += [{**r, "reason": f"n_tokens {r['n_tokens']} > {limit}"}
-                         for r in records if r["n_tokens"] > limit]
+            filtered += [
+                {**r, "reason": f"n_tokens {r['n_tokens']} > {limit}"} for r in records if r["n_tokens"] > limit
+            ]
             records = [r for r in records if r["uuid"] not in too_long]
             kept[split] = sorted({r["uuid"] for r in records})
             write_jsonl(tmp / f"{split}.jsonl", records)
@@ -115,12 +151,17 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
         write_json(tmp / "kept_uuids.json", kept)
         if not kept["train"]:
             tracker.log_artifact(tmp / "filtered.jsonl", "prompts")
-            raise ValueError(f"template_prompts: every training row has a prompt over rollout.max_prompt_tokens="
-                             f"{limit}; raise it or shorten the data (see the artifact prompts/filtered.jsonl)")
+            raise ValueError(
+                f"template_prompts: every training row has a prompt over rollout.max_prompt_tokens="
+                f"{limit}; raise it or shorten the data (see the artifact prompts/filtered.jsonl)"
+            )
     tracker.log_artifact(Path(cfg.paths.prompts) / "filtered.jsonl", "prompts")
     metrics["records_filtered"] = len(filtered)
-    logger.info("template_prompts: kept rows %s, %d over-long records filtered", {s: len(v) for s, v in kept.items()},
-                len(filtered))
+    logger.info(
+        "template_prompts: kept rows %s, %d over-long records filtered",
+        {s: len(v) for s, v in kept.items()},
+        len(filtered),
+    )
     return metrics
 
 

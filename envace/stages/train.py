@@ -61,7 +61,8 @@ def _cm2_specs(rows: list[dict[str, Any]]) -> tuple[list[Any], None]:
 
 # data.source -> (episode specs, executor factory for grpo's real responses)
 SPEC_BUILDERS: dict[str, Callable[[list[dict[str, Any]]], tuple[list[Any], Any]]] = {
-    "toolworld": _toolworld_specs, "cm2": _cm2_specs,
+    "toolworld": _toolworld_specs,
+    "cm2": _cm2_specs,
 }
 
 
@@ -72,7 +73,10 @@ def _judge_reward(cfg: DictConfig) -> Any:
 
 # judge.name -> reward function (None = the engine's built-in verifiable tool-world reward)
 REWARDS: dict[str, Callable[[DictConfig], Any]] = {
-    "verifiable": lambda cfg: None, "rule": _judge_reward, "llm": _judge_reward, "composite": _judge_reward,
+    "verifiable": lambda cfg: None,
+    "rule": _judge_reward,
+    "llm": _judge_reward,
+    "composite": _judge_reward,
 }
 
 
@@ -89,28 +93,58 @@ def local_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> 
 
     r, a, t, e = cfg.rollout, cfg.algo, cfg.train, cfg.engine
     speed = {k: e[k] for k in ("share_prefix", "micro_batch_tokens", "grad_checkpointing", "logprob_check")}
-    keys = ("samples_per_prompt", "act_temperature", "rehearse_temperature", "max_steps_per_turn", "max_act_tokens",
-            "max_rehearse_tokens", "max_stream_tokens", "rehearse_context_tokens", "enforce_required_items")
+    keys = (
+        "samples_per_prompt",
+        "act_temperature",
+        "rehearse_temperature",
+        "max_steps_per_turn",
+        "max_act_tokens",
+        "max_rehearse_tokens",
+        "max_stream_tokens",
+        "rehearse_context_tokens",
+        "enforce_required_items",
+    )
     return LocalEngineConfig(
-        model=model_spec(cfg), variant=to_plain(a.name), steps=int(t.steps), prompts_per_step=int(r.prompts_per_step),
-        seed=int(cfg.seed), device=e.device, precision=str(e.precision), output_dir=str(output_dir),
-        checkpoint_every=int(t.checkpoint_every), keep_checkpoints=int(t.keep_checkpoints), resume=bool(t.resume),
-        grpo_responses=to_plain(a.grpo_responses), fidelity_every=probe_every(cfg), lora=lora_spec(a),
+        model=model_spec(cfg),
+        variant=to_plain(a.name),
+        steps=int(t.steps),
+        prompts_per_step=int(r.prompts_per_step),
+        seed=int(cfg.seed),
+        device=e.device,
+        precision=str(e.precision),
+        output_dir=str(output_dir),
+        checkpoint_every=int(t.checkpoint_every),
+        keep_checkpoints=int(t.keep_checkpoints),
+        resume=bool(t.resume),
+        grpo_responses=to_plain(a.grpo_responses),
+        fidelity_every=probe_every(cfg),
+        lora=lora_spec(a),
         rollout=RolloutConfig(**{k: r[k] for k in keys}),
-        optim=OptimConfig(lr=a.lr, clip_ratio=a.clip_ratio, kl_coef=a.kl_coef, grad_clip=a.grad_clip,
-                          ppo_epochs=a.ppo_epochs, baseline=to_plain(a.baseline), norm_by_std=a.norm_by_std, **speed),
-        sft=SFTConfig(epochs=int(t.sft_epochs), lr=float(t.sft_lr)))
+        optim=OptimConfig(
+            lr=a.lr,
+            clip_ratio=a.clip_ratio,
+            kl_coef=a.kl_coef,
+            grad_clip=a.grad_clip,
+            ppo_epochs=a.ppo_epochs,
+            baseline=to_plain(a.baseline),
+            norm_by_std=a.norm_by_std,
+            **speed,
+        ),
+        sft=SFTConfig(epochs=int(t.sft_epochs), lr=float(t.sft_lr)),
+    )
 
 
 def verl_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> Any:
     """verl rebuilds everything from the whole config; its MLflow logging nests under this stage's run."""
     uri = default_tracking_uri() if tracker.run_id else None
-    return VerlEngineConfig(cfg=to_plain(cfg), output_dir=str(output_dir), tracking_uri=uri,
-                            parent_run_id=tracker.run_id)
+    return VerlEngineConfig(
+        cfg=to_plain(cfg), output_dir=str(output_dir), tracking_uri=uri, parent_run_id=tracker.run_id
+    )
 
 
 ENGINE_CONFIGS: dict[str, Callable[[DictConfig, Path, Tracker], Any]] = {  # engine.name -> its typed config
-    "local": local_engine_config, "verl": verl_engine_config,
+    "local": local_engine_config,
+    "verl": verl_engine_config,
 }
 
 
@@ -141,12 +175,20 @@ def export_checkpoint(result: Any, work: Path, cfg: DictConfig, digest: str) -> 
     with atomic_dir(cfg.paths.checkpoints) as tmp:
         shutil.move(str(work / "final"), tmp / "final")
         files = sorted(p for p in (tmp / "final").rglob("*") if p.is_file())
-        manifest = {"schema_version": 1, "engine": to_plain(cfg.engine.name), "variant": to_plain(cfg.algo.name),
-                    "base_model": flatten(cfg.model), "steps_done": result.steps_done, "config_hash": digest,
-                    "roles": {role: f"final/{name if name in final else 'policy'}" for role, name in
-                              (("act", "act"), ("rehearse", "rehearse"))},
-                    "files": [{"path": str(p.relative_to(tmp)), "bytes": p.stat().st_size} for p in files],
-                    "final_metrics": result.final_metrics}
+        manifest = {
+            "schema_version": 1,
+            "engine": to_plain(cfg.engine.name),
+            "variant": to_plain(cfg.algo.name),
+            "base_model": flatten(cfg.model),
+            "steps_done": result.steps_done,
+            "config_hash": digest,
+            "roles": {
+                role: f"final/{name if name in final else 'policy'}"
+                for role, name in (("act", "act"), ("rehearse", "rehearse"))
+            },
+            "files": [{"path": str(p.relative_to(tmp)), "bytes": p.stat().st_size} for p in files],
+            "final_metrics": result.final_metrics,
+        }
         write_json(tmp / MANIFEST, manifest)
     return manifest
 
@@ -169,8 +211,12 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
         if "step" in metrics:  # RL steps and the step-0 probe (SFT epochs report sft/* keys)
             logged.add(int(metrics["step"]))
 
-    engine = get_engine(name, reward_fn=REWARDS[to_plain(cfg.judge.name)](cfg), executor_factory=executor_factory,
-                        fidelity_probe_set=probe_set)
+    engine = get_engine(
+        name,
+        reward_fn=REWARDS[to_plain(cfg.judge.name)](cfg),
+        executor_factory=executor_factory,
+        fidelity_probe_set=probe_set,
+    )
     with train_logging(cfg, tracker, engine):  # then logs manifest, train_steps.csv and the model to MLflow
         result = engine.train(engine_config, specs, callbacks=[on_step])
         history = [dict(h) for h in result.history if "step" in h]  # with the rows a resumed run restored:
@@ -180,8 +226,13 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
         manifest = export_checkpoint(result, work, cfg, digest)
     shutil.rmtree(work, ignore_errors=True)
     final = {f"final/{k}": v for k, v in result.final_metrics.items() if isinstance(v, (int, float)) and k != "step"}
-    return {"steps_done": result.steps_done, "n_train_rows": len(specs), "variant": manifest["variant"], **final,
-            "curves": training_curves(history, result.steps_done)}
+    return {
+        "steps_done": result.steps_done,
+        "n_train_rows": len(specs),
+        "variant": manifest["variant"],
+        **final,
+        "curves": training_curves(history, result.steps_done),
+    }
 
 
 main = stage_main("train", run)

@@ -13,25 +13,49 @@ from envace.utils.telemetry import TELEMETRY_OFF
 
 ROOT = Path(__file__).resolve().parents[2]
 # local state a clone would not have
-_SKIP = ("mlflow.db", ".prefect/", ".envace/", "mlartifacts/", "dvc.lock", "metrics/", "plots/", "reports/",
-         "science/dvc.lock", "science/metrics/", "science/report/", "science/science.json")
+_SKIP = (
+    "mlflow.db",
+    ".prefect/",
+    ".envace/",
+    "mlartifacts/",
+    "dvc.lock",
+    "metrics/",
+    "plots/",
+    "reports/",
+    "science/dvc.lock",
+    "science/metrics/",
+    "science/report/",
+    "science/science.json",
+)
 
 
 def project_files() -> list[str]:
     """Files git would commit: tracked plus untracked-but-not-ignored."""
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
-                         capture_output=True, check=True)
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    )
     files = [f for f in out.stdout.decode().split("\0") if f]
     return [f for f in files if not f.startswith(_SKIP) and (ROOT / f).is_file()]
 
 
 def clone_env() -> dict[str, str]:
     """Environment for commands in the copy: this venv first on PATH, no inherited pipeline state."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ENVACE_", "MLFLOW_TRACKING_URI", "DVC_", "PREFECT_API_URL", "PREFECT_HOME"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ENVACE_", "MLFLOW_TRACKING_URI", "DVC_", "PREFECT_API_URL", "PREFECT_HOME"))
+    }
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env.update(TELEMETRY_OFF, GIT_AUTHOR_NAME="e2e", GIT_AUTHOR_EMAIL="e2e@example.com", GIT_COMMITTER_NAME="e2e",
-               GIT_COMMITTER_EMAIL="e2e@example.com")
+    env.update(
+        TELEMETRY_OFF,
+        GIT_AUTHOR_NAME="e2e",
+        GIT_AUTHOR_EMAIL="e2e@example.com",
+        GIT_COMMITTER_NAME="e2e",
+        GIT_COMMITTER_EMAIL="e2e@example.com",
+    )
     return env
 
 
@@ -49,11 +73,14 @@ def make_project(tmp_path: Path) -> Path:
 
 
 def run(cmd: list[str], cwd: Path, timeout: float, **kwargs) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=cwd, env=kwargs.pop("env", clone_env()), capture_output=True, text=True,
-                          timeout=timeout, **kwargs)
+    proc = subprocess.run(
+        cmd, cwd=cwd, env=kwargs.pop("env", clone_env()), capture_output=True, text=True, timeout=timeout, **kwargs
+    )
     if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n"
-                             f"--- stderr\n{proc.stderr[-6000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n"
+            f"--- stderr\n{proc.stderr[-6000:]}"
+        )
     return proc
 
 

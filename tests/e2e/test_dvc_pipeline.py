@@ -18,8 +18,14 @@ def test_dvc_exp_run_smoke_then_noop_repro(project):
     out = run(["dvc", "exp", "run", "-S", "profile=smoke"], project, timeout=600)
     assert "Ran experiment" in out.stdout + out.stderr
     assert time.monotonic() - started < 420
-    for path in ("reports/report.md", "reports/main.csv", "reports/testtime.png", "metrics/train.json",
-                 "plots/train_steps.csv", "data/checkpoints/manifest.json"):
+    for path in (
+        "reports/report.md",
+        "reports/main.csv",
+        "reports/testtime.png",
+        "metrics/train.json",
+        "plots/train_steps.csv",
+        "data/checkpoints/manifest.json",
+    ):
         assert (project / path).exists(), path
     parent, _ = assert_pipeline_in_mlflow(project, STAGES)
     assert parent["profile"] == "smoke"

@@ -38,13 +38,20 @@ def _repro_killed_after(project: Path, step: int, log: Path, timeout: float) -> 
     once checkpoint ``step`` exists; returns the seconds it ran."""
     started = time.monotonic()
     with open(log, "w") as out:
-        proc = subprocess.Popen(["dvc", "repro", "train"], cwd=project, env=clone_env(), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            ["dvc", "repro", "train"],
+            cwd=project,
+            env=clone_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             while _latest_step(project) < step:
                 if proc.poll() is not None:
-                    raise AssertionError(f"dvc repro train exited {proc.returncode} before checkpoint {step}:\n"
-                                         f"{log.read_text()[-4000:]}")
+                    raise AssertionError(
+                        f"dvc repro train exited {proc.returncode} before checkpoint {step}:\n{log.read_text()[-4000:]}"
+                    )
                 if time.monotonic() - started > timeout:
                     raise AssertionError(f"no checkpoint {step} after {timeout} s:\n{log.read_text()[-4000:]}")
                 time.sleep(0.05)
@@ -97,6 +104,8 @@ def test_kill_9_during_dvc_repro_train_resumes_from_the_last_checkpoint(project,
     uninterrupted = _weights(project)
     assert resumed_weights.keys() == uninterrupted.keys()
     assert all(torch.equal(resumed_weights[k], uninterrupted[k]) for k in uninterrupted)
-    print(f"\nkill-resume drill: killed after checkpoint {at_kill}/{STEPS} at {killed_s:.1f} s (incl. "
-          f"prepare_data, template_prompts); resumed from step {at_kill}, resumed repro {resumed_s:.1f} s; "
-          f"uninterrupted train {fresh_s:.1f} s; {len(uninterrupted)} tensors equal")
+    print(
+        f"\nkill-resume drill: killed after checkpoint {at_kill}/{STEPS} at {killed_s:.1f} s (incl. "
+        f"prepare_data, template_prompts); resumed from step {at_kill}, resumed repro {resumed_s:.1f} s; "
+        f"uninterrupted train {fresh_s:.1f} s; {len(uninterrupted)} tensors equal"
+    )

@@ -29,8 +29,12 @@ def test_served_deployment_runs_the_pipeline(project):
     try:
         pids = start(project, port, timeout=240)
         assert read_pid(project, "server") == pids["server"] and read_pid(project, "serve") == pids["serve"]
-        out = run(["prefect", "deployment", "run", "envace/full-pipeline", "-p", 'overrides=["profile=smoke"]',
-                   "--watch"], project, timeout=600, env=env)
+        out = run(
+            ["prefect", "deployment", "run", "envace/full-pipeline", "-p", 'overrides=["profile=smoke"]', "--watch"],
+            project,
+            timeout=600,
+            env=env,
+        )
         assert "Completed" in out.stdout + out.stderr
         # the report and the main tables are artifacts of the run (the Prefect UI's Artifacts tab)
         listed = run(["prefect", "artifact", "ls"], project, timeout=120, env=env).stdout

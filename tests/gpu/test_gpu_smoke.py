@@ -29,8 +29,14 @@ def cuda_available() -> bool:
 
 def run_smoke(mode: str, out: Path) -> dict:
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable}
-    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_smoke.sh"), mode], env=env, capture_output=True,
-                            check=False, text=True, timeout=660)
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_smoke.sh"), mode],
+        env=env,
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=660,
+    )
     report_file = out / "report.json"
     log = f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
     assert report_file.is_file(), f"no report (exit {result.returncode}):\n{log}"
@@ -45,8 +51,10 @@ def test_bare_local_engine_estimator_and_loss_on_cuda(tmp_path: Path) -> None:
     assert report["estimator"]["matches_cpu"] and report["local_engine"]["dtype"] == "torch.bfloat16"
 
 
-@pytest.mark.skipif(not cuda_available() or importlib.util.find_spec("vllm") is None,
-                    reason="needs a CUDA device and the GPU extra (vLLM)")
+@pytest.mark.skipif(
+    not cuda_available() or importlib.util.find_spec("vllm") is None,
+    reason="needs a CUDA device and the GPU extra (vLLM)",
+)
 def test_verl_engine_trains_both_roles(tmp_path: Path) -> None:
     report = run_smoke("verl", tmp_path)
     assert report["checks"]["act_trained"] and report["checks"]["rehearse_trained"]

@@ -38,8 +38,13 @@ REPO = Path(__file__).resolve().parents[2]
 REFUSED = "http://127.0.0.1:9/v1"
 # the tiny random model ends an ACT output (EOS) after ~hundreds of tokens: with the smoke profile's 24 it never
 # finishes, no turn is recorded and the judge has nothing to grade
-FAST_TRAIN = ["profile=smoke", "train.sft_epochs=0", "train.fidelity_every=0", "train.steps=2",
-              "rollout.max_act_tokens=512"]
+FAST_TRAIN = [
+    "profile=smoke",
+    "train.sft_epochs=0",
+    "train.fidelity_every=0",
+    "train.steps=2",
+    "rollout.max_act_tokens=512",
+]
 FAULTS = ("http_503", "timeout", "malformed")
 
 
@@ -84,7 +89,6 @@ class FaultyJudge(ThreadingHTTPServer):
 class _JudgeHandler(JsonHandler):
     server: FaultyJudge
 
-
     def do_GET(self) -> None:
         if self.path.rstrip("/") == "/v1/models":
             self._send(200, json.dumps({"object": "list", "data": [{"id": "judge", "object": "model"}]}))
@@ -109,9 +113,19 @@ class _JudgeHandler(JsonHandler):
                 time.sleep(srv.sleep_s)  # the client has given up by now
             verdict = {"analysis": "scripted", "answer": zlib.crc32(body) % 3 != 0}
             message = {"role": "assistant", "content": json.dumps(verdict)}
-            self._send(200, json.dumps({"id": "v", "object": "chat.completion", "created": 0, "model": "judge",
-                                        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                                        "usage": {"prompt_tokens": 1, "completion_tokens": 1}}))
+            self._send(
+                200,
+                json.dumps(
+                    {
+                        "id": "v",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": "judge",
+                        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                        "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+                    }
+                ),
+            )
         except (BrokenPipeError, ConnectionResetError):
             pass
 
@@ -119,6 +133,7 @@ class _JudgeHandler(JsonHandler):
 @pytest.fixture
 def judge_server():
     with threaded_servers() as serve:
+
         def start(fault_rate: float = 0.0, client_timeout_s: float = 0.5, key: str | None = None) -> FaultyJudge:
             return serve(FaultyJudge(fault_rate, client_timeout_s, key))
 
@@ -142,8 +157,9 @@ def prepared(tmp_path_factory, paths_under):
 
 
 def llm_judge_cfg(paths: list[str], url: str, *extra: str, tracking: str = "none"):
-    return compose([*FAST_TRAIN, f"tracking={tracking}", *paths, "judge=llm", f"judge.base_url={url}",
-                    "judge.model=judge", *extra])
+    return compose(
+        [*FAST_TRAIN, f"tracking={tracking}", *paths, "judge=llm", f"judge.base_url={url}", "judge.model=judge", *extra]
+    )
 
 
 # ---- refused endpoint --------------------------------------------------------------------------------
@@ -163,13 +179,17 @@ def test_refused_judge_fails_the_train_stage_within_10s_in_one_line(prepared, mo
 
 
 def test_refused_judge_through_the_stage_cli(tmp_path: Path, paths_under) -> None:
-    write_params([*FAST_TRAIN, "tracking=none", *paths_under(tmp_path), "judge=llm", f"judge.base_url={REFUSED}"],
-                 root=tmp_path, conf_dir=REPO / "conf")
+    write_params(
+        [*FAST_TRAIN, "tracking=none", *paths_under(tmp_path), "judge=llm", f"judge.base_url={REFUSED}"],
+        root=tmp_path,
+        conf_dir=REPO / "conf",
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     env.pop("ENVACE_DEBUG", None)
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "envace.stages.train"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "envace.stages.train"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
     seconds = time.perf_counter() - started
     errors = [line for line in proc.stderr.splitlines() if "connection refused" in line.lower()]
     print(f"\nrefused judge, `python -m envace.stages.train`: exit {proc.returncode} after {seconds:.2f} s: {errors}")
@@ -181,20 +201,30 @@ def test_refused_judge_through_the_stage_cli(tmp_path: Path, paths_under) -> Non
 
 # ---- faults during training -----------------------------------------------------------------------------
 @pytest.mark.slow
-def test_thirty_percent_faults_training_completes_failures_excluded_and_counted(prepared, judge_server,
-                                                                                monkeypatch) -> None:
+def test_thirty_percent_faults_training_completes_failures_excluded_and_counted(
+    prepared, judge_server, monkeypatch
+) -> None:
     root, paths = prepared
     monkeypatch.chdir(root)
     server = judge_server(fault_rate=0.3, client_timeout_s=0.5)
-    cfg = llm_judge_cfg(paths, server.base_url, "judge.timeout_s=0.5", "judge.max_retries=1", "judge.backoff_s=0.05",
-                        "judge.max_backoff_s=0.2", "judge.max_failure_rate=0.5")
+    cfg = llm_judge_cfg(
+        paths,
+        server.base_url,
+        "judge.timeout_s=0.5",
+        "judge.max_retries=1",
+        "judge.backoff_s=0.05",
+        "judge.max_backoff_s=0.2",
+        "judge.max_failure_rate=0.5",
+    )
     started = time.perf_counter()
     metrics = train.run(cfg)
     seconds = time.perf_counter() - started
     steps = pd.read_csv(root / "plots" / "train_steps.csv")
     excluded, trajectories = int(steps["judge_failures"].sum()), int(steps["trajectories"].sum())
-    print(f"\n30% faults: {server.requests} requests, faults {dict(server.faults)}; {excluded} of {trajectories} "
-          f"trajectories JUDGE_FAILED (excluded, counted); {metrics['steps_done']} steps in {seconds:.1f} s")
+    print(
+        f"\n30% faults: {server.requests} requests, faults {dict(server.faults)}; {excluded} of {trajectories} "
+        f"trajectories JUDGE_FAILED (excluded, counted); {metrics['steps_done']} steps in {seconds:.1f} s"
+    )
     assert metrics["steps_done"] == 2
     injected = sum(server.faults.values())
     assert set(server.faults) == set(FAULTS) and 0.1 < injected / server.requests < 0.5  # and the run went on
@@ -203,8 +233,7 @@ def test_thirty_percent_faults_training_completes_failures_excluded_and_counted(
 
 
 @pytest.mark.slow
-def test_all_requests_failing_stops_the_stage_fast_with_the_budget_message(prepared, judge_server,
-                                                                          monkeypatch) -> None:
+def test_all_requests_failing_stops_the_stage_fast_with_the_budget_message(prepared, judge_server, monkeypatch) -> None:
     root, paths = prepared
     monkeypatch.chdir(root)
     server = judge_server(fault_rate=1.0, client_timeout_s=0.5)
@@ -214,8 +243,10 @@ def test_all_requests_failing_stops_the_stage_fast_with_the_budget_message(prepa
         train.run(cfg)
     done = time.perf_counter()
     message = str(info.value)
-    print(f"\n100% faults: {server.requests} requests, faults {dict(server.faults)}; failed "
-          f"{done - server.first_at:.1f} s after the first judge request ({done - started:.1f} s in all): {message}")
+    print(
+        f"\n100% faults: {server.requests} requests, faults {dict(server.faults)}; failed "
+        f"{done - server.first_at:.1f} s after the first judge request ({done - started:.1f} s in all): {message}"
+    )
     assert "judge failure budget exhausted: 5 of the last 5 judge calls failed" in message
     assert server.base_url in message and "judge.max_failure_rate" in message and "judge.base_url" in message
     assert "\n" not in message
@@ -226,8 +257,9 @@ def test_all_requests_failing_stops_the_stage_fast_with_the_budget_message(prepa
 
 # ---- the API key never reaches the tracking store ---------------------------------------------------------------
 @pytest.mark.slow
-def test_fake_api_key_never_appears_in_the_mlflow_store_or_artifacts(prepared, judge_server, monkeypatch,
-                                                                     caplog) -> None:
+def test_fake_api_key_never_appears_in_the_mlflow_store_or_artifacts(
+    prepared, judge_server, monkeypatch, caplog
+) -> None:
     root, paths = prepared
     monkeypatch.chdir(root)
     secret = "sk-fake-" + secrets.token_hex(16)
@@ -235,12 +267,16 @@ def test_fake_api_key_never_appears_in_the_mlflow_store_or_artifacts(prepared, j
     server = judge_server(key=secret)
     store = root / "mlflow.db"
     cfg = llm_judge_cfg(paths, server.base_url, "judge.api_key_env=ENVACE_TEST_KEY", tracking="mlflow")
-    metrics = runner.execute("train", train.run, cfg, root / "metrics" / "train.json", tracking_uri=f"sqlite:///{store}")
+    metrics = runner.execute(
+        "train", train.run, cfg, root / "metrics" / "train.json", tracking_uri=f"sqlite:///{store}"
+    )
     assert metrics["steps_done"] == 2 and server.authorized > 0  # the key was in use, on every request
     files = [p for p in root.rglob("*") if p.is_file()]
     assert store in files and any("mlartifacts" in p.parts for p in files)
     leaks = [str(p) for p in files if secret.encode() in p.read_bytes()]
-    print(f"\nfake key: {server.authorized} authorized requests; scanned {len(files)} files "
-          f"({sum(p.stat().st_size for p in files) / 1e6:.1f} MB) under {root}: {len(leaks)} contain the key")
+    print(
+        f"\nfake key: {server.authorized} authorized requests; scanned {len(files)} files "
+        f"({sum(p.stat().st_size for p in files) / 1e6:.1f} MB) under {root}: {len(leaks)} contain the key"
+    )
     assert leaks == [] and secret not in caplog.text
     assert b"ENVACE_TEST_KEY" in store.read_bytes()  # the variable's name is logged (a param), its value never

@@ -98,11 +98,20 @@ def test_one_entry_per_row_with_metrics_workspace_first_baseline_without_metrics
     entries = collected["experiments"]
     assert collected["schema_version"] == experiments.SCHEMA_VERSION
     assert [(e["kind"], e["name"]) for e in entries] == [
-        ("workspace", "workspace"), ("experiment", "smoke-grpo"), ("experiment", "smoke-per_role")]
+        ("workspace", "workspace"),
+        ("experiment", "smoke-grpo"),
+        ("experiment", "smoke-per_role"),
+    ]
     grpo = entries[1]
     assert len(grpo["rev"]) == 40 and grpo["baseline"] and grpo["timestamp"]
-    assert grpo["params"] == {"profile": "smoke", "experiment_name": "default", "algo.name": "grpo",
-                              "model.name": "tiny", "engine.name": "local", "seed": 0}
+    assert grpo["params"] == {
+        "profile": "smoke",
+        "experiment_name": "default",
+        "algo.name": "grpo",
+        "model.name": "tiny",
+        "engine.name": "local",
+        "seed": 0,
+    }
     assert grpo["success_rate"] == {"toolworld": {"policy": 0.25, "base": 0.125}}
     assert grpo["train"] == {"final_reward": 0.25, "steps_done": 2, "variant": "grpo"}
     assert entries[0]["params"]["algo.name"] == "per_role"  # a sequential exp run leaves the workspace at the last
@@ -111,11 +120,18 @@ def test_one_entry_per_row_with_metrics_workspace_first_baseline_without_metrics
 def test_curves_come_from_train_json_else_from_that_revisions_train_steps_csv(collected):
     grpo, per_role = collected["experiments"][1:]
     assert grpo["curves_source"] == "train.json"
-    assert grpo["curves"] == {"step": [0, 1, 2], "reward/mean": [None, 0.125, 0.25],
-                              "fidelity/exact_match": [0.1, None, 0.3]}
+    assert grpo["curves"] == {
+        "step": [0, 1, 2],
+        "reward/mean": [None, 0.125, 0.25],
+        "fidelity/exact_match": [0.1, None, 0.3],
+    }
     assert per_role["curves_source"] == "train_steps.csv"
-    assert per_role["curves"] == {"step": [1, 2], "reward/mean": [0.5, None], "adv/act/mean": [0, 0.1],
-                                  "adv/act/std": [0.25, 0.5]}
+    assert per_role["curves"] == {
+        "step": [1, 2],
+        "reward/mean": [0.5, None],
+        "adv/act/mean": [0, 0.1],
+        "adv/act/std": [0.25, 0.5],
+    }
 
 
 def test_cli_output_is_sorted_atomic_and_byte_stable(scratch):

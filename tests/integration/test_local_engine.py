@@ -34,7 +34,11 @@ torch.set_num_threads(1)
 
 TINY = ModelSpec(kind="tiny", seed=3)
 BASE = LocalEngineConfig(
-    model=TINY, steps=2, prompts_per_step=2, seed=5, progress=False,
+    model=TINY,
+    steps=2,
+    prompts_per_step=2,
+    seed=5,
+    progress=False,
     rollout=RolloutConfig(samples_per_prompt=3, max_act_tokens=80, max_rehearse_tokens=72, max_stream_tokens=2048),
     optim=OptimConfig(lr=1e-3, track_role_grad_norms=True, micro_batch_streams=8),
 )
@@ -56,11 +60,16 @@ def world(guided_world):
 
 
 def _train(world, variant, **overrides):
-    engine = get_engine("local", reward_fn=varied_reward, guide=world["guide"],
-                       executor_factory=executor_factory_for(world["env"].make_executor, world["tasks"]))
+    engine = get_engine(
+        "local",
+        reward_fn=varied_reward,
+        guide=world["guide"],
+        executor_factory=executor_factory_for(world["env"].make_executor, world["tasks"]),
+    )
     history = []
-    result = engine.train(replace(BASE, variant=variant, **overrides), world["specs"],
-                          callbacks=[lambda step, m: history.append(m)])
+    result = engine.train(
+        replace(BASE, variant=variant, **overrides), world["specs"], callbacks=[lambda step, m: history.append(m)]
+    )
     return result, history
 
 
@@ -84,8 +93,21 @@ def test_envace_trains_both_roles(world, runs):
     assert _total(history, "grad_norm/act") > 0 and _total(history, "grad_norm/rehearse") > 0
     assert _total(history, "tokens_in_loss/act") > 0 and _total(history, "tokens_in_loss/rehearse") > 0
     assert _total(history, "judge_failures") == 2 * 2  # one per prompt per step, excluded and counted
-    for key in ("reward/mean", "reward/std", "adv/act/abs_mean", "parse_fail/act", "parse_fail/rehearse",
-                "tokens/act", "tokens/rehearse", "kl", "loss", "pg_loss", "clipfrac", "grad_norm", "tokens_per_s"):
+    for key in (
+        "reward/mean",
+        "reward/std",
+        "adv/act/abs_mean",
+        "parse_fail/act",
+        "parse_fail/rehearse",
+        "tokens/act",
+        "tokens/rehearse",
+        "kl",
+        "loss",
+        "pg_loss",
+        "clipfrac",
+        "grad_norm",
+        "tokens_per_s",
+    ):
         assert key in history[-1], key
 
 
@@ -94,8 +116,9 @@ def test_act_only_variants(world, runs, variant):
     result, history = runs[variant]
     assert _changed(result.models["policy"], world["initial"])
     assert _total(history, "grad_norm/act") > 0
-    assert not any(k.endswith("/rehearse") and k.startswith(("grad_norm", "tokens_in_loss", "loss/"))
-                   for m in history for k in m)
+    assert not any(
+        k.endswith("/rehearse") and k.startswith(("grad_norm", "tokens_in_loss", "loss/")) for m in history for k in m
+    )
 
 
 def test_grpo_uses_real_executor(runs):
@@ -124,8 +147,13 @@ def test_kill_and_resume_gives_identical_weights(world, tmp_path, precision):
     """Bit-exact in fp32; in bf16 too: autocast is deterministic on CPU and master weights, optimiser
     state and RNG are checkpointed in float32 (a resumed bf16 run equals an uninterrupted bf16 run,
     not an fp32 one)."""
-    small = {"steps": 4, "prompts_per_step": 1, "checkpoint_every": 2, "precision": precision,
-             "optim": replace(BASE.optim, track_role_grad_norms=False)}
+    small = {
+        "steps": 4,
+        "prompts_per_step": 1,
+        "checkpoint_every": 2,
+        "precision": precision,
+        "optim": replace(BASE.optim, track_role_grad_norms=False),
+    }
     full, _ = _train(world, "envace", output_dir=str(tmp_path / "full"), **small)
     killed, _ = _train(world, "envace", output_dir=str(tmp_path / "resumed"), stop_after_steps=2, **small)
     assert killed.steps_done == 2

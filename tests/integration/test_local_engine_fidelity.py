@@ -17,7 +17,11 @@ torch.set_num_threads(1)
 
 TINY = ModelSpec(kind="tiny", seed=3)
 BASE = LocalEngineConfig(
-    model=TINY, steps=4, prompts_per_step=1, seed=5, progress=False,
+    model=TINY,
+    steps=4,
+    prompts_per_step=1,
+    seed=5,
+    progress=False,
     rollout=RolloutConfig(samples_per_prompt=2, max_act_tokens=80, max_rehearse_tokens=48, max_stream_tokens=2048),
     optim=OptimConfig(lr=1e-3, micro_batch_streams=8),
 )
@@ -32,11 +36,16 @@ def world(guided_world):
 
 
 def _train(world, **overrides):
-    engine = get_engine("local", guide=world["guide"], fidelity_probe_set=world["probe_set"],
-                        executor_factory=executor_factory_for(world["env"].make_executor, world["tasks"]))
+    engine = get_engine(
+        "local",
+        guide=world["guide"],
+        fidelity_probe_set=world["probe_set"],
+        executor_factory=executor_factory_for(world["env"].make_executor, world["tasks"]),
+    )
     seen = []
-    result = engine.train(replace(BASE, **overrides), world["specs"],
-                          callbacks=[lambda step, m: seen.append((step, m))])
+    result = engine.train(
+        replace(BASE, **overrides), world["specs"], callbacks=[lambda step, m: seen.append((step, m))]
+    )
     return result, seen
 
 

@@ -26,10 +26,20 @@ from envace.models import ModelSpec, load_model_and_tokenizer
 torch.set_num_threads(1)
 
 TINY = ModelSpec(kind="tiny", seed=3)  # the guided_world fixture's model
-LORA = LoraSpec(rank=4, alpha=8, target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                 "down_proj"), dropout=0.0)
+LORA = LoraSpec(
+    rank=4,
+    alpha=8,
+    target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    dropout=0.0,
+)
 CFG = LocalEngineConfig(
-    model=TINY, steps=2, prompts_per_step=1, seed=5, progress=False, lora=LORA, checkpoint_every=1,
+    model=TINY,
+    steps=2,
+    prompts_per_step=1,
+    seed=5,
+    progress=False,
+    lora=LORA,
+    checkpoint_every=1,
     rollout=RolloutConfig(samples_per_prompt=3, max_act_tokens=80, max_rehearse_tokens=72, max_stream_tokens=2048),
     optim=OptimConfig(lr=1e-2, micro_batch_streams=8),
 )
@@ -43,8 +53,12 @@ def varied_reward(spec, traj):
 
 
 def _train(world, cfg):
-    engine = get_engine("local", reward_fn=varied_reward, guide=world["guide"],
-                        executor_factory=executor_factory_for(world["env"].make_executor, world["tasks"]))
+    engine = get_engine(
+        "local",
+        reward_fn=varied_reward,
+        guide=world["guide"],
+        executor_factory=executor_factory_for(world["env"].make_executor, world["tasks"]),
+    )
     return engine.train(cfg, world["specs"])
 
 
@@ -109,8 +123,10 @@ def test_merged_export_gives_the_trained_logits_and_the_adapter_sits_beside_it(r
 
 
 def test_per_role_with_kl_reference_adapts_both_models(guided_world, initial):
-    result = _train(guided_world, replace(CFG, variant="per_role", steps=2, checkpoint_every=0,
-                                          optim=replace(CFG.optim, kl_coef=0.05)))
+    result = _train(
+        guided_world,
+        replace(CFG, variant="per_role", steps=2, checkpoint_every=0, optim=replace(CFG.optim, kl_coef=0.05)),
+    )
     act, rehearse = result.models["act"], result.models["rehearse"]
     assert _base_unchanged(act, initial) and _base_unchanged(rehearse, initial)
     a, r = _adapters(act), _adapters(rehearse)

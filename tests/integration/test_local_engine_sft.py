@@ -54,12 +54,19 @@ def test_gold_replay_in_one_forward_builds_the_same_streams(specs):
 
     model, tokenizer = load_model_and_tokenizer(TINY)
     fmt = ChatFormatter(tokenizer)
-    forced = replace(ROLLOUT, samples_per_prompt=1, max_act_tokens=512, max_rehearse_tokens=512,
-                     max_steps_per_turn=6, max_stream_tokens=1 << 30)
+    forced = replace(
+        ROLLOUT,
+        samples_per_prompt=1,
+        max_act_tokens=512,
+        max_rehearse_tokens=512,
+        max_steps_per_turn=6,
+        max_stream_tokens=1 << 30,
+    )
     batches = {}
     for replay in (False, True):
-        runner = RolloutRunner(fmt, forced, DEFAULT_ROLE_PROMPTS, guide=gold_guide(dict(enumerate(specs)), fmt,
-                                                                                    replay=replay))
+        runner = RolloutRunner(
+            fmt, forced, DEFAULT_ROLE_PROMPTS, guide=gold_guide(dict(enumerate(specs)), fmt, replay=replay)
+        )
         batches[replay] = runner.run(specs, model, ResponseSource(model=model))
     streams = {k: [[s.flat()["input_ids"] for s in t.streams] for t in b.trajectories] for k, b in batches.items()}
     assert streams[True] == streams[False]
@@ -68,8 +75,14 @@ def test_gold_replay_in_one_forward_builds_the_same_streams(specs):
 
 def test_sft_warmup_then_rl_in_one_call(specs):
     seen: list[dict] = []
-    cfg = LocalEngineConfig(model=TINY, steps=1, prompts_per_step=2, progress=False, rollout=ROLLOUT,
-                            sft=SFTConfig(epochs=4, lr=3e-3, batch_streams=4))
+    cfg = LocalEngineConfig(
+        model=TINY,
+        steps=1,
+        prompts_per_step=2,
+        progress=False,
+        rollout=ROLLOUT,
+        sft=SFTConfig(epochs=4, lr=3e-3, batch_streams=4),
+    )
     result = get_engine("local").train(cfg, specs, callbacks=[lambda step, m: seen.append(m)])
     sft = [m for m in seen if "sft/loss" in m]
     assert len(sft) == 4 and sft[-1]["sft/loss"] < 0.8 * sft[0]["sft/loss"]
@@ -90,8 +103,16 @@ class Interrupted(Exception):
 def test_an_interrupted_sft_warmup_resumes_after_its_last_epoch_with_identical_weights(specs, tmp_path):
     """per_role warms up two models in turn: interrupted after the second model's first epoch (its
     checkpoint written), a re-run skips the first model's epochs and continues the second's."""
-    cfg = LocalEngineConfig(model=TINY, variant="per_role", steps=1, prompts_per_step=2, progress=False,
-                            rollout=ROLLOUT, sft=SFTConfig(epochs=2, lr=3e-3, batch_streams=4), checkpoint_every=1)
+    cfg = LocalEngineConfig(
+        model=TINY,
+        variant="per_role",
+        steps=1,
+        prompts_per_step=2,
+        progress=False,
+        rollout=ROLLOUT,
+        sft=SFTConfig(epochs=2, lr=3e-3, batch_streams=4),
+        checkpoint_every=1,
+    )
     full = get_engine("local").train(replace(cfg, output_dir=str(tmp_path / "full")), specs[:3])
 
     def stop_after_first_rehearse_epoch(step, metrics):
@@ -100,11 +121,13 @@ def test_an_interrupted_sft_warmup_resumes_after_its_last_epoch_with_identical_w
 
     resumed_dir = str(tmp_path / "resumed")
     with pytest.raises(Interrupted):
-        get_engine("local").train(replace(cfg, output_dir=resumed_dir), specs[:3],
-                                  callbacks=[stop_after_first_rehearse_epoch])
+        get_engine("local").train(
+            replace(cfg, output_dir=resumed_dir), specs[:3], callbacks=[stop_after_first_rehearse_epoch]
+        )
     seen: list[dict] = []
-    resumed = get_engine("local").train(replace(cfg, output_dir=resumed_dir), specs[:3],
-                                        callbacks=[lambda step, m: seen.append(m)])
+    resumed = get_engine("local").train(
+        replace(cfg, output_dir=resumed_dir), specs[:3], callbacks=[lambda step, m: seen.append(m)]
+    )
     assert [m["sft/epoch/rehearse"] for m in seen if "sft/epoch/rehearse" in m] == [1.0]  # only what was left
     assert not any("sft/epoch/act" in m for m in seen)
     assert [h.get("sft/epoch/act", h.get("sft/epoch/rehearse")) for h in resumed.history[:4]] == [0.0, 1.0, 0.0, 1.0]

@@ -55,8 +55,14 @@ def _env() -> dict[str, str]:
 
 def _start(project: Path, name: str, seconds: float) -> tuple[subprocess.Popen, Path]:
     marker = project / f"{name}.run_id"
-    proc = subprocess.Popen([sys.executable, "demo_stage.py", str(marker), str(seconds)], cwd=project, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "demo_stage.py", str(marker), str(seconds)],
+        cwd=project,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return proc, marker
 
 
@@ -79,8 +85,9 @@ def test_a_stage_killed_with_9_is_marked_killed_by_the_next_start(project):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
-    (killed_proc, killed_marker), (alive_proc, alive_marker) = (_start(project, name, 300)
-                                                                for name in ("killed", "alive"))
+    (killed_proc, killed_marker), (alive_proc, alive_marker) = (
+        _start(project, name, 300) for name in ("killed", "alive")
+    )
     try:
         killed, alive = _run_id_of(killed_proc, killed_marker), _run_id_of(alive_proc, alive_marker)
         assert _status(project)[killed] == "RUNNING"
@@ -92,8 +99,15 @@ def test_a_stage_killed_with_9_is_marked_killed_by_the_next_start(project):
         os.kill(killed_proc.pid, signal.SIGKILL)
         killed_proc.communicate()
         assert _status(project)[killed] == "RUNNING" and owner_alive(tags) is False  # nothing ended it
-        again = subprocess.run([sys.executable, "demo_stage.py", str(project / "again.run_id"), "0"], cwd=project,
-                               env=_env(), capture_output=True, text=True, timeout=120, check=False)
+        again = subprocess.run(
+            [sys.executable, "demo_stage.py", str(project / "again.run_id"), "0"],
+            cwd=project,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert again.returncode == 0, again.stderr
         status = _status(project)
         assert status[killed] == "KILLED" and status[parent] == "KILLED"
@@ -111,8 +125,9 @@ def test_a_stage_killed_with_9_is_marked_killed_by_the_next_start(project):
 
 def _exited_pid() -> int:
     """The pid of a process that has come and gone."""
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     return int(done.stdout)
 
 

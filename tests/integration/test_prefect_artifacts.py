@@ -30,12 +30,15 @@ def test_publish_report_creates_markdown_and_table_artifacts_of_the_flow_run(tmp
         run_id, made = publish(str(tmp_path))
         assert set(made) == {REPORT_ARTIFACT, "envace-main-table"}
         with get_client(sync_client=True) as client:
-            artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
-                flow_run_id=ArtifactFilterFlowRunId(any_=[run_id])))
+            artifacts = client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))
+            )
     by_key = {a.key: a for a in artifacts}
     assert set(by_key) == {REPORT_ARTIFACT, "envace-main-table"}
     assert by_key[REPORT_ARTIFACT].type == "markdown" and "# envace report" in by_key[REPORT_ARTIFACT].data
     table = by_key["envace-main-table"]
     rows = json.loads(table.data) if isinstance(table.data, str) else table.data
-    assert table.type == "table" and rows == [{"method": "envace", "toolworld": 12.5, "Overall": None},
-                                              {"method": "base", "toolworld": 0.0, "Overall": None}]
+    assert table.type == "table" and rows == [
+        {"method": "envace", "toolworld": 12.5, "Overall": None},
+        {"method": "base", "toolworld": 0.0, "Overall": None},
+    ]

@@ -37,8 +37,13 @@ from envace.stages.rehearsal_sweep import rehearsal_settings
 torch.set_num_threads(1)
 
 COMMITTED_BUDGET = 11  # the committed execution's ACT max_new_tokens; no rehearsal generation uses it
-BUDGETS = dict(act_max_new_tokens=8, rehearse_max_new_tokens=9, critique_max_new_tokens=10,
-               summary_max_new_tokens=12, max_steps_per_turn=2)
+BUDGETS = dict(
+    act_max_new_tokens=8,
+    rehearse_max_new_tokens=9,
+    critique_max_new_tokens=10,
+    summary_max_new_tokens=12,
+    max_steps_per_turn=2,
+)
 
 
 class Recording:
@@ -55,8 +60,10 @@ class Recording:
 
 @pytest.fixture(scope="module")
 def backends() -> dict[str, ChatBackend]:
-    return {"tiny": build_policy("hf", model={"kind": "tiny"}, name="tiny"),
-            "seeded": build_policy("hf", model={"kind": "tiny", "seed": 3}, name="tiny-seed3")}
+    return {
+        "tiny": build_policy("hf", model={"kind": "tiny"}, name="tiny"),
+        "seeded": build_policy("hf", model={"kind": "tiny", "seed": 3}, name="tiny-seed3"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +90,9 @@ def run(backend: ChatBackend, task: Task, settings: RehearsalSettings) -> tuple[
 def test_parallel_attempts_differ(backends: dict[str, ChatBackend], multi_turn_task: Task, model: str) -> None:
     settings = configured(n_attempts=3, mode=RehearsalMode.parallel)
     assert settings.config.act_temperature > 0
-    task = replace(multi_turn_task, user_turns=multi_turn_task.user_turns[:1],
-                   gold_calls=multi_turn_task.gold_calls[:1])  # one user turn: one rehearsal
+    task = replace(
+        multi_turn_task, user_turns=multi_turn_task.user_turns[:1], gold_calls=multi_turn_task.gold_calls[:1]
+    )  # one user turn: one rehearsal
     record, log = run(backends[model], task, settings)
     attempts = record.info["rehearsal"]["outcomes"][0]["attempts"]
     assert [a["index"] for a in attempts] == [0, 1, 2]

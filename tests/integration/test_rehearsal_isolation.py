@@ -123,8 +123,15 @@ def settings(mode: str) -> RehearsalSettings:
 class Case:
     """One adapter under test: how to build it with a wrapper, its tasks, oracle and rehearsed write."""
 
-    def __init__(self, name: str, build: Callable[[Callable | None], Any], kind: type[Recording],
-                 pick: Callable[[Any], list[Task]], oracle: Callable[[list[Task]], Any], write: ToolCall) -> None:
+    def __init__(
+        self,
+        name: str,
+        build: Callable[[Callable | None], Any],
+        kind: type[Recording],
+        pick: Callable[[Any], list[Task]],
+        oracle: Callable[[list[Task]], Any],
+        write: ToolCall,
+    ) -> None:
         self.name, self.build, self.kind, self.pick, self.oracle, self.write = name, build, kind, pick, oracle, write
         self._tasks: list[Task] | None = None
 
@@ -136,17 +143,32 @@ class Case:
 
 def _bfcl_case() -> Case:
     def pick(adapter: Any) -> list[Task]:
-        tasks = [t for t in adapter.tasks("multi_turn_base", limit=None)
-                 if "mkdir" in {x["function"]["name"] for x in t.tools}]
+        tasks = [
+            t
+            for t in adapter.tasks("multi_turn_base", limit=None)
+            if "mkdir" in {x["function"]["name"] for x in t.tools}
+        ]
         return tasks[:2]
 
-    return Case("bfcl", lambda w: BfclAdapter(executor_wrapper=w), RecordingBfcl, pick, BfclOracle,
-                ToolCall("mkdir", {"dir_name": "rehearsed_only_dir"}))
+    return Case(
+        "bfcl",
+        lambda w: BfclAdapter(executor_wrapper=w),
+        RecordingBfcl,
+        pick,
+        BfclOracle,
+        ToolCall("mkdir", {"dir_name": "rehearsed_only_dir"}),
+    )
 
 
 def _tau2_case() -> Case:
-    return Case("tau2", lambda w: Tau2Adapter(executor_wrapper=w), RecordingTau2,
-                lambda a: a.tasks("telecom", limit=2, seed=0), Tau2Oracle, ToolCall("toggle_data_saver_mode", {}))
+    return Case(
+        "tau2",
+        lambda w: Tau2Adapter(executor_wrapper=w),
+        RecordingTau2,
+        lambda a: a.tasks("telecom", limit=2, seed=0),
+        Tau2Oracle,
+        ToolCall("toggle_data_saver_mode", {}),
+    )
 
 
 def _finmcp_case() -> Case:
@@ -196,8 +218,9 @@ def test_only_the_committed_execution_reaches_the_real_executor(case: Case, mode
         assert len(attempts) == 2
         for attempt in attempts:  # every attempt proposed the write, in imagination
             first = attempt["turns"][0]
-            assert first["rehearsed"] and (first["tool_calls"][0]["name"], first["tool_calls"][0]["arguments"]) \
-                == _key(case.write)
+            assert first["rehearsed"] and (first["tool_calls"][0]["name"], first["tool_calls"][0]["arguments"]) == _key(
+                case.write
+            )
         committed = _calls(record)
         assert committed and executor.log == committed  # exactly the committed calls, in order
         gold = [c for turn in task.gold_calls for step in turn for c in step]

@@ -101,16 +101,23 @@ def http_ok(url: str) -> bool:
 
 def make_env() -> dict[str, str]:
     """The environment a user's shell would have: no pipeline state inherited from this test run."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ENVACE_", "MLFLOW_TRACKING_URI", "DVC_", "PREFECT_API_URL", "PREFECT_HOME"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ENVACE_", "MLFLOW_TRACKING_URI", "DVC_", "PREFECT_API_URL", "PREFECT_HOME"))
+    }
     env.update(TELEMETRY_OFF)
     return env
 
 
 def copy_project(dest: Path) -> Path:
     """The project's files (tracked plus untracked-but-not-ignored) without local service state."""
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
-                         capture_output=True, check=True)
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    )
     for rel in (f for f in out.stdout.decode().split("\0") if f and not f.startswith(_NOT_COPIED)):
         if (REPO / rel).is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -172,8 +179,9 @@ def test_make_serve_model_binds_127_0_0_1_only(tmp_path: Path) -> None:
     ready, pid_file = tmp_path / "ready.json", tmp_path / "srv.pid"
     cmd = ["make", "-s", "serve-model", f"VENV={VENV}", "SERVE_MODEL=tiny", "MODEL_PORT=0",
            f"ARGS=--ready-file {ready} --pid-file {pid_file}"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=REPO, env=make_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=make_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         wait_until(ready.exists, "make serve-model", 120, proc)
         info = json.loads(ready.read_text())
@@ -200,8 +208,15 @@ def test_make_serve_prefect_binds_127_0_0_1_only(tmp_path: Path) -> None:
     port = free_port()
     args = [f"VENV={VENV}", f"PREFECT_PORT={port}"]
     try:
-        subprocess.run(["make", "-s", "serve", *args], cwd=project, env=make_env(), check=True, timeout=400,
-                       capture_output=True, text=True)
+        subprocess.run(
+            ["make", "-s", "serve", *args],
+            cwd=project,
+            env=make_env(),
+            check=True,
+            timeout=400,
+            capture_output=True,
+            text=True,
+        )
         run_dir = project / ".prefect" / "run"
         pids = {name: int((run_dir / f"{name}.pid").read_text()) for name in ("server", "serve")}
         tree = [p for pid in pids.values() for p in process_tree(pid)]
@@ -209,10 +224,12 @@ def test_make_serve_prefect_binds_127_0_0_1_only(tmp_path: Path) -> None:
         assert port in [s.port for s in found], found
         assert exposed(found) == [], f"listening off 127.0.0.1: {exposed(found)}"
     finally:
-        subprocess.run(["make", "-s", "stop", *args], cwd=project, env=make_env(), timeout=120,
-                       capture_output=True, check=False)  # the assertion below says whether it worked
-    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                   for pid in pids.values())
+        subprocess.run(
+            ["make", "-s", "stop", *args], cwd=project, env=make_env(), timeout=120, capture_output=True, check=False
+        )  # the assertion below says whether it worked
+    assert not any(
+        psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids.values()
+    )
 
 
 # ---- the MLflow UI (make ui) --------------------------------------------------------------------------
@@ -223,9 +240,15 @@ def test_make_serve_prefect_binds_127_0_0_1_only(tmp_path: Path) -> None:
 def test_make_ui_mlflow_binds_127_0_0_1_only(tmp_path: Path) -> None:
     project = copy_project(tmp_path / "envace")
     port = free_port()
-    proc = subprocess.Popen(["make", "-s", "ui", f"VENV={VENV}", f"MLFLOW_PORT={port}"], cwd=project,
-                            env=make_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        ["make", "-s", "ui", f"VENV={VENV}", f"MLFLOW_PORT={port}"],
+        cwd=project,
+        env=make_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         wait_until(lambda: http_ok(f"http://{LOCAL}:{port}/health"), "make ui", 180, proc)
         found = listeners(process_tree(proc.pid))
@@ -258,8 +281,13 @@ def binds_all_interfaces(text: str) -> bool:
 
 def test_the_static_pattern_catches_binds_on_all_interfaces() -> None:
     any4 = ".".join("0" * 4)
-    for line in [f"--host {any4} --port 5000", f'uvicorn.run(app, host="{any4}")', 'host: ""',
-                 "sock.bind(('', 8000))", "--host :: --port 1"]:
+    for line in [
+        f"--host {any4} --port 5000",
+        f'uvicorn.run(app, host="{any4}")',
+        'host: ""',
+        "sock.bind(('', 8000))",
+        "--host :: --port 1",
+    ]:
         assert binds_all_interfaces(line), line
     for line in ["--host 127.0.0.1", "version 10.0.0.1", 'host="localhost"', "a::b"]:
         assert not binds_all_interfaces(line), line
@@ -268,10 +296,17 @@ def test_the_static_pattern_catches_binds_on_all_interfaces() -> None:
 def test_no_code_config_or_docs_binds_all_interfaces() -> None:
     """Scans tracked and untracked-but-not-ignored files (this file holds the patterns: not scanned)."""
     this_file = Path(__file__).resolve().relative_to(REPO).as_posix()
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
-                         capture_output=True, check=True)
-    files = [f for f in out.stdout.decode().split("\0")
-             if f and f != this_file and (Path(f).suffix in SCANNED_SUFFIXES or Path(f).name in SCANNED_NAMES)]
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    )
+    files = [
+        f
+        for f in out.stdout.decode().split("\0")
+        if f and f != this_file and (Path(f).suffix in SCANNED_SUFFIXES or Path(f).name in SCANNED_NAMES)
+    ]
     assert len(files) > 50  # the scan really saw the repository
     hits = []
     for rel in files:
@@ -281,5 +316,6 @@ def test_no_code_config_or_docs_binds_all_interfaces() -> None:
         for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             if binds_all_interfaces(line) and (rel, line.strip()) not in ALLOWED_LINES:
                 hits.append(f"{rel}:{n}: {line.strip()}")
-    assert hits == [], "binds on all interfaces (use 127.0.0.1, or the cluster address for multi-node):\n" + \
-        "\n".join(hits)
+    assert hits == [], "binds on all interfaces (use 127.0.0.1, or the cluster address for multi-node):\n" + "\n".join(
+        hits
+    )

@@ -78,8 +78,17 @@ def test_train_tracks_world_model_fidelity_over_training(chain):
     assert steps["fidelity/n_calls"].notna().all() and (steps["fidelity/n_calls"] > 0).all()
     assert steps["reward/mean"].isna().tolist() == [True] + [False] * n  # no rollout before step 1
     curves = json.loads((root / "metrics" / "train.details.json").read_text())["curves"]  # lists: the details half
-    assert set(curves) == {"step", "reward/mean", "adv/act/mean", "adv/act/std", "adv/rehearse/mean",
-                           "adv/rehearse/std", "fidelity/exact_match", "fidelity/field_f1", "fidelity/error_agreement"}
+    assert set(curves) == {
+        "step",
+        "reward/mean",
+        "adv/act/mean",
+        "adv/act/std",
+        "adv/rehearse/mean",
+        "adv/rehearse/std",
+        "fidelity/exact_match",
+        "fidelity/field_f1",
+        "fidelity/error_agreement",
+    }
     assert curves["step"] == list(range(0, n + 1)) and all(len(v) == n + 1 for v in curves.values())
     for key in ("fidelity/exact_match", "fidelity/field_f1", "fidelity/error_agreement"):
         assert all(v is not None and 0.0 <= v <= 1.0 for v in curves[key]), key
@@ -111,7 +120,8 @@ def test_rehearsal_sweep_covers_the_grid(chain):
     n_positive = sum(1 for n in cfg.rehearsal.n_attempts if n > 0)
     assert len(cells) == 1 + n_positive * len(cfg.rehearsal.modes) * len(cfg.rehearsal.rehearsers)
     assert {(c["mode"], c["rehearser"]) for c in cells if c["n_attempts"]} == {
-        (m, r) for m in ("parallel", "sequential") for r in ("trained", "base")}
+        (m, r) for m in ("parallel", "sequential") for r in ("trained", "base")
+    }
     assert {c["benchmark"] for c in cells} == {"toolworld"}
     assert {c["scope"] for c in cells if c["n_attempts"]} == {"turn"}  # the default: no future user turns
     assert all(c["cost/committed_executions"] == 1.0 for c in cells)
@@ -124,8 +134,17 @@ def test_report_writes_tables_and_plots_from_the_metrics(chain):
     for table in ("main", "domains", "fidelity", "testtime", "training", "data"):
         assert (reports / f"{table}.csv").exists()
     main = pd.read_csv(reports / "main.csv")
-    assert {"method", "toolworld", "toolworld/n", "toolworld/ci_low", "toolworld/ci_high", "toolworld/overflows",
-            "Overall", "Overall (all)", "paper (Qwen3-8B, reference)"} <= set(main.columns) and len(main) == 2
+    assert {
+        "method",
+        "toolworld",
+        "toolworld/n",
+        "toolworld/ci_low",
+        "toolworld/ci_high",
+        "toolworld/overflows",
+        "Overall",
+        "Overall (all)",
+        "paper (Qwen3-8B, reference)",
+    } <= set(main.columns) and len(main) == 2
     assert "Overall = mean over the paper's benchmarks that ran here: none" in (reports / "report.md").read_text()
     assert "testtime.png" in metrics["report"]["plots"]
     assert "## Test-time private rehearsal" in (reports / "report.md").read_text()
@@ -138,10 +157,15 @@ def test_evaluate_runs_bfcl_and_tau2_suites_with_their_own_tables(chain, paths_u
 
     cfg, _, root = chain
     evaluate = importlib.import_module("envace.stages.evaluate")
-    suites = ["eval.benchmarks=[toolworld,bfcl,tau2]",
-              "eval.suites.bfcl.split='irrelevance,multi_turn_base,web_search_base'",
-              "eval.suites.bfcl.n_tasks=1", "eval.suites.tau2.split=telecom", "eval.suites.tau2.n_tasks=1",
-              "eval.suites.tau2.trials=2", "eval.suites.tau2.max_steps=4"]
+    suites = [
+        "eval.benchmarks=[toolworld,bfcl,tau2]",
+        "eval.suites.bfcl.split='irrelevance,multi_turn_base,web_search_base'",
+        "eval.suites.bfcl.n_tasks=1",
+        "eval.suites.tau2.split=telecom",
+        "eval.suites.tau2.n_tasks=1",
+        "eval.suites.tau2.trials=2",
+        "eval.suites.tau2.max_steps=4",
+    ]
     for bench in ("bfcl", "tau2"):
         run_cfg = compose(["profile=smoke", "tracking=none", *paths_under(root), *suites, f"eval.benchmark={bench}"])
         m = runner.execute(f"evaluate@{bench}", evaluate.run, run_cfg, root / "metrics" / f"evaluate_{bench}.json")
@@ -149,8 +173,10 @@ def test_evaluate_runs_bfcl_and_tau2_suites_with_their_own_tables(chain, paths_u
         assert (root / "evaluation" / bench / "policy.predictions.jsonl").exists()
     bfcl = runner.read_metrics(root / "metrics" / "evaluate_bfcl.json")
     assert bfcl["n_tasks"] == 2
-    assert ({k for k, v in bfcl["policy"]["categories"].items() if v["status"] == "ran"}
-            == {"irrelevance", "multi_turn_base"})
+    assert {k for k, v in bfcl["policy"]["categories"].items() if v["status"] == "ran"} == {
+        "irrelevance",
+        "multi_turn_base",
+    }
     assert bfcl["policy"]["categories"]["web_search_base"]["status"] == "not_runnable_offline"
     assert "SerpAPI" in bfcl["not_runnable"]["web_search_base"]  # reported with its reason, never dropped
     assert "overall" in bfcl["policy"]["aggregates"]
@@ -172,11 +198,16 @@ def test_evaluate_runs_user_supplied_finmcp_and_vitabench_data(chain, paths_unde
     cfg, _, root = chain
     evaluate = importlib.import_module("envace.stages.evaluate")
     fixtures = repo_root / "tests" / "fixtures"
-    suites = ["eval.benchmarks=[toolworld,finmcp,vitabench]", "eval.fidelity=false",
-              f"eval.suites.finmcp.data_path={fixtures / 'finmcp' / 'samples.json'}",
-              f"eval.suites.finmcp.tools_path={fixtures / 'finmcp' / 'mcp_tools.json'}",
-              "eval.suites.finmcp.unrecorded=rehearse", "eval.suites.finmcp.n_tasks=2",
-              f"eval.suites.vitabench.data_path={fixtures / 'vitabench'}", "eval.suites.vitabench.n_tasks=1"]
+    suites = [
+        "eval.benchmarks=[toolworld,finmcp,vitabench]",
+        "eval.fidelity=false",
+        f"eval.suites.finmcp.data_path={fixtures / 'finmcp' / 'samples.json'}",
+        f"eval.suites.finmcp.tools_path={fixtures / 'finmcp' / 'mcp_tools.json'}",
+        "eval.suites.finmcp.unrecorded=rehearse",
+        "eval.suites.finmcp.n_tasks=2",
+        f"eval.suites.vitabench.data_path={fixtures / 'vitabench'}",
+        "eval.suites.vitabench.n_tasks=1",
+    ]
     for bench in ("finmcp", "vitabench"):
         run_cfg = compose(["profile=smoke", "tracking=none", *paths_under(root), *suites, f"eval.benchmark={bench}"])
         runner.execute(f"evaluate@{bench}", evaluate.run, run_cfg, root / "metrics" / f"evaluate_{bench}.json")

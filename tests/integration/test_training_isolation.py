@@ -31,7 +31,11 @@ from envace.models import ModelSpec
 torch.set_num_threads(1)
 
 BASE = LocalEngineConfig(
-    model=ModelSpec(kind="tiny", seed=3), steps=2, prompts_per_step=2, seed=5, progress=False,
+    model=ModelSpec(kind="tiny", seed=3),
+    steps=2,
+    prompts_per_step=2,
+    seed=5,
+    progress=False,
     rollout=RolloutConfig(samples_per_prompt=2, max_act_tokens=80, max_rehearse_tokens=72, max_stream_tokens=2048),
     optim=OptimConfig(lr=1e-3),
 )

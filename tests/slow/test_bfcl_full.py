@@ -20,8 +20,14 @@ from envace.envs.bfcl.results import bfcl_evaluate, write_result_files
 pytestmark = pytest.mark.slow
 
 KNOWN_GOLD_QUIRKS = {
-    "simple_java_36", "simple_java_64", "simple_java_65", "live_simple_106-63-0", "live_simple_112-68-0",
-    "live_multiple_507-149-4", "live_multiple_862-181-3", "live_multiple_964-207-0",
+    "simple_java_36",
+    "simple_java_64",
+    "simple_java_65",
+    "live_simple_106-63-0",
+    "live_simple_112-68-0",
+    "live_multiple_507-149-4",
+    "live_multiple_862-181-3",
+    "live_multiple_964-207-0",
 }
 
 
@@ -46,5 +52,6 @@ def test_cross_check_on_a_larger_perturbed_sample(tmp_path: Path) -> None:
     theirs = bfcl_evaluate(tmp_path / "result", tmp_path / "score", list(ran))["categories"]
     for name, row in ran.items():
         assert (theirs[name]["correct_count"], theirs[name]["total_count"]) == (row["correct"], row["n"]), name
-        assert set(theirs[name]["failed_ids"]) == {r.task_id for r in report.run.records
-                                                   if r.domain == name and not r.success}, name
+        assert set(theirs[name]["failed_ids"]) == {
+            r.task_id for r in report.run.records if r.domain == name and not r.success
+        }, name

@@ -30,10 +30,15 @@ def _one_thread() -> None:
 # Two prompts. p0: t0 (R=1: 2 ACT, 1 REHEARSE), t1 (R=0: 1 ACT, 2 REHEARSE), t2 (R=0.5: 1 ACT, final reply).
 # p1: t3 (R=0.2: 1 ACT, 1 REHEARSE), t4 (R=0.8: 1 ACT). One row per output.
 OUTPUTS = [
-    ("p0", "t0", ACT, 1.0), ("p0", "t0", ACT, 1.0), ("p0", "t0", REH, 1.0),
-    ("p0", "t1", ACT, 0.0), ("p0", "t1", REH, 0.0), ("p0", "t1", REH, 0.0),
+    ("p0", "t0", ACT, 1.0),
+    ("p0", "t0", ACT, 1.0),
+    ("p0", "t0", REH, 1.0),
+    ("p0", "t1", ACT, 0.0),
+    ("p0", "t1", REH, 0.0),
+    ("p0", "t1", REH, 0.0),
     ("p0", "t2", ACT, 0.5),
-    ("p1", "t3", ACT, 0.2), ("p1", "t3", REH, 0.2),
+    ("p1", "t3", ACT, 0.2),
+    ("p1", "t3", REH, 0.2),
     ("p1", "t4", ACT, 0.8),
 ]
 GROUPS = [o[0] for o in OUTPUTS]
@@ -64,9 +69,18 @@ def test_norm_by_std_uses_unbiased_std() -> None:
     s_reh = math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 2)
     s_p1 = math.sqrt(2 * 0.3**2 / 1)
     eps = 1e-6
-    expected = [0.375 / (s_act + eps), 0.375 / (s_act + eps), (2 / 3) / (s_reh + eps), -0.625 / (s_act + eps),
-                -(1 / 3) / (s_reh + eps), -(1 / 3) / (s_reh + eps), -0.125 / (s_act + eps),
-                -0.3 / (s_p1 + eps), 0.0, 0.3 / (s_p1 + eps)]
+    expected = [
+        0.375 / (s_act + eps),
+        0.375 / (s_act + eps),
+        (2 / 3) / (s_reh + eps),
+        -0.625 / (s_act + eps),
+        -(1 / 3) / (s_reh + eps),
+        -(1 / 3) / (s_reh + eps),
+        -0.125 / (s_act + eps),
+        -0.3 / (s_p1 + eps),
+        0.0,
+        0.3 / (s_p1 + eps),
+    ]
     assert rolewise(norm_by_std=True) == pytest.approx(expected, abs=1e-5)
 
 
@@ -101,8 +115,9 @@ def test_singleton_groups_get_zero() -> None:
     got = compute_rolewise_advantages(torch.tensor([0.7, 0.3]), ["a", "b"], [ACT, REH], norm_by_std=True)
     assert got.tolist() == [0.0, 0.0]
     # one trajectory with two outputs of a role: two outputs under output_mean, but one trajectory
-    two = compute_rolewise_advantages(torch.tensor([0.7, 0.7]), ["a", "a"], [ACT, ACT],
-                                      baseline="trajectory_mean", trajectory_ids=["t", "t"])
+    two = compute_rolewise_advantages(
+        torch.tensor([0.7, 0.7]), ["a", "a"], [ACT, ACT], baseline="trajectory_mean", trajectory_ids=["t", "t"]
+    )
     assert two.tolist() == [0.0, 0.0]
 
 
@@ -148,8 +163,13 @@ def test_input_errors() -> None:
     with pytest.raises(ValueError, match="1-D"):
         compute_rolewise_advantages(torch.zeros(2, 2), ["g", "g"], [0, 0])
     with pytest.raises(ValueError, match="different rewards"):
-        compute_rolewise_advantages(torch.tensor([1.0, 0.0, 1.0]), ["g"] * 3, [0] * 3,
-                                    baseline="trajectory_mean", trajectory_ids=["t", "t", "u"])
+        compute_rolewise_advantages(
+            torch.tensor([1.0, 0.0, 1.0]),
+            ["g"] * 3,
+            [0] * 3,
+            baseline="trajectory_mean",
+            trajectory_ids=["t", "t", "u"],
+        )
 
 
 def test_token_advantages_and_spans() -> None:
@@ -163,9 +183,14 @@ def test_token_advantages_and_spans() -> None:
 
 # ---- properties -------------------------------------------------------------------------------------
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 3), st.sampled_from([0, 1]), st.integers(1, 3)),
-                min_size=1, max_size=30),
-       st.lists(st.floats(0, 1), min_size=12, max_size=12))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2), st.integers(0, 3), st.sampled_from([0, 1]), st.integers(1, 3)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.lists(st.floats(0, 1), min_size=12, max_size=12),
+)
 def test_baselines_centre_every_group(rows: list[tuple[int, int, int, int]], traj_rewards: list[float]) -> None:
     """Within each (group, role): advantages sum to 0 over outputs (output_mean) or trajectories."""
     group_ids = [g for g, _, _, _ in rows]
@@ -173,8 +198,9 @@ def test_baselines_centre_every_group(rows: list[tuple[int, int, int, int]], tra
     roles = [r for _, _, r, _ in rows]
     rewards = torch.tensor([traj_rewards[g * 4 + t] for g, t, _, _ in rows], dtype=torch.float64)
     per_output = compute_rolewise_advantages(rewards, group_ids, roles)
-    per_traj = compute_rolewise_advantages(rewards, group_ids, roles, baseline="trajectory_mean",
-                                           trajectory_ids=traj_ids)
+    per_traj = compute_rolewise_advantages(
+        rewards, group_ids, roles, baseline="trajectory_mean", trajectory_ids=traj_ids
+    )
     members: dict[tuple, list[int]] = defaultdict(list)
     for i, (g, _, r, _) in enumerate(rows):
         members[(g, r)].append(i)
@@ -206,8 +232,7 @@ def test_single_role_equals_verl_grpo(norm: bool, seed: int) -> None:
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
     token_rewards, mask, index, scores = _verl_batch([2, 3, 4, 5], seed)
-    verl_adv, _ = compute_grpo_outcome_advantage(token_rewards, mask, index, epsilon=1e-6,
-                                                 norm_adv_by_std_in_grpo=norm)
+    verl_adv, _ = compute_grpo_outcome_advantage(token_rewards, mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=norm)
     ours = compute_rolewise_advantages(scores, list(index), [ACT] * len(index), norm_by_std=norm, epsilon=1e-6)
     assert torch.allclose(token_advantages(ours, mask), verl_adv, atol=1e-5)
     assert torch.equal(compute_grpo_advantages(scores, list(index), norm_by_std=norm), ours)
@@ -222,8 +247,9 @@ def test_rolewise_equals_verl_grpo_per_role() -> None:
     ours = token_advantages(compute_rolewise_advantages(scores, list(index), roles), mask)
     for role in (0, 1):
         rows = (roles == role).nonzero().flatten()
-        verl_adv, _ = compute_grpo_outcome_advantage(token_rewards[rows], mask[rows], index[rows.numpy()],
-                                                     norm_adv_by_std_in_grpo=False)
+        verl_adv, _ = compute_grpo_outcome_advantage(
+            token_rewards[rows], mask[rows], index[rows.numpy()], norm_adv_by_std_in_grpo=False
+        )
         assert torch.allclose(ours[rows], verl_adv, atol=1e-6)
 
 
@@ -233,7 +259,8 @@ def test_singleton_differs_from_verl_by_design() -> None:
 
     token_rewards = torch.tensor([[0.0, 0.8]])
     mask = torch.ones(1, 2)
-    verl_adv, _ = compute_grpo_outcome_advantage(token_rewards, mask, np.array(["u"], dtype=object),
-                                                 norm_adv_by_std_in_grpo=False)
+    verl_adv, _ = compute_grpo_outcome_advantage(
+        token_rewards, mask, np.array(["u"], dtype=object), norm_adv_by_std_in_grpo=False
+    )
     assert verl_adv[0].tolist() == pytest.approx([0.8, 0.8])
     assert compute_rolewise_advantages(torch.tensor([0.8]), ["u"], [ACT]).tolist() == [0.0]

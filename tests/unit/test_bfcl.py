@@ -79,8 +79,15 @@ def test_multi_turn_records_keep_real_calls_responses_and_state(oracle_report: A
 
 
 def test_summary_uses_bfcl_section_formulas() -> None:
-    summary = bfcl_summary({"simple_python": (1, 2), "simple_java": (1, 1), "multiple": (0, 4),
-                            "live_simple": (1, 1), "live_multiple": (0, 3)})
+    summary = bfcl_summary(
+        {
+            "simple_python": (1, 2),
+            "simple_java": (1, 1),
+            "multiple": (0, 4),
+            "live_simple": (1, 1),
+            "live_multiple": (0, 3),
+        }
+    )
     assert summary["non_live_simple"] == pytest.approx(0.75)  # unweighted over python, java
     assert summary["non_live"] == pytest.approx(0.375)  # unweighted over simple, multiple
     assert summary["live"] == pytest.approx(0.25)  # weighted by task counts
@@ -149,8 +156,9 @@ def test_every_real_call_goes_through_the_executor_wrapper() -> None:
 
 def test_unsafe_call_names_never_reach_eval() -> None:
     bad = ToolCall("__import__('os').system", {"x": 1})
-    assert (not is_safe_call(bad) and not is_safe_call(ToolCall("ls", {"a) or (1": 1}))
-            and is_safe_call(ToolCall("ls", {})))
+    assert (
+        not is_safe_call(bad) and not is_safe_call(ToolCall("ls", {"a) or (1": 1})) and is_safe_call(ToolCall("ls", {}))
+    )
     executor = BfclExecutor("multi_turn_base_0", "multi_turn_base", {}, ["MathAPI"])
     assert "invalid function or argument name" in executor.execute_text(bad)
     assert executor.execute(ToolCall("mean", {"numbers": [1, 3]})) == {"result": 2.0}
@@ -226,7 +234,8 @@ def test_turn_hook_messages_reach_the_policy_before_each_turn() -> None:
     record = adapter.run_episode(Spy([task]), task, turn_hook=hook)
     last = [m["content"] for m in seen[-1].messages]
     assert last[0].startswith("ROLE PROMPT") and [c for c in last if str(c).startswith("NOTE")] == [
-        f"NOTE {k}" for k in range(len(task.user_turns))]
+        f"NOTE {k}" for k in range(len(task.user_turns))
+    ]
     assert record.act_generations == len(seen)
 
 
@@ -251,8 +260,11 @@ class MemoryWriter:
                 outputs.append(ChatOutput("I do not know"))
             elif last["role"] == "user":  # a prerequisite turn: remember it
                 key = f"fact_{sum(1 for m in request.messages if m['role'] == 'user')}"
-                outputs.append(ChatOutput(render_tool_calls(
-                    [ToolCall("core_memory_add", {"key": key, "value": last["content"][:40]})])))
+                outputs.append(
+                    ChatOutput(
+                        render_tool_calls([ToolCall("core_memory_add", {"key": key, "value": last["content"][:40]})])
+                    )
+                )
             else:
                 outputs.append(ChatOutput(""))
         return outputs

@@ -28,9 +28,7 @@ from envace.core.checklist_reward import (
 from envace.core.conversation import conversation_steps, is_tool_call_error, split_thinking
 from envace.core.records import TrajectoryStatus
 
-SAMPLE = (
-    Path(__file__).resolve().parents[2].parent / "shared" / "data" / "cm2" / "checklist_annotated_sample.json"
-)
+SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "cm2" / "checklist_annotated_sample.json"
 P, F, U, E = Verdict.PASS, Verdict.FAIL, Verdict.UNDECIDABLE, Verdict.ERROR
 
 
@@ -49,16 +47,12 @@ def item(item_id: str, weight: float, required: bool = False, focus: str = "assi
 
 
 def step(turn: int, idx: int, tool_error: bool = False, **verdicts: Verdict) -> StepVerdicts:
-    return StepVerdicts(
-        turn, idx, tuple(ItemVerdict(k, v) for k, v in verdicts.items()), tool_error=tool_error
-    )
+    return StepVerdicts(turn, idx, tuple(ItemVerdict(k, v) for k, v in verdicts.items()), tool_error=tool_error)
 
 
 @pytest.fixture
 def two_turns() -> Checklist:
-    return Checklist.from_raw(
-        [[item("A", 0.6, required=True), item("B", 0.4)], [item("C", 0.5), item("D", 0.5)]]
-    )
+    return Checklist.from_raw([[item("A", 0.6, required=True), item("B", 0.4)], [item("C", 0.5), item("D", 0.5)]])
 
 
 def test_any_step_passes_an_item(two_turns: Checklist) -> None:
@@ -258,9 +252,7 @@ def test_cm2_sample_only_required_items_pass(cm2_row: dict) -> None:
 
 def test_cm2_sample_first_required_item_failing_ends_episode(cm2_row: dict) -> None:
     checklist = Checklist.from_raw(cm2_row["checklists"][0])
-    verdicts = _uniform(
-        checklist, cm2_row["messages"], lambda st, it: F if (st.turn, it.id) == (0, "C0") else P
-    )
+    verdicts = _uniform(checklist, cm2_row["messages"], lambda st, it: F if (st.turn, it.id) == (0, "C0") else P)
     score = score_checklist(checklist, verdicts)
     assert score.terminated_after == 0
     assert score.reward == pytest.approx(0.75 / 3)

@@ -28,9 +28,7 @@ from envace.data.cm2 import (
     validate_rows,
 )
 
-SAMPLE = (
-    Path(__file__).resolve().parents[2].parent / "shared" / "data" / "cm2" / "checklist_annotated_sample.json"
-)
+SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "cm2" / "checklist_annotated_sample.json"
 R = RejectReason
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -453,8 +451,10 @@ def test_tool_parameters_are_draft_2020_12_schemas() -> None:
     assert reason_of(mutate(lambda r: r["tools"][0]["function"].pop("parameters"))) is None
     not_schema = mutate(lambda r: _set_property(r, "items", 5))
     (reject,) = validate_rows([not_schema])[1]
-    assert (reject.reason_code, reject.field) == (R.BAD_TOOL_SCHEMA,
-                                                  "tools[0].function.parameters.properties.key.items")
+    assert (reject.reason_code, reject.field) == (
+        R.BAD_TOOL_SCHEMA,
+        "tools[0].function.parameters.properties.key.items",
+    )
     assert "Draft 2020-12" in reject.message
 
 
@@ -471,13 +471,16 @@ def test_call_arguments_checked_against_the_schema_only_when_configured(monkeypa
     assert reason_of(wrong_type) is None  # CM2 keeps deliberately wrong calls by default
     (reject,) = validate_rows([wrong_type], strict)[1]
     assert (reject.reason_code, reject.field) == (
-        R.ARGUMENTS_VIOLATE_SCHEMA, "messages[2].tool_calls[0].function.arguments.key"
+        R.ARGUMENTS_VIOLATE_SCHEMA,
+        "messages[2].tool_calls[0].function.arguments.key",
     )
     assert "5 is not of type 'string'" in reject.message
     missing = mutate(lambda r: r["messages"][6]["tool_calls"][0]["function"].update(arguments={}))
     (reject,) = validate_rows([missing], strict)[1]
-    assert (reject.field, reject.reason_code) == ("messages[6].tool_calls[0].function.arguments",
-                                                  R.ARGUMENTS_VIOLATE_SCHEMA)
+    assert (reject.field, reject.reason_code) == (
+        "messages[6].tool_calls[0].function.arguments",
+        R.ARGUMENTS_VIOLATE_SCHEMA,
+    )
     assert reason_of(make_row(), strict) is None
     remote_ref = mutate(lambda r: _set_property(r, "$ref", "https://example.invalid/schema.json"))
     assert reason_of(remote_ref) is None  # never resolved unless arguments are checked
@@ -528,9 +531,7 @@ def test_episode_spec_of_synthetic_row() -> None:
 
 @FUZZ
 @given(n_turns=st.integers(1, 6), data=st.data())
-def test_rehearsal_examples_never_leak_the_rehearsed_or_later_turns(
-    n_turns: int, data: st.DataObject
-) -> None:
+def test_rehearsal_examples_never_leak_the_rehearsed_or_later_turns(n_turns: int, data: st.DataObject) -> None:
     spec = cm2_row_to_episode_spec(make_row(n_turns=n_turns))
     turn = data.draw(st.integers(0, n_turns - 1))
     limit = data.draw(st.none() | st.integers(0, 10))

@@ -32,8 +32,14 @@ def test_every_group_option_composes(group, option):
     if group in ("model", "algo", "engine", "judge", "tracking", "data"):
         # the option's own values survive (profiles may not override the selected group's identity)
         on_disk = yaml.safe_load((CONF / group / f"{option}.yaml").read_text())
-        key = {"model": "name", "algo": "name", "engine": "name", "judge": "name", "tracking": "backend",
-               "data": "source"}[group]
+        key = {
+            "model": "name",
+            "algo": "name",
+            "engine": "name",
+            "judge": "name",
+            "tracking": "backend",
+            "data": "source",
+        }[group]
         assert to_plain(cfg[group][key]) == on_disk[key]
     if group == "profile":
         assert to_plain(cfg.profile) == option

@@ -36,7 +36,11 @@ def loaded_top_level_packages(modules: list[str]) -> set[str]:
     """Import ``modules`` in a fresh interpreter; return the top-level names in its sys.modules."""
     proc = subprocess.run(
         [sys.executable, "-c", _PROBE.format(modules=modules)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, f"importing {modules} failed:\n{proc.stderr[-3000:]}"
     return set(json.loads(proc.stdout.strip().splitlines()[-1]))

@@ -28,10 +28,13 @@ CALL_B = ToolCall("get_weather", {"city": "Rome"})
 
 def _spec(**kw) -> EpisodeSpec:
     base = {
-        "task_id": "t", "system_prompt": "sys", "user_turns": ("Paris?", "Rome?"),
+        "task_id": "t",
+        "system_prompt": "sys",
+        "user_turns": ("Paris?", "Rome?"),
         "tools": ({"type": "function", "function": {"name": "get_weather"}},),
         "gold": ((GoldStep((CALL_A,), ({"temp": 21},)),), (GoldStep((CALL_B,), ({"temp": 25},)),)),
-        "gold_answers": ("21 degrees", "25 degrees"), "answer_values": (("21",), ("25",)),
+        "gold_answers": ("21 degrees", "25 degrees"),
+        "answer_values": (("21",), ("25",)),
     }
     base.update(kw)
     return EpisodeSpec(**base)
@@ -76,8 +79,14 @@ def test_spec_validation_and_earlier_turn_examples_only():
 
 def test_reward_perfect_partial_and_missing_turns():
     spec = _spec()
-    perfect = _traj([Turn("", (CALL_A,), ({},), True, 0), Turn("It is 21 degrees", user_turn=0),
-                     Turn("", (CALL_B,), ({},), True, 1), Turn("25 now", user_turn=1)])
+    perfect = _traj(
+        [
+            Turn("", (CALL_A,), ({},), True, 0),
+            Turn("It is 21 degrees", user_turn=0),
+            Turn("", (CALL_B,), ({},), True, 1),
+            Turn("25 now", user_turn=1),
+        ]
+    )
     out = toolworld_verifiable_reward(spec, perfect)
     assert out.reward == pytest.approx(1.0) and out.status is TrajectoryStatus.OK
     extra = _traj([Turn("", (CALL_A, CALL_B), ({}, {}), True, 0), Turn("21", user_turn=0)])

@@ -66,8 +66,16 @@ def test_advantages_rolewise_grpo_and_exclusion():
 
 def test_token_logprobs_match_full_forward():
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=2)).eval()
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+        )
+    ).eval()
     rows = [stream_row(ACT, frozenset(Role), [1.0, 1.0], TEMPS), stream_row(REH, frozenset(Role), [1.0], TEMPS)]
     batch = collate(rows, pad_id=0)
     assert batch.keep.tolist() == [1, 2, 3, 5, 6, 7]

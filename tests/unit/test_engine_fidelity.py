@@ -25,9 +25,16 @@ from envace.models import ModelSpec, load_model_and_tokenizer
 torch.set_num_threads(1)
 
 
-@pytest.mark.parametrize(("every", "total", "expected"), [
-    (4, 8, [0, 4, 8]), (3, 8, [0, 3, 6, 8]), (1, 2, [0, 1, 2]), (5, 3, [0, 3]), (0, 8, []),
-])
+@pytest.mark.parametrize(
+    ("every", "total", "expected"),
+    [
+        (4, 8, [0, 4, 8]),
+        (3, 8, [0, 3, 6, 8]),
+        (1, 2, [0, 1, 2]),
+        (5, 3, [0, 3]),
+        (0, 8, []),
+    ],
+)
 def test_probe_schedule_is_step_zero_every_k_and_the_last_step(every, total, expected):
     assert [s for s in range(total + 1) if probe_due(s, every, total)] == expected
 
@@ -47,9 +54,16 @@ def test_curves_have_one_value_per_step_from_zero_with_nulls_where_not_measured(
     assert curves["adv/rehearse/mean"] == [None, None, -0.1, None]
     assert curves["fidelity/exact_match"] == [0.1, None, 0.6, None]
     assert curves["fidelity/error_agreement"] == [0.3, None, None, None]
-    assert set(CURVE_KEYS) == {"reward/mean", "adv/act/mean", "adv/act/std", "adv/rehearse/mean",
-                               "adv/rehearse/std", "fidelity/exact_match", "fidelity/field_f1",
-                               "fidelity/error_agreement"}
+    assert set(CURVE_KEYS) == {
+        "reward/mean",
+        "adv/act/mean",
+        "adv/act/std",
+        "adv/rehearse/mean",
+        "adv/rehearse/std",
+        "fidelity/exact_match",
+        "fidelity/field_f1",
+        "fidelity/error_agreement",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +75,9 @@ def probe_set():
 
 def test_oracle_probe_set_holds_real_responses_and_is_deterministic(probe_set):
     env = ToolWorldEnv()
-    again = oracle_probe_set(get_benchmark("toolworld", config=ActLoopConfig(max_steps_per_turn=6), env=env),
-                             env.tasks("val")[:2])
+    again = oracle_probe_set(
+        get_benchmark("toolworld", config=ActLoopConfig(max_steps_per_turn=6), env=env), env.tasks("val")[:2]
+    )
     assert probe_set.n_calls > 0 and all(r.success for r in probe_set.records)
     assert [r.turns for r in again.records] == [r.turns for r in probe_set.records]
     for record, task in zip(probe_set.records, probe_set.tasks):
@@ -83,8 +98,15 @@ class ScriptedRehearser(torch.nn.Module):
     def __init__(self, tokenizer, answers: dict[str, object]):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.zeros(1))
-        self.config = LlamaConfig(vocab_size=len(tokenizer), num_hidden_layers=1, hidden_size=8, intermediate_size=8,
-                                  num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=1 << 20)
+        self.config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            num_hidden_layers=1,
+            hidden_size=8,
+            intermediate_size=8,
+            num_attention_heads=1,
+            num_key_value_heads=1,
+            max_position_embeddings=1 << 20,
+        )
         self.formatter = ChatFormatter(tokenizer)
         self.reply_start = self.formatter.encode("<|im_start|>assistant\n")
         self.eot = self.formatter.end_of_turn_token_ids[0]
@@ -93,10 +115,10 @@ class ScriptedRehearser(torch.nn.Module):
 
     def next_token(self, seen: list[int]) -> int:
         n = len(self.reply_start)
-        starts = [i + n for i in range(len(seen) - n + 1) if seen[i:i + n] == self.reply_start]
+        starts = [i + n for i in range(len(seen) - n + 1) if seen[i : i + n] == self.reply_start]
         if not starts:  # a padding position: its output is never used
             return self.eot
-        prompt = self.formatter.decode(seen[:starts[-1]])
+        prompt = self.formatter.decode(seen[: starts[-1]])
         key = max(self.answers, key=prompt.rfind)
         reply = self.formatter.encode(render_rehearsal(as_result_object(self.answers[key]))) + [self.eot]
         done = len(seen) - starts[-1]
@@ -119,8 +141,12 @@ class ScriptedRehearser(torch.nn.Module):
 
 def test_probe_scores_the_model_through_the_backend_and_leaves_training_state_alone(probe_set):
     _, tokenizer = load_model_and_tokenizer(ModelSpec(kind="tiny"))
-    answers = {compact_json(c.arguments): r for rec in probe_set.records for t in rec.turns
-               for c, r in zip(t.tool_calls, t.responses)}
+    answers = {
+        compact_json(c.arguments): r
+        for rec in probe_set.records
+        for t in rec.turns
+        for c, r in zip(t.tool_calls, t.responses)
+    }
     assert len(answers) == probe_set.n_calls  # arguments identify the calls of this probe set
     model = ScriptedRehearser(tokenizer, answers).train()
     probe = FidelityProbe(probe_set, max_new_tokens=512, seed=0)

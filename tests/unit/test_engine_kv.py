@@ -25,8 +25,15 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    cfg = LlamaConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -39,8 +46,11 @@ def test_holes_and_positions_match_unbatched(model):
     streams = {"a": list(range(1, 30)), "b": list(range(40, 47)), "c": list(range(50, 90))}
     kv = BatchedStreams(model, list(streams))
     last = kv.append({k: v[:5] for k, v in streams.items()})
-    for piece in ({"a": streams["a"][5:9], "b": streams["b"][5:6]}, {"c": streams["c"][5:40]},
-                  {"a": streams["a"][9:], "b": streams["b"][6:]}):
+    for piece in (
+        {"a": streams["a"][5:9], "b": streams["b"][5:6]},
+        {"c": streams["c"][5:40]},
+        {"a": streams["a"][9:], "b": streams["b"][6:]},
+    ):
         last.update(kv.append(piece))
     for key, tokens in streams.items():
         assert kv.fed_count(key) == len(tokens)
@@ -69,8 +79,14 @@ def test_first_append_must_feed_every_row(model):
 
 
 def _request(row, stream, temp=1.0, seed=0, n=6):
-    return DecodeRequest(row=row, stream=list(stream), max_new_tokens=n, temperature=temp,
-                         generator=torch.Generator().manual_seed(seed), output_key=OutputKey(row, 0, Role.ACT, 0))
+    return DecodeRequest(
+        row=row,
+        stream=list(stream),
+        max_new_tokens=n,
+        temperature=temp,
+        generator=torch.Generator().manual_seed(seed),
+        output_key=OutputKey(row, 0, Role.ACT, 0),
+    )
 
 
 def test_decode_is_seeded_per_row_and_records_policy_logprobs(model):

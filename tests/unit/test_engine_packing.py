@@ -31,18 +31,31 @@ VOCAB = 96
 
 def _model(layers: int = 2) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     use_gqa_attention(model)
     return model.eval()
 
 
 def _row(ids: torch.Tensor, start: int, role: Role, adv: float, g: torch.Generator) -> TrainRow:
     pos = torch.arange(start, ids.numel() - 1)
-    return TrainRow(input_ids=ids, positions=pos, targets=ids[pos + 1], roles=torch.full_like(pos, int(role)),
-                    temperatures=torch.full((pos.numel(),), 0.7 if role is Role.REHEARSE else 1.0),
-                    advantages=torch.full((pos.numel(),), adv),
-                    sampling_logprobs=-torch.rand(pos.numel(), generator=g))
+    return TrainRow(
+        input_ids=ids,
+        positions=pos,
+        targets=ids[pos + 1],
+        roles=torch.full_like(pos, int(role)),
+        temperatures=torch.full((pos.numel(),), 0.7 if role is Role.REHEARSE else 1.0),
+        advantages=torch.full((pos.numel(),), adv),
+        sampling_logprobs=-torch.rand(pos.numel(), generator=g),
+    )
 
 
 def _rows() -> list[TrainRow]:
@@ -79,8 +92,9 @@ def test_plan_groups_shared_prefixes():
 def test_long_suffixes_behind_a_short_prefix_are_not_packed_when_attention_dominates():
     g = torch.Generator().manual_seed(5)
     prefix = torch.randint(3, VOCAB, (16,), generator=g)
-    rows = [_row(torch.cat([prefix, torch.randint(3, VOCAB, (60,), generator=g)]), 15, Role.ACT, 0.1, g)
-            for _ in range(3)]
+    rows = [
+        _row(torch.cat([prefix, torch.randint(3, VOCAB, (60,), generator=g)]), 15, Role.ACT, 0.1, g) for _ in range(3)
+    ]
     assert [len(p.rows) for p in plan_packs(rows, pair_cost=0.0)] == [3]  # projections only: pack
     assert [len(p.rows) for p in plan_packs(rows, pair_cost=1.0)] == [1, 1, 1]  # pairs dominate: don't
 
@@ -191,8 +205,9 @@ def test_bf16_update_keeps_fp32_state_and_learns():
     metrics = updater.update(rows, step=0)
     assert metrics["grad_norm"] > 0 and abs(metrics["rollout/logprob_diff"]) > 0
     assert all(p.dtype == torch.float32 for p in model.parameters())
-    assert all(v.dtype == torch.float32 for s in opt.state.values() for v in s.values() if torch.is_tensor(v)
-               and v.dim() > 0)
+    assert all(
+        v.dtype == torch.float32 for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0
+    )
     assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), before.parameters()))
 
 

@@ -12,8 +12,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(code: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True,
-                         text=True, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True, text=True, check=True, timeout=120
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -53,8 +53,9 @@ CFG = RolloutConfig(samples_per_prompt=2, max_act_tokens=96, max_rehearse_tokens
 
 
 def _gold_run(world, **cfg):
-    runner = RolloutRunner(world["fmt"], replace(CFG, **cfg),
-                           guide=gold_guide(dict(enumerate(world["specs"])), world["fmt"]))
+    runner = RolloutRunner(
+        world["fmt"], replace(CFG, **cfg), guide=gold_guide(dict(enumerate(world["specs"])), world["fmt"])
+    )
     return runner.run(world["specs"], world["model"], ResponseSource(model=world["model"]))
 
 
@@ -64,8 +65,9 @@ def _expected_act_text(fmt, spec, traj):
         if turn.user_turn >= 1 and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
             messages.append({"role": "user", "content": spec.user_turns[turn.user_turn]})
         if turn.tool_calls:
-            calls = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                     for c in turn.tool_calls]
+            calls = [
+                {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in turn.tool_calls
+            ]
             messages.append({"role": "assistant", "content": turn.act_text, "tool_calls": calls})
             messages.extend(act_observation_messages(turn.tool_calls, turn.responses))
         else:
@@ -92,9 +94,11 @@ def test_rehearse_stream_is_the_builder_over_its_own_history(world):
     calls = [(k, j) for k, t in enumerate(traj.turns) for j in range(len(t.tool_calls))]
     k, j = calls[-1]
     turn = traj.turns[k]
-    history = conversation_events(spec.user_turns, [*traj.turns[:k], replace(turn, tool_calls=turn.tool_calls[:j],
-                                                                            responses=turn.responses[:j])],
-                                  upto_turn=turn.user_turn)
+    history = conversation_events(
+        spec.user_turns,
+        [*traj.turns[:k], replace(turn, tool_calls=turn.tool_calls[:j], responses=turn.responses[:j])],
+        upto_turn=turn.user_turn,
+    )
     messages = rehearse_context(DEFAULT_ROLE_PROMPTS, spec.tools, history, turn.tool_calls[j])
     messages.append({"role": "assistant", "content": sft_rehearse_target(as_result_object(turn.responses[j]))})
     stream = traj.stream(Role.REHEARSE)
@@ -146,11 +150,15 @@ def test_parse_errors_and_step_limit_end_trajectories(world):
     assert traj.termination is Termination.ACT_PARSE_ERROR and traj.info["parse_errors"][0][0] == "ACT"
     call = fmt.encode(f'<tool_call>\n{{"name": "{spec.tool_names[0]}", "arguments": {{}}}}\n</tool_call>') + eot
     bad_reh = DecodeGuide(lambda k: call if k.role is Role.ACT else fmt.encode("no tags") + eot)
-    traj = RolloutRunner(fmt, CFG, guide=bad_reh).run([spec], world["model"],
-                                                      ResponseSource(model=world["model"])).trajectories[0]
+    traj = (
+        RolloutRunner(fmt, CFG, guide=bad_reh)
+        .run([spec], world["model"], ResponseSource(model=world["model"]))
+        .trajectories[0]
+    )
     assert traj.termination is Termination.REHEARSE_PARSE_ERROR
-    ok_reh = DecodeGuide(lambda k: call if k.role is Role.ACT
-                         else fmt.encode("<execution_result>\n{}\n</execution_result>") + eot)
+    ok_reh = DecodeGuide(
+        lambda k: call if k.role is Role.ACT else fmt.encode("<execution_result>\n{}\n</execution_result>") + eot
+    )
     limited = RolloutRunner(fmt, replace(CFG, max_steps_per_turn=2), guide=ok_reh)
     traj = limited.run([spec], world["model"], ResponseSource(model=world["model"])).trajectories[0]
     assert traj.termination is Termination.MAX_STEPS and len(traj.turns) == 2

@@ -25,8 +25,16 @@ TEMPS = {Role.ACT: 1.0, Role.REHEARSE: 0.7}
 
 def _model():
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=2)).eval()
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=40,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+        )
+    ).eval()
 
 
 def _trajs(n=4):
@@ -34,8 +42,15 @@ def _trajs(n=4):
     rand = lambda k: tuple(int(x) for x in torch.randint(1, 40, (k,), generator=g))
     out = []
     for i in range(n):
-        act = Stream(Role.ACT, (Segment(rand(6)), Segment(rand(4), Role.ACT, (-1.0,) * 4), Segment(rand(3)),
-                                Segment(rand(5), Role.ACT, (-1.0,) * 5)))
+        act = Stream(
+            Role.ACT,
+            (
+                Segment(rand(6)),
+                Segment(rand(4), Role.ACT, (-1.0,) * 4),
+                Segment(rand(3)),
+                Segment(rand(5), Role.ACT, (-1.0,) * 5),
+            ),
+        )
         reh = Stream(Role.REHEARSE, (Segment(rand(5)), Segment(rand(4), Role.REHEARSE, (-1.0,) * 4)))
         out.append(Trajectory("p", i, streams=(act, reh), reward=float(i % 3) / 2))
     return out
@@ -87,8 +102,9 @@ def test_sampling_logprobs_mode_reuses_rollout_values():
 
 def test_role_grad_tracking_does_not_change_the_update():
     plain, m1, _, _ = _update(OptimConfig(lr=1e-2, micro_batch_streams=3, mini_batch_streams=4, ppo_epochs=2))
-    tracked, m2, _, _ = _update(OptimConfig(lr=1e-2, micro_batch_streams=3, mini_batch_streams=4, ppo_epochs=2,
-                                            track_role_grad_norms=True))
+    tracked, m2, _, _ = _update(
+        OptimConfig(lr=1e-2, micro_batch_streams=3, mini_batch_streams=4, ppo_epochs=2, track_role_grad_norms=True)
+    )
     for a, b in zip(plain.parameters(), tracked.parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     assert m2["grad_norm/act"] > 0 and m2["grad_norm/rehearse"] > 0

@@ -119,8 +119,10 @@ def test_measure_fidelity_per_tool_and_overall():
     log = by_call["log"].messages  # system, then the real turn-0 calls as answered history, then the call
     assert [m["role"] for m in log] == ["system", "user", "assistant", "user", "assistant", "user"]
     assert log[4]["content"] == render_rehearsal(real_pay) and "Earlier calls" not in log[0]["content"]
-    assert ("Look up Ann" in by_call["pay"].messages[1]["content"]
-            and "Look up Ann" not in by_call["pay"].messages[-1]["content"])
+    assert (
+        "Look up Ann" in by_call["pay"].messages[1]["content"]
+        and "Look up Ann" not in by_call["pay"].messages[-1]["content"]
+    )
     assert "Log it." in log[-1]["content"]
     assert all(r.tools is None for r in rehearser.requests)
 

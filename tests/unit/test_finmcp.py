@@ -96,15 +96,30 @@ def test_loader_accepts_documented_variants() -> None:
     [
         ([{"id": 7}], "row 0 (id 7): field 'messages'"),
         ([{"id": 7, "messages": [{"role": "robot", "content": "x"}]}], "field 'messages[0]'"),
-        ([{"id": 7, "messages": [{"role": "user", "content": "q"},
-                                 {"role": "assistant", "tool_calls": [{"function": {"name": "F",
-                                                                                    "arguments": "{oops"}}]}]}],
-         "field 'messages[1].tool_calls[0].function.arguments': arguments string is not valid JSON"),
-        ([{"id": 7, "messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "{}"}]}],
-         "tool message without a preceding"),
+        (
+            [
+                {
+                    "id": 7,
+                    "messages": [
+                        {"role": "user", "content": "q"},
+                        {"role": "assistant", "tool_calls": [{"function": {"name": "F", "arguments": "{oops"}}]},
+                    ],
+                }
+            ],
+            "field 'messages[1].tool_calls[0].function.arguments': arguments string is not valid JSON",
+        ),
+        (
+            [{"id": 7, "messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "{}"}]}],
+            "tool message without a preceding",
+        ),
         ([{"id": 7, "messages": [{"role": "user", "content": "###STOP###"}]}], "no user message"),
-        ([{"id": 1, "messages": [{"role": "user", "content": "a"}]},
-          {"id": 1, "messages": [{"role": "user", "content": "b"}]}], "already used"),
+        (
+            [
+                {"id": 1, "messages": [{"role": "user", "content": "a"}]},
+                {"id": 1, "messages": [{"role": "user", "content": "b"}]},
+            ],
+            "already used",
+        ),
     ],
 )
 def test_loader_errors_name_file_row_and_field(tmp_path: Path, rows: list, needle: str) -> None:
@@ -129,8 +144,10 @@ def test_tool_schemas_from_mcp_file_and_inferred() -> None:
     schemas = {t["function"]["name"]: t for t in load_tool_schemas(TOOLS)}
     assert schemas["GetQuote"]["function"]["parameters"]["required"] == ["ticker"]
     inferred = {t["function"]["name"]: t["function"] for t in infer_tool_schemas(load_samples(SAMPLES))}
-    assert inferred["GetFundNav"]["parameters"]["properties"] == {"fundCode": {"type": "string"},
-                                                                   "date": {"type": "string"}}
+    assert inferred["GetFundNav"]["parameters"]["properties"] == {
+        "fundCode": {"type": "string"},
+        "date": {"type": "string"},
+    }
     assert inferred["SearchFunds"]["parameters"]["required"] == []  # keyword / category vary between calls
     assert "inferred" in inferred["GetQuote"]["description"]
 
@@ -194,9 +211,13 @@ def test_gold_history_resets_each_turn_to_the_reference_conversation(adapter: Fi
 
 def test_wrong_and_unrecorded_calls(adapter: FinMCPAdapter) -> None:
     task = next(t for t in adapter.tasks() if t.task_id == "1")
-    call = render_tool_calls([ToolCall("SearchFunds", {"keyword": "Harbour"}),
-                              ToolCall("GetExchangeRate", {"base": "EUR", "quote": "USD"}),
-                              ToolCall("NoSuchTool", {})])
+    call = render_tool_calls(
+        [
+            ToolCall("SearchFunds", {"keyword": "Harbour"}),
+            ToolCall("GetExchangeRate", {"base": "EUR", "quote": "USD"}),
+            ToolCall("NoSuchTool", {}),
+        ]
+    )
     record = adapter.run_episode(ScriptedPolicy([call, "Done."]), task)
     codes = [r["error"]["code"] for r in record.turns[0].responses]
     assert codes == ["NOT_RECORDED", "NOT_RECORDED", "UNKNOWN_TOOL"]
@@ -235,15 +256,18 @@ class SimulatorBackend:
 
 def test_unrecorded_calls_via_a_simulator_endpoint() -> None:
     with ChatCompletionServer(SimulatorBackend(), "sim") as server:
-        adapter = FinMCPAdapter(SAMPLES, tools_path=TOOLS, unrecorded="simulate",
-                                simulator={"base_url": server.base_url, "model": "sim", "timeout": 5})
+        adapter = FinMCPAdapter(
+            SAMPLES,
+            tools_path=TOOLS,
+            unrecorded="simulate",
+            simulator={"base_url": server.base_url, "model": "sim", "timeout": 5},
+        )
         task = next(t for t in adapter.tasks() if t.task_id == "1")
         call = render_tool_calls([ToolCall("GetExchangeRate", {"base": "USD", "quote": "EUR"})] * 2)
         record = adapter.run_episode(ScriptedPolicy([call, "ok"]), task)
     first, second = record.turns[0].responses
     assert first == {"rate": 0.92} and second["error"]["code"] == "SIMULATION_FAILED"
-    assert record.info["replay"]["stats"] == {**record.info["replay"]["stats"], "fallback_ok": 1,
-                                              "fallback_failed": 1}
+    assert record.info["replay"]["stats"] == {**record.info["replay"]["stats"], "fallback_ok": 1, "fallback_failed": 1}
     with pytest.raises(ValueError, match="simulator"):
         FinMCPAdapter(SAMPLES, unrecorded="simulate")
 
@@ -304,8 +328,9 @@ def test_fidelity_skips_responses_that_the_replay_made_up(adapter: FinMCPAdapter
 
     task = next(t for t in adapter.tasks() if t.task_id == "1")
     recorded = sample_of(task).recorded[0]
-    call = render_tool_calls([ToolCall("GetExchangeRate", {"base": "EUR", "quote": "USD"}), recorded.call,
-                              ToolCall("NoSuchTool", {})])
+    call = render_tool_calls(
+        [ToolCall("GetExchangeRate", {"base": "EUR", "quote": "USD"}), recorded.call, ToolCall("NoSuchTool", {})]
+    )
     record = adapter.run_episode(ScriptedPolicy([call, "Done."]), task)
     turn = record.turns[0]
     assert turn.responses[1] == recorded.response

@@ -33,8 +33,13 @@ def imported(path: Path, name: str, modules: set[str]) -> set[str]:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
             targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
-        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
-              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             targets = [node.args[0].value]
         out.update(t for t in targets if t in modules and t != name)
     return out
@@ -99,7 +104,8 @@ def test_the_finder_finds_a_circle():
 def test_no_import_circles_in_envace():
     found = circles(import_graph())
     assert not found, "import circles (break each by moving the shared piece down a layer): " + "; ".join(
-        " <-> ".join(c) for c in found)
+        " <-> ".join(c) for c in found
+    )
 
 
 def test_core_never_imports_verl_nor_the_engines():
@@ -113,8 +119,9 @@ def test_core_never_imports_verl_nor_the_engines():
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
         assert not [n for n in names if n.split(".")[0] == "verl"], f"{module} imports verl"
-        assert not {m for m in graph[module] if not m.startswith("envace.core")}, \
+        assert not {m for m in graph[module] if not m.startswith("envace.core")}, (
             f"{module} imports {sorted(m for m in graph[module] if not m.startswith('envace.core'))} outside core"
+        )
 
 
 def test_one_episode_spec_class():

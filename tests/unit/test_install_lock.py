@@ -89,8 +89,10 @@ def test_every_imported_package_is_declared():
         dists = {canonicalize_name(d) for d in mapping.get(top, [])} or {canonicalize_name(top)}
         if not dists & declared:
             missing.append(f"{top} (imported in {where}; distribution {'/'.join(sorted(dists))})")
-    assert not missing, ("imported but not declared in pyproject.toml dependencies or an extra "
-                         f"(add it there and to requirements/cpu.in, then bash requirements/lock.sh): {missing}")
+    assert not missing, (
+        "imported but not declared in pyproject.toml dependencies or an extra "
+        f"(add it there and to requirements/cpu.in, then bash requirements/lock.sh): {missing}"
+    )
 
 
 def test_the_scan_sees_known_imports():
@@ -105,8 +107,9 @@ def test_lock_pins_every_input_with_hashes(name):
     pins = read_lock(name)
     wanted = listed_names(REQ / f"{name}.in")
     unpinned = sorted(wanted - set(pins))
-    assert not unpinned, (f"requirements/{name}.in lists {unpinned}, not pinned in {name}.lock: "
-                          "run bash requirements/lock.sh")
+    assert not unpinned, (
+        f"requirements/{name}.in lists {unpinned}, not pinned in {name}.lock: run bash requirements/lock.sh"
+    )
     unhashed = sorted(p for p, (_, n) in pins.items() if n == 0)
     assert not unhashed, f"requirements/{name}.lock pins {unhashed} without --hash (install.sh uses --require-hashes)"
     back = sorted(listed_names(REQ / "excludes.txt") & set(pins))
@@ -149,8 +152,13 @@ def other_python() -> tuple[str, str] | None:
     candidates += sorted(str(p) for p in Path.home().glob(".pyenv/versions/3.1[023]*/bin/python3"))
     for exe in filter(None, candidates):
         try:
-            out = subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True,
-                                 text=True, timeout=30, check=True).stdout.strip()
+            out = subprocess.run(
+                [exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             continue  # e.g. a pyenv shim for a version that is not selected
         if out != "3.11":
@@ -164,8 +172,13 @@ def test_install_refuses_another_python(tmp_path):
         pytest.skip("no Python other than 3.11 on this machine to offer install.sh")
     exe, version = found
     venv = tmp_path / "venv"
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), str(venv)], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "PYTHON": exe})
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "install.sh"), str(venv)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHON": exe},
+    )
     assert proc.returncode == 1
     line = proc.stderr.strip().splitlines()[-1]
     assert f"is Python {version}" in line and "built for Python 3.11" in line and "PYTHON=python3.11" in line, line
@@ -173,6 +186,10 @@ def test_install_refuses_another_python(tmp_path):
 
 
 def test_install_refuses_an_unknown_set(tmp_path):
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), str(tmp_path / "v"), "nosuchset"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "install.sh"), str(tmp_path / "v"), "nosuchset"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1 and "unknown install set 'nosuchset'" in proc.stderr and "bench" in proc.stderr

@@ -32,9 +32,7 @@ from envace.judges.llm import (
 )
 from envace.judges.rule import RuleJudge, json_equal, mentions
 
-SAMPLE = (
-    Path(__file__).resolve().parents[2].parent / "shared" / "data" / "cm2" / "checklist_annotated_sample.json"
-)
+SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "cm2" / "checklist_annotated_sample.json"
 TOOLS = "assistant.tool_calls"
 REPLY = "assistant.content.user_visible_reply"
 FAST = {"backoff_s": 0.001, "max_backoff_s": 0.002}
@@ -70,9 +68,7 @@ class ScriptedJudgeBackend:
         return [ChatOutput(text=text)]
 
 
-def item(
-    item_id: str, weight: float, focus: str = REPLY, condition: str = "", required: bool = False, rule=None
-):
+def item(item_id: str, weight: float, focus: str = REPLY, condition: str = "", required: bool = False, rule=None):
     out = {
         "id": item_id,
         "question": f"{item_id}?",
@@ -261,9 +257,7 @@ def test_parse_verdict_is_strict() -> None:
 def test_judge_prompt_shows_only_the_turn_so_far() -> None:
     checklist = Checklist.from_raw([[item("A", 1.0)], [item("B", 1.0)]])
     step = conversation_steps(CONVERSATION)[2]  # turn 1, step 0
-    prompt = build_judge_request(checklist.turns[1][0], CONVERSATION, step, LLMJudgeConfig()).messages[-1][
-        "content"
-    ]
+    prompt = build_judge_request(checklist.turns[1][0], CONVERSATION, step, LLMJudgeConfig()).messages[-1]["content"]
     assert "weather in Paris?" in prompt.split("## Current turn")[0]  # earlier turn as context
     current = prompt.split("## Current turn")[1]
     assert "and Rome?" in current and '"temp_c": 25' in current
@@ -302,8 +296,9 @@ def test_llm_judge_does_not_retry_non_retryable_errors() -> None:
 
 def test_llm_judge_does_not_stack_retries_on_transport_errors() -> None:
     """The HTTP client retries transport faults; the judge re-asks only malformed verdicts."""
-    backend = ScriptedJudgeBackend([EndpointError("HTTP 503", status=503, retryable=True), "not json",
-                                    '{"analysis": "ok", "answer": true}'])
+    backend = ScriptedJudgeBackend(
+        [EndpointError("HTTP 503", status=503, retryable=True), "not json", '{"analysis": "ok", "answer": true}']
+    )
     checklist = Checklist.from_raw([[item("A", 1.0)]])
     judge = LLMJudge(backend, LLMJudgeConfig(max_retries=3, concurrency=1, **FAST))
     report = judge.judge(CONVERSATION[:4], checklist)
@@ -339,8 +334,9 @@ def test_failure_budget_slides_and_fails_fast() -> None:
 
 
 def test_llm_judge_stops_at_the_failure_budget() -> None:
-    backend = ScriptedJudgeBackend([EndpointError("POST http://j/v1/chat/completions: HTTP 503", status=503,
-                                                  retryable=True)])
+    backend = ScriptedJudgeBackend(
+        [EndpointError("POST http://j/v1/chat/completions: HTTP 503", status=503, retryable=True)]
+    )
     checklist = Checklist.from_raw([[item(f"I{k}", 0.125) for k in range(8)]])
     judge = LLMJudge(backend, LLMJudgeConfig(concurrency=1, **FAST))  # defaults: 0.2 over 20 calls
     with pytest.raises(JudgeFailureBudgetExceeded, match="5 of the last 5 judge calls failed.*HTTP 503"):
@@ -453,9 +449,7 @@ def test_cm2_sample_rule_and_composite(cm2_row: dict) -> None:
 
 def test_parsed_rules_require_success_only_when_stated() -> None:
     assert not parse_pass_condition("name=f and arguments.a == 1", TOOLS).require_success
-    stated = parse_pass_condition(
-        "name=f and arguments.a == 1, and its tool response is not an error.", TOOLS
-    )
+    stated = parse_pass_condition("name=f and arguments.a == 1, and its tool response is not an error.", TOOLS)
     assert stated is not None and stated.require_success
     assert parse_pass_condition('name=f and arguments.a == "x" (or the id returned earlier).', TOOLS) is None
 
@@ -527,8 +521,7 @@ def test_rule_judge_agrees_with_tool_world_checker() -> None:
         ours = evaluate_checklist(RuleJudge(), vague, checklist)[0].reward
         spec = cm2_row_to_episode_spec(row)
         transcripts = [
-            TurnTranscript(tuple(e.call for e in ex), tuple(e.response for e in ex), "Done.")
-            for ex in spec.exchanges
+            TurnTranscript(tuple(e.call for e in ex), tuple(e.response for e in ex), "Done.") for ex in spec.exchanges
         ]
         assert ours == pytest.approx(checklist_score(task, transcripts))
 

@@ -14,10 +14,16 @@ from envace.models import ModelSpec, load_model_and_tokenizer
 
 torch.set_num_threads(1)
 
-TOOLS = ({"type": "function", "function": {
-    "name": "get_weather", "description": "weather",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-}},)
+TOOLS = (
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    },
+)
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +127,15 @@ def _multi_turn(backend: LocalHFBackend, temperature: float) -> list[list[ChatOu
         requests = []
         for c, messages in enumerate(conversations):
             messages.append({"role": "user", "content": text})
-            requests.append(ChatRequest(messages=tuple(messages), tools=TOOLS if c else None,
-                                        temperature=temperature, seed=10 * c + t, max_new_tokens=10))
+            requests.append(
+                ChatRequest(
+                    messages=tuple(messages),
+                    tools=TOOLS if c else None,
+                    temperature=temperature,
+                    seed=10 * c + t,
+                    max_new_tokens=10,
+                )
+            )
         requests.append(_request(f"fresh {t}", temperature=temperature, seed=t, max_new_tokens=6))
         outputs = backend.generate(requests)
         for messages, output in zip(conversations, outputs, strict=False):
@@ -210,7 +223,7 @@ def test_sample_next_tokens_inverse_cdf_per_row():
         u = torch.rand(1, generator=torch.Generator().manual_seed(seed))
         cdf = torch.softmax(logits[row] / temperature, dim=-1).cumsum(0)
         assert tokens[row] == int((cdf <= u * cdf[-1]).sum())
-        alone = sample_next_tokens(logits[row:row + 1], [temperature], [torch.Generator().manual_seed(seed)])
+        alone = sample_next_tokens(logits[row : row + 1], [temperature], [torch.Generator().manual_seed(seed)])
         assert alone.item() == tokens[row]  # independent of the other rows
     n = 4000
     many = sample_next_tokens(logits[1].expand(n, 3), [0.7] * n, [torch.Generator().manual_seed(i) for i in range(n)])

@@ -37,9 +37,15 @@ def test_lora_is_off_by_default_and_algo_lora_rank_turns_it_on(tmp_path):
     assert LoraSpec(8, 16, PROJ, 0.0).scale == 2.0
 
 
-@pytest.mark.parametrize(("key", "value"), [
-    ("lora_rank", -1), ("lora_alpha", 0), ("lora_dropout", 1.0), ("lora_target_modules", []),
-])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("lora_rank", -1),
+        ("lora_alpha", 0),
+        ("lora_dropout", 1.0),
+        ("lora_target_modules", []),
+    ],
+)
 def test_bad_lora_values_name_the_key(key, value):
     algo = {"lora_rank": 4, "lora_alpha": 16, "lora_target_modules": list(PROJ), "lora_dropout": 0.0, key: value}
     with pytest.raises(ValueError, match=f"algo.{key}"):

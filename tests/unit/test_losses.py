@@ -37,8 +37,9 @@ def test_clipping_by_hand() -> None:
 def test_dual_clip_and_custom_ratio() -> None:
     out = compute_policy_loss(torch.log(_row([4.0])), torch.zeros(1, 1), _row([-1.0]), torch.ones(1, 1))
     assert out.pg_loss.item() == pytest.approx(3.0) and out.clipfrac_lower == 1.0  # −A·c with c = 3
-    narrow = compute_policy_loss(torch.log(_row([1.15])), torch.zeros(1, 1), _row([1.0]), torch.ones(1, 1),
-                                 clip_ratio=0.1)
+    narrow = compute_policy_loss(
+        torch.log(_row([1.15])), torch.zeros(1, 1), _row([1.0]), torch.ones(1, 1), clip_ratio=0.1
+    )
     assert narrow.pg_loss.item() == pytest.approx(-1.1) and narrow.clipfrac == 1.0
     default = compute_policy_loss(torch.log(_row([1.15])), torch.zeros(1, 1), _row([1.0]), torch.ones(1, 1))
     assert default.pg_loss.item() == pytest.approx(-1.15) and default.clipfrac == 0.0
@@ -104,8 +105,13 @@ def test_empty_mask_gives_zero_loss_with_graph() -> None:
 
 def test_global_batch_info_normalises_over_global_tokens() -> None:
     zeros = torch.zeros(1, 2)
-    out = compute_policy_loss(zeros, zeros, torch.tensor([[1.0, 1.0]]), torch.ones(1, 2),
-                              global_batch_info={"dp_size": 1, "batch_num_tokens": 8})
+    out = compute_policy_loss(
+        zeros,
+        zeros,
+        torch.tensor([[1.0, 1.0]]),
+        torch.ones(1, 2),
+        global_batch_info={"dp_size": 1, "batch_num_tokens": 8},
+    )
     assert out.pg_loss.item() == pytest.approx(-2.0 / 8)
 
 

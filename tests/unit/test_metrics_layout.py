@@ -21,13 +21,24 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _row(n, mode, rehearser, rate):
-    return {"benchmark": "toolworld", "cell": f"n{n}-{mode}-{rehearser}", "n_attempts": n, "mode": mode,
-            "rehearser": rehearser, "scope": "turn", "scope_label": "turn", "success_rate": rate,
-            "mean_score": rate, "gain_vs_none": rate - 0.25, "cost/rehearsal_wall_s": 1.5 * n}
+    return {
+        "benchmark": "toolworld",
+        "cell": f"n{n}-{mode}-{rehearser}",
+        "n_attempts": n,
+        "mode": mode,
+        "rehearser": rehearser,
+        "scope": "turn",
+        "scope_label": "turn",
+        "success_rate": rate,
+        "mean_score": rate,
+        "gain_vs_none": rate - 0.25,
+        "cost/rehearsal_wall_s": 1.5 * n,
+    }
 
 
-ROWS = [_row(0, "none", "none", 0.25)] + [_row(n, m, r, 0.5) for n in (1, 2) for m in ("parallel", "sequential")
-                                          for r in ("trained", "base")]
+ROWS = [_row(0, "none", "none", 0.25)] + [
+    _row(n, m, r, 0.5) for n in (1, 2) for m in ("parallel", "sequential") for r in ("trained", "base")
+]
 
 
 def test_cells_are_keyed_by_a_stable_name_and_come_back_in_grid_order():
@@ -44,9 +55,12 @@ def test_cells_are_keyed_by_a_stable_name_and_come_back_in_grid_order():
 
 def test_dvc_sees_every_cell_and_the_report_reads_the_rows_it_read_before(tmp_path, paths_under):
     metrics = {"benchmarks": ["toolworld"], "n_tasks": {"toolworld": 4}, "cells": keyed_cells(ROWS)}
-    runner.execute("rehearsal_sweep", lambda cfg, tracker: metrics,
-                   compose(["profile=smoke", "tracking=none", *paths_under(tmp_path)]),
-                   tmp_path / "metrics" / "rehearsal_sweep.json")
+    runner.execute(
+        "rehearsal_sweep",
+        lambda cfg, tracker: metrics,
+        compose(["profile=smoke", "tracking=none", *paths_under(tmp_path)]),
+        tmp_path / "metrics" / "rehearsal_sweep.json",
+    )
     on_disk = json.loads((tmp_path / "metrics" / "rehearsal_sweep.json").read_text())
     assert set(on_disk) == {"cells"}  # headline: one success rate per cell, nothing else
     assert on_disk["cells"]["toolworld/parallel/n2/trained"] == {"success_rate": 0.5}
@@ -60,10 +74,19 @@ def test_dvc_sees_every_cell_and_the_report_reads_the_rows_it_read_before(tmp_pa
 
 
 def test_load_metrics_merges_each_stage_with_its_details(tmp_path, paths_under):
-    train = {"steps_done": 2, "final/reward/mean": 0.5, "final/time/step": 3.0, "variant": "envace",
-             "curves": {"step": [0, 1], "reward/mean": [None, 0.5]}}
-    evaluate = {"benchmark": "toolworld", "n_tasks": 4, "policy": {"success_rate": 0.5, "status_info": {"s": "ran"}},
-                "base": {"success_rate": 0.25, "transfer": None}}
+    train = {
+        "steps_done": 2,
+        "final/reward/mean": 0.5,
+        "final/time/step": 3.0,
+        "variant": "envace",
+        "curves": {"step": [0, 1], "reward/mean": [None, 0.5]},
+    }
+    evaluate = {
+        "benchmark": "toolworld",
+        "n_tasks": 4,
+        "policy": {"success_rate": 0.5, "status_info": {"s": "ran"}},
+        "base": {"success_rate": 0.25, "transfer": None},
+    }
     root = tmp_path / "metrics"
     runner.write_metrics(root / "train.json", train, runner.headline_for("train"))
     runner.write_metrics(root / "evaluate_toolworld.json", evaluate, runner.headline_for("evaluate@toolworld"))
@@ -81,6 +104,12 @@ def test_make_help_shows_expanded_values():
     out = subprocess.run([make, "-s", "help"], cwd=ROOT, capture_output=True, text=True, check=True, env=env).stdout
     assert "$(" not in out
     assert "(.venv)" in out and "on the cpu profile" in out and "127.0.0.1:4200" in out
-    out = subprocess.run([make, "-s", "help", "VENV=/opt/venv", "PROFILE=smoke"], cwd=ROOT, capture_output=True,
-                         text=True, check=True, env=env).stdout
+    out = subprocess.run(
+        [make, "-s", "help", "VENV=/opt/venv", "PROFILE=smoke"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    ).stdout
     assert "(/opt/venv)" in out and "on the smoke profile" in out

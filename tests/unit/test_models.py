@@ -55,10 +55,17 @@ def test_tiny_tokenizer_special_tokens_and_template():
     assert len(tok(call, add_special_tokens=False)["input_ids"]) < len(call) / 2  # BPE merges shorten prompts
 
 
-@pytest.mark.parametrize("text", [
-    "", " leading space", '{"a": [1, 2.5e-3, null], "b": "x\\ny"}', "tab\tand\r\nCRLF", "naïve 日本語 emoji 🙂",
-    "<|im_start|>assistant\n<tool_call>\n{}\n</tool_call><|im_end|>",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        " leading space",
+        '{"a": [1, 2.5e-3, null], "b": "x\\ny"}',
+        "tab\tand\r\nCRLF",
+        "naïve 日本語 emoji 🙂",
+        "<|im_start|>assistant\n<tool_call>\n{}\n</tool_call><|im_end|>",
+    ],
+)
 def test_tiny_tokenizer_round_trips(text):
     tok = build_tiny_tokenizer()
     assert tok.decode(tok(text, add_special_tokens=False)["input_ids"], skip_special_tokens=False) == text
@@ -162,4 +169,4 @@ def test_smollm2_converts_once_then_loads_from_cache(tmp_path):
     prompt = formatter.render([{"role": "user", "content": "What is the capital of France?"}])
     ids = torch.tensor([formatter.encode(prompt)])
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False)
-    assert "Paris" in tok.decode(out[0, ids.shape[1]:])
+    assert "Paris" in tok.decode(out[0, ids.shape[1] :])

@@ -29,9 +29,14 @@ def completion(content: str | None = "hello", tool_calls: list | None = None) ->
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls is not None:
         message["tool_calls"] = tool_calls
-    return {"id": "c1", "object": "chat.completion", "created": 0, "model": "m",
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
+    return {
+        "id": "c1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+    }
 
 
 class ScriptedServer(ThreadingHTTPServer):
@@ -60,14 +65,14 @@ class ScriptedServer(ThreadingHTTPServer):
 class _Handler(JsonHandler):
     server: ScriptedServer
 
-
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length) or b"null")
         srv = self.server
         with srv.lock:
-            srv.seen.append({"method": self.command, "path": self.path, "auth": self.headers.get("Authorization"),
-                             "body": body})
+            srv.seen.append(
+                {"method": self.command, "path": self.path, "auth": self.headers.get("Authorization"), "body": body}
+            )
             action = srv.next_action(self.path.removeprefix("/v1"))
             srv.in_flight += 1
             srv.max_in_flight = max(srv.max_in_flight, srv.in_flight)
@@ -104,10 +109,19 @@ def test_completion_text_usage_and_hermes_tool_calls(serve) -> None:
     call = {"id": "t1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
     server = serve({"/chat/completions": [("json", 200, completion("<think>x</think>", [call]))]})
     client = OpenAIChatBackend(server.base_url, "m")
-    out = client.generate([ChatRequest(messages=({"role": "user", "content": "w?"},), tools=({"type": "function",
-                           "function": {"name": "get_weather", "parameters": {}}},), stop=("END",), seed=7)])[0]
-    assert out.text == ('<think>x</think>\n<tool_call>\n'
-                        '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    out = client.generate(
+        [
+            ChatRequest(
+                messages=({"role": "user", "content": "w?"},),
+                tools=({"type": "function", "function": {"name": "get_weather", "parameters": {}}},),
+                stop=("END",),
+                seed=7,
+            )
+        ]
+    )[0]
+    assert out.text == (
+        '<think>x</think>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    )
     assert (out.prompt_tokens, out.completion_tokens, out.finish_reason) == (3, 2, "stop")
     sent = server.seen[0]["body"]
     assert sent["model"] == "m" and sent["seed"] == 7 and sent["stop"] == ["END"] and sent["max_tokens"] == 256
@@ -230,8 +244,15 @@ def test_preflight_passes_a_healthy_endpoint_and_skips_unused_ones(serve) -> Non
     for overrides in (["judge=verifiable"], ["judge=rule"], ["judge=composite", "judge.base_url=null"]):
         assert stage_endpoints(compose(["profile=smoke", *overrides]), "train") == []
     assert stage_endpoints(judge_cfg(server.base_url), "evaluate") == []  # evaluate does not use judge.*
-    cfg = compose(["profile=smoke", "eval.benchmarks=[vitabench]", "eval.benchmark=vitabench",
-                   f"eval.suites.vitabench.user_base_url={server.base_url}", "eval.suites.vitabench.user_model=m"])
+    cfg = compose(
+        [
+            "profile=smoke",
+            "eval.benchmarks=[vitabench]",
+            "eval.benchmark=vitabench",
+            f"eval.suites.vitabench.user_base_url={server.base_url}",
+            "eval.suites.vitabench.user_model=m",
+        ]
+    )
     assert [e.url_key for e in stage_endpoints(cfg, "evaluate")] == ["eval.suites.vitabench.user_base_url"]
     with pytest.raises(ConfigError, match="judge.base_url"):
         stage_endpoints(compose(["profile=smoke", "judge=llm", "judge.base_url=null"]), "train")
@@ -241,8 +262,9 @@ def test_preflight_unauthenticated_and_missing_key(serve, monkeypatch) -> None:
     server = serve({"/models": [("json", 401, {"error": {"message": "invalid api key"}})]})
     with pytest.raises(EndpointUnavailable) as info:
         preflight(judge_cfg(server.base_url), "train")
-    assert ("HTTP 401" in str(info.value) and "judge.api_key_env" in str(info.value)
-            and server.base_url in str(info.value))
+    assert (
+        "HTTP 401" in str(info.value) and "judge.api_key_env" in str(info.value) and server.base_url in str(info.value)
+    )
     monkeypatch.delenv("ENVACE_TEST_KEY", raising=False)
     with pytest.raises(EndpointUnavailable, match="judge.api_key_env=ENVACE_TEST_KEY .*judge.api_key_env=null"):
         preflight(judge_cfg(server.base_url, api_key_env="ENVACE_TEST_KEY"), "train")
@@ -253,7 +275,11 @@ def test_preflight_without_models_route_asks_for_one_token(serve) -> None:
     preflight(judge_cfg(server.base_url), "train")
     assert [s["path"] for s in server.seen] == ["/v1/models", "/v1/chat/completions"]
     assert server.seen[1]["body"]["max_tokens"] == 1
-    wrong = serve({"/models": [("json", 200, {"data": [{"id": "other"}]})],
-                   "/chat/completions": [("json", 404, {"error": {"message": "model m does not exist"}})]})
+    wrong = serve(
+        {
+            "/models": [("json", 200, {"data": [{"id": "other"}]})],
+            "/chat/completions": [("json", 404, {"error": {"message": "model m does not exist"}})],
+        }
+    )
     with pytest.raises(EndpointUnavailable, match="model 'm' is not served.*judge.model"):
         preflight(judge_cfg(wrong.base_url), "train")

@@ -62,9 +62,7 @@ class VerdictBackend:
         for req in requests_:
             prompt = req.messages[-1]["content"]
             verdict = {"analysis": "checked the reply", "answer": "Hello" in prompt}
-            outputs.append(
-                ChatOutput(json.dumps(verdict), prompt_tokens=len(prompt.split()), completion_tokens=8)
-            )
+            outputs.append(ChatOutput(json.dumps(verdict), prompt_tokens=len(prompt.split()), completion_tokens=8))
         return outputs
 
 
@@ -186,9 +184,7 @@ def test_client_errors_are_not_retried(serve) -> None:
 
 def test_client_backend_retries_and_batches(serve) -> None:
     server = serve(FaultPlan(fail_count=2))
-    client = OpenAIChatBackend(
-        server.base_url, "judge-script", timeout=2, max_retries=2, concurrency=3, backoff_s=0.01
-    )
+    client = OpenAIChatBackend(server.base_url, "judge-script", timeout=2, max_retries=2, concurrency=3, backoff_s=0.01)
     assert client.list_models() == ["judge-script"]
     batch = [ChatRequest(messages=({"role": "user", "content": t},)) for t in ("Hello", "bye", "Hello again")]
     answers = [json.loads(o.text)["answer"] for o in client.generate(batch)]
@@ -205,9 +201,7 @@ def test_api_key_is_sent_but_never_logged(serve, monkeypatch, caplog) -> None:
     secret = "sk-test-" + "9" * 24
     monkeypatch.setenv("ENVACE_TEST_JUDGE_KEY", secret)
     server = serve(FaultPlan(fail_count=1))
-    client = OpenAIChatBackend(
-        server.base_url, "m", api_key_env="ENVACE_TEST_JUDGE_KEY", max_retries=1, backoff_s=0.01
-    )
+    client = OpenAIChatBackend(server.base_url, "m", api_key_env="ENVACE_TEST_JUDGE_KEY", max_retries=1, backoff_s=0.01)
     assert secret not in repr(client)
     with caplog.at_level(logging.DEBUG):
         client.generate([ChatRequest(messages=({"role": "user", "content": "Hello"},))])
@@ -260,12 +254,8 @@ def test_module_entry_point_with_tiny_model(tmp_path: Path) -> None:
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(ready, proc, timeout=120)
-        client = OpenAIChatBackend(
-            json.loads(ready.read_text())["base_url"], "tiny", timeout=60, max_retries=0
-        )
-        out = client.generate([ChatRequest(messages=({"role": "user", "content": "hi"},), max_new_tokens=5)])[
-            0
-        ]
+        client = OpenAIChatBackend(json.loads(ready.read_text())["base_url"], "tiny", timeout=60, max_retries=0)
+        out = client.generate([ChatRequest(messages=({"role": "user", "content": "hi"},), max_new_tokens=5)])[0]
         assert out.completion_tokens <= 5 and out.prompt_tokens > 0
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -324,13 +314,17 @@ def user(text: str) -> dict:
     [
         ({"model": "m", "messages": [{"content": "x"}]}, "messages.0.role: Field required"),
         ({"messages": [{"role": "usr", "content": "x"}]}, "messages.0.role: Input should be 'system'"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-         "messages.0.content: Value error, must be a string, null or a list of {'type': 'text'"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            "messages.0.content: Value error, must be a string, null or a list of {'type': 'text'",
+        ),
         ({**user("x"), "temperature": "hot"}, "temperature: Input should be a valid number"),
         ({**user("x"), "temperature": 3}, "temperature: Input should be less than or equal to 2"),
         ({**user("x"), "max_tokens": 0}, "max_tokens: Input should be greater than or equal to 1"),
-        ({**user("x"), "tools": [{"type": "function", "function": {"description": "no name"}}]},
-         "tools.0.function.name: Field required"),
+        (
+            {**user("x"), "tools": [{"type": "function", "function": {"description": "no name"}}]},
+            "tools.0.function.name: Field required",
+        ),
         ({**user("x"), "stream": True}, "stream: Value error, streaming is not supported; send stream=false"),
         ({**user("x"), "n": 2}, "n: Value error, only n=1 is supported"),
         ({**user("x"), "logprobs": True}, "logprobs: Value error, log-probs are not supported"),
@@ -356,8 +350,11 @@ def test_request_parsing_keeps_tools_message_keys_and_defaults() -> None:
         "messages": [
             {"role": "system", "content": None},
             {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "c1",
-             "content": [{"type": "text", "text": "sun"}, {"type": "text", "text": "ny"}]},
+            {
+                "role": "tool",
+                "tool_call_id": "c1",
+                "content": [{"type": "text", "text": "sun"}, {"type": "text", "text": "ny"}],
+            },
         ],
         "tools": [tool],
         "max_completion_tokens": 9,
@@ -411,8 +408,13 @@ def test_a_failing_request_fails_alone_and_the_server_keeps_serving() -> None:
             futures = [pool.submit(post_chat, server, user(t)) for t in ("first", "ok1", "boom", "refuse", "ok2")]
             resps = {t: f.result() for t, f in zip(("first", "ok1", "boom", "refuse", "ok2"), futures)}
         after = post_chat(server, user("after"))
-    assert {t: r.status_code for t, r in resps.items()} == {"first": 200, "ok1": 200, "boom": 500, "refuse": 400,
-                                                            "ok2": 200}
+    assert {t: r.status_code for t, r in resps.items()} == {
+        "first": 200,
+        "ok1": 200,
+        "boom": 500,
+        "refuse": 400,
+        "ok2": 200,
+    }
     assert "backend failure: RuntimeError: the model crashed" in resps["boom"].json()["error"]["message"]
     assert "the backend refused the request" in resps["refuse"].json()["error"]["message"]
     assert resps["ok2"].json()["choices"][0]["message"]["content"] == "echo:ok2"

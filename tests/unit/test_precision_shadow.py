@@ -14,8 +14,16 @@ from envace.engines.local.trainer import make_optimizer
 
 def _model() -> LlamaForCausalLM:
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=97,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     use_gqa_attention(model)
     return model.eval()
 
@@ -51,8 +59,17 @@ def test_fp32_is_the_model_itself_and_bf16_a_synced_copy():
 
 def test_tied_weights_stay_tied_in_the_copy():
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=97,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+        )
+    )
     shadow = inference_model(model, "bf16")
     assert shadow.get_output_embeddings().weight is shadow.get_input_embeddings().weight
     assert len(list(shadow.parameters())) == len(list(model.parameters()))
@@ -60,8 +77,17 @@ def test_tied_weights_stay_tied_in_the_copy():
 
 def test_released_copy_frees_its_weights_and_recasts_on_next_use():
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=97,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+        )
+    )
     shadow = inference_model(model, "bf16")
     release_inference_copy(model)
     assert all(p.numel() == 0 for p in shadow.parameters())  # the update runs without the copy's memory

@@ -80,7 +80,7 @@ def test_seeded_prefixes_give_the_logits_of_a_full_encoding():
     streams = BatchedStreams(model, [0, 1, 2])
     seed_prefixes(streams, hits)
     assert streams.mask.sum(dim=1).tolist() == [30, 20, 0] and streams.cache_len == 30
-    logits = streams.append({r: p[(h.length if h else 0):] for r, (p, h) in enumerate(zip(prompts, hits))})
+    logits = streams.append({r: p[(h.length if h else 0) :] for r, (p, h) in enumerate(zip(prompts, hits))})
     for row in range(3):  # a position off by one gives ~1e-3 on this model
         torch.testing.assert_close(logits[row], reference[row], atol=1e-5, rtol=0)
     assert streams.next_pos.tolist() == [40, 33, 25]

@@ -30,11 +30,19 @@ torch.set_num_threads(1)
 
 SMOLLM2_DIR = model_cache_root(ModelSpec("smollm2")) / SMOLLM2_CACHE_NAME
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
-                                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                     "required": ["city"]}}},
-    {"name": "book_hotel", "description": "Book a hotel",
-     "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "nights": {"type": "integer"}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    },
+    {
+        "name": "book_hotel",
+        "description": "Book a hotel",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "nights": {"type": "integer"}}},
+    },
 ]
 PARIS = ToolCall("get_weather", {"city": "Paris"})
 ROME = ToolCall("get_weather", {"city": "Rome"})
@@ -65,8 +73,11 @@ def formatter(request, tiny_tokenizer) -> ChatFormatter:
 
 
 def _assistant(calls: list[ToolCall], content: str = "") -> dict:
-    return {"role": "assistant", "content": content,
-            "tool_calls": [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]}
+    return {
+        "role": "assistant",
+        "content": content,
+        "tool_calls": [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls],
+    }
 
 
 # ---- template --------------------------------------------------------------------------------------------
@@ -101,8 +112,8 @@ def test_consecutive_tool_messages_share_one_user_turn(tiny_tokenizer):
     obs = act_observation_messages([PARIS, ROME], [{"t": 21}, {"t": 25}])
     text = f.render([{"role": "user", "content": "q"}, _assistant([PARIS, ROME]), *obs], add_generation_prompt=False)
     assert text.endswith(
-        "<|im_start|>user\n<tool_response>\n{\"t\":21}\n</tool_response>\n"
-        "<tool_response>\n{\"t\":25}\n</tool_response><|im_end|>\n"
+        '<|im_start|>user\n<tool_response>\n{"t":21}\n</tool_response>\n'
+        '<tool_response>\n{"t":25}\n</tool_response><|im_end|>\n'
     )
 
 
@@ -115,8 +126,10 @@ def test_template_renders_tools_detection(tiny_tokenizer):
 def _conversation() -> list[tuple[list[dict], str | None]]:
     """(new messages, assistant generation that follows them) steps of a two-user-turn dialogue."""
     return [
-        (act_messages(DEFAULT_ROLE_PROMPTS, "Travel desk.", "Weather in Paris and Rome?"),
-         sft_act_target([PARIS, ROME], "I'll check both.")),
+        (
+            act_messages(DEFAULT_ROLE_PROMPTS, "Travel desk.", "Weather in Paris and Rome?"),
+            sft_act_target([PARIS, ROME], "I'll check both."),
+        ),
         (act_observation_messages([PARIS, ROME], [{"t": 21}, {"t": "25°C", "ok": True}]), "Paris 21, Rome 25°C."),
         ([{"role": "user", "content": "Book Paris for 2 nights."}], sft_act_target([BOOK])),
         (act_observation_messages([BOOK], [{"booking": "B-1"}]), "Booked: B-1."),
@@ -133,10 +146,11 @@ def test_stream_of_renders_and_continuations_equals_full_render(formatter):
         assert stream == formatter.render(history, TOOLS, add_generation_prompt=True), f"step {step}"
         stream += generated + eot
         calls = parse_tool_calls(generated)
-        history.append(_assistant(list(calls.calls), calls.content) if calls.calls else
-                       {"role": "assistant", "content": generated})
+        history.append(
+            _assistant(list(calls.calls), calls.content) if calls.calls else {"role": "assistant", "content": generated}
+        )
     full = formatter.render(history, TOOLS, add_generation_prompt=False)
-    assert full.startswith(stream) and full[len(stream):].strip() == ""
+    assert full.startswith(stream) and full[len(stream) :].strip() == ""
 
 
 def test_stream_token_ids_equal_encoding_of_full_render(formatter):
@@ -158,8 +172,10 @@ def test_end_of_turn_ids(formatter):
 
 
 def test_history_rewriting_template_is_rejected(tiny_tokenizer):
-    counting = ("{% for m in messages %}<|im_start|>{{ m.role }} of {{ messages|length }}\n{{ m.content }}<|im_end|>\n"
-                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    counting = (
+        "{% for m in messages %}<|im_start|>{{ m.role }} of {{ messages|length }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     with pytest.raises(TemplateNotAppendOnlyError, match="not append-only"):
         ChatFormatter(tiny_tokenizer, template=counting)
 
@@ -231,5 +247,6 @@ def test_sft_targets_round_trip_through_wire_parsers():
 def test_role_prompts_are_versioned_format_strings():
     assert isinstance(DEFAULT_ROLE_PROMPTS, RolePrompts) and DEFAULT_ROLE_PROMPTS.version
     custom = RolePrompts("test", "{task_system}!", "T:{tools}", "{name}|{arguments}|{schema}|{conversation}")
-    assert (call_message(custom, (), PARIS, [Said("user", "c")])["content"]
-            == 'get_weather|{"city":"Paris"}|null|User: c')
+    assert (
+        call_message(custom, (), PARIS, [Said("user", "c")])["content"] == 'get_weather|{"city":"Paris"}|null|User: c'
+    )

@@ -24,10 +24,18 @@ from envace.core.records import (
     Turn,
 )
 
-JSON_SCALARS = (st.none() | st.booleans() | st.integers(-10**9, 10**9)
-                | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8))
-JSON_VALUES = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=3)
-                           | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
+JSON_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**9), 10**9)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8)
+)
+JSON_VALUES = st.recursive(
+    JSON_SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
 JSON_OBJECTS = st.dictionaries(st.text(max_size=6), JSON_VALUES, max_size=3)
 FLOATS = st.floats(allow_nan=False, allow_infinity=False)
 
@@ -36,8 +44,12 @@ FLOATS = st.floats(allow_nan=False, allow_infinity=False)
 def segments(draw) -> Segment:
     token_ids = tuple(draw(st.lists(st.integers(0, 2**31 - 1), max_size=6)))
     logprobs = draw(st.none() | st.lists(FLOATS, min_size=len(token_ids), max_size=len(token_ids)).map(tuple))
-    return Segment(token_ids=token_ids, role=draw(st.none() | st.sampled_from(Role)), logprobs=logprobs,
-                   text=draw(st.text(max_size=12)))
+    return Segment(
+        token_ids=token_ids,
+        role=draw(st.none() | st.sampled_from(Role)),
+        logprobs=logprobs,
+        text=draw(st.text(max_size=12)),
+    )
 
 
 FIELDS = {  # one strategy per dataclass field of each record
@@ -98,12 +110,25 @@ def _non_default(instance) -> list[str]:
 
 def test_a_trajectory_with_no_default_field_round_trips() -> None:
     call = ToolCall(name="get_order", arguments={"order_id": "o1", "fields": ["a", 2]}, id="call_1")
-    turn = Turn(act_text="<tool_call>…</tool_call>", tool_calls=(call, call), responses=({"ok": 1}, [1, None]),
-                rehearsed=False, user_turn=1, stand_ins=(1,))
+    turn = Turn(
+        act_text="<tool_call>…</tool_call>",
+        tool_calls=(call, call),
+        responses=({"ok": 1}, [1, None]),
+        rehearsed=False,
+        user_turn=1,
+        stand_ins=(1,),
+    )
     segment = Segment(token_ids=(5, 6), role=Role.REHEARSE, logprobs=(-0.5, -1.25), text="x")
-    traj = Trajectory(prompt_id="t1", sample_index=3, streams=(Stream(Role.REHEARSE, (segment,)),),
-                      turns=(turn,), reward=0.75, status=TrajectoryStatus.JUDGE_FAILED,
-                      termination=Termination.MAX_STEPS, info={"example": "0@1", "n": [1, 2]})
+    traj = Trajectory(
+        prompt_id="t1",
+        sample_index=3,
+        streams=(Stream(Role.REHEARSE, (segment,)),),
+        turns=(turn,),
+        reward=0.75,
+        status=TrajectoryStatus.JUDGE_FAILED,
+        termination=Termination.MAX_STEPS,
+        info={"example": "0@1", "n": [1, 2]},
+    )
     assert _non_default(traj) == []
     back = round_trip(traj)
     assert back.turns[0].stand_ins == (1,)

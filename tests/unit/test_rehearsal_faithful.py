@@ -30,8 +30,10 @@ from envace.evaluation.toolworld import ToolWorldAdapter
 from envace.inference.base import ChatOutput, ChatRequest
 from envace.rehearsal import RehearsalSettings, evaluate_with_rehearsal, run_rehearsal_sweep
 
-REFUSAL = (r"rehearsal\.act_temperature=0\.0 with mode=parallel and n_attempts=3 gives 3 identical attempts.*"
-           r"set rehearsal\.act_temperature > 0 \(default 0\.7\) or use mode=sequential")
+REFUSAL = (
+    r"rehearsal\.act_temperature=0\.0 with mode=parallel and n_attempts=3 gives 3 identical attempts.*"
+    r"set rehearsal\.act_temperature > 0 \(default 0\.7\) or use mode=sequential"
+)
 
 
 class RecordingToolWorldEnv(ToolWorldEnv):
@@ -93,8 +95,11 @@ def test_library_defaults_sample_attempts_in_turn_scope() -> None:
 
 
 def test_sweep_with_parallel_cells_at_temperature_zero_fails_at_config_load() -> None:
-    with pytest.raises(ConfigError, match=r"rehearsal\.act_temperature=0\.0 with mode=parallel and n_attempts=2.*"
-                                          r"rehearsal\.modes"):
+    with pytest.raises(
+        ConfigError,
+        match=r"rehearsal\.act_temperature=0\.0 with mode=parallel and n_attempts=2.*"
+        r"rehearsal\.modes",
+    ):
         compose(["rehearsal.act_temperature=0.0"])  # the grid holds n2-parallel and n3-parallel
     with pytest.raises(ConfigError, match="n_attempts=3"):
         compose(["rehearsal.act_temperature=0.0", "rehearsal.n_attempts=[0,1,3]"])
@@ -110,8 +115,16 @@ def test_library_sweep_refuses_before_running_any_cell() -> None:
     oracle = OracleBackend(tasks, make_executor=ToolWorldExecutor)
     greedy = RehearsalSettings(RehearsalConfig(n_attempts=0, act_temperature=0.0, summarizer="structured"))
     with pytest.raises(ValueError, match=REFUSAL):
-        run_rehearsal_sweep(adapter, oracle, {"scripted": ConfirmingRehearser()}, [0, 1, 3],
-                            ["sequential", "parallel"], tasks, greedy, progress=False)
+        run_rehearsal_sweep(
+            adapter,
+            oracle,
+            {"scripted": ConfirmingRehearser()},
+            [0, 1, 3],
+            ["sequential", "parallel"],
+            tasks,
+            greedy,
+            progress=False,
+        )
     assert env.executors == []  # not even the N=0 baseline ran
 
 
@@ -132,8 +145,9 @@ def test_committed_executions_are_counted(adapter_kind: Any, expected: int) -> N
         calls = [c for turn in record.turns for c in turn.tool_calls]
         assert costs["real_env_calls"] == record.real_calls == len(calls)
     # no rehearsal: still exactly the executors built
-    plain = evaluate_with_rehearsal(adapter, oracle, None, tasks, RehearsalSettings(RehearsalConfig(n_attempts=0)),
-                                    progress=False)
+    plain = evaluate_with_rehearsal(
+        adapter, oracle, None, tasks, RehearsalSettings(RehearsalConfig(n_attempts=0)), progress=False
+    )
     assert [r.info["rehearsal"]["costs"]["committed_executions"] for r in plain.records] == [expected] * len(tasks)
 
 
@@ -147,8 +161,9 @@ def test_sweep_rows_record_the_scope_and_label_task_scope(scope: str, label: str
     tasks = adapter.tasks("test", limit=1, seed=0)
     oracle = OracleBackend(tasks, make_executor=ToolWorldExecutor)
     settings = RehearsalSettings(RehearsalConfig(n_attempts=0, scope=scope, summarizer="structured"))
-    cells = run_rehearsal_sweep(adapter, oracle, {"scripted": ConfirmingRehearser()}, [0, 1], ["parallel"], tasks,
-                                settings, progress=False)
+    cells = run_rehearsal_sweep(
+        adapter, oracle, {"scripted": ConfirmingRehearser()}, [0, 1], ["parallel"], tasks, settings, progress=False
+    )
     assert [(c.to_json()["scope"], c.to_json()["scope_label"]) for c in cells] == [("none", "none"), (scope, label)]
     rows = grid_rows(cells, "toolworld")
     assert [(r["scope"], r["scope_label"]) for r in rows] == [("none", "none"), (scope, label)]

@@ -46,8 +46,9 @@ def test_layout_is_append_only_and_shows_each_message_once():
     more = [*history, Said("assistant", "found it"), Said("user", "and b?")]
     second = rehearse_context(P, TOOLS, more, ToolCall("find", {"q": "b"}))
     assert second[: len(first)] == first[:-1] + [first[-1]]  # earlier messages never change
-    assert (second[len(first)]["role"] == "assistant"
-            and parse_rehearsal(second[len(first)]["content"]).result == {"id": 1})
+    assert second[len(first)]["role"] == "assistant" and parse_rehearsal(second[len(first)]["content"]).result == {
+        "id": 1
+    }
     assert "User: find a" in first[1]["content"] and "Assistant: looking" in first[1]["content"]
     assert "find a" not in second[-1]["content"] and "User: and b?" in second[-1]["content"]
     assert second[-1] == next_call_message(P, TOOLS, more, ToolCall("find", {"q": "b"}))
@@ -63,17 +64,34 @@ def test_conversation_budget_drops_the_oldest_first():
 
 
 def test_events_from_turns_and_from_messages_agree():
-    turns = [Turn('ok <tool_call>\n{"name": "find", "arguments": {"q": "a"}}\n</tool_call>', (FIND,), ({"id": 1},),
-                  user_turn=0),
-             Turn("done", user_turn=0), Turn("", (FIND,), ({"id": 2},), user_turn=1, stand_ins=(0,))]
+    turns = [
+        Turn(
+            'ok <tool_call>\n{"name": "find", "arguments": {"q": "a"}}\n</tool_call>',
+            (FIND,),
+            ({"id": 1},),
+            user_turn=0,
+        ),
+        Turn("done", user_turn=0),
+        Turn("", (FIND,), ({"id": 2},), user_turn=1, stand_ins=(0,)),
+    ]
     events = conversation_events(("find a", "again"), turns, upto_turn=1)
-    assert events == [Said("user", "find a"), Said("assistant", "ok"), Answered(FIND, {"id": 1}),
-                      Said("assistant", "done"), Said("user", "again"), Answered(FIND, {"id": 2})]
+    assert events == [
+        Said("user", "find a"),
+        Said("assistant", "ok"),
+        Answered(FIND, {"id": 1}),
+        Said("assistant", "done"),
+        Said("user", "again"),
+        Answered(FIND, {"id": 2}),
+    ]
     assert Answered(FIND, {"id": 2}) not in conversation_events(("find a", "again"), turns, skip_stand_ins=True)
-    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "find a"},
-                {"role": "assistant", "content": "ok", "tool_calls": [replace(FIND, id="c1").to_openai()]},
-                *act_observation_messages([replace(FIND, id="c1")], [{"id": 1}]),
-                {"role": "assistant", "content": "done"}, {"role": "user", "content": "again"}]
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "find a"},
+        {"role": "assistant", "content": "ok", "tool_calls": [replace(FIND, id="c1").to_openai()]},
+        *act_observation_messages([replace(FIND, id="c1")], [{"id": 1}]),
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "again"},
+    ]
     got = events_from_messages(messages)
     assert [type(e) for e in got] == [Said, Said, Answered, Said, Said]
     assert got[2].call.name == "find" and got[2].call.arguments == {"q": "a"} and got[2].result == {"id": 1}
@@ -84,9 +102,12 @@ def test_events_from_turns_and_from_messages_agree():
 def played():
     """A teacher-forced local rollout of a multi-turn tool-world task with calls in several turns."""
     env = ToolWorldEnv()
-    task = next(t for t in env.tasks("train")
-                if sum(1 for turn in t.gold_calls if turn) >= 2
-                and sum(len(step) for turn in t.gold_calls for step in turn) >= 3)
+    task = next(
+        t
+        for t in env.tasks("train")
+        if sum(1 for turn in t.gold_calls if turn) >= 2
+        and sum(len(step) for turn in t.gold_calls for step in turn) >= 3
+    )
     spec = episode_spec_from_task(task, env.make_executor(task))
     model, tokenizer = load_model_and_tokenizer(ModelSpec(kind="tiny"))
     fmt = ChatFormatter(tokenizer)
@@ -137,12 +158,14 @@ def _verl_prompts(played):
 def _imagined_messages(played, k, j, turn):
     """The request test-time rehearsal's responder sends for call j of turn k (driven without a model)."""
     traj, task = played["traj"], played["task"]
-    history = conversation_events(task.user_turns, [*traj.turns[:k], replace(turn, tool_calls=(), responses=())],
-                                  upto_turn=turn.user_turn)
+    history = conversation_events(
+        task.user_turns, [*traj.turns[:k], replace(turn, tool_calls=(), responses=())], upto_turn=turn.user_turn
+    )
     history += [Answered(c, r) for c, r in zip(turn.tool_calls[:j], turn.responses[:j])]
-    responder = RehearserResponder(tuple(task.tools), P, GenerationLedger(), max_new_tokens=8, temperature=0.0,
-                                   seed_parts=(0,))
-    program = responder.respond(turn.tool_calls[j:j + 1], turn.user_turn, "", tuple(history))
+    responder = RehearserResponder(
+        tuple(task.tools), P, GenerationLedger(), max_new_tokens=8, temperature=0.0, seed_parts=(0,)
+    )
+    program = responder.respond(turn.tool_calls[j : j + 1], turn.user_turn, "", tuple(history))
     calls = next(program)
     return calls[0].request.messages
 
@@ -157,10 +180,19 @@ def test_rehearse_context_same_everywhere(played):
     assert len(rollout) == len(verl) == len(fidelity) == len(located) >= 3
     assert len({t.user_turn for _, _, t in located}) >= 2  # calls in more than one user turn
     for i, (k, j, turn) in enumerate(located):
-        direct = _encode(fmt, rehearse_context(P, task.tools, conversation_events(
-            task.user_turns, [*traj.turns[:k], replace(turn, tool_calls=turn.tool_calls[:j],
-                                                      responses=turn.responses[:j])], upto_turn=turn.user_turn),
-            turn.tool_calls[j]))
+        direct = _encode(
+            fmt,
+            rehearse_context(
+                P,
+                task.tools,
+                conversation_events(
+                    task.user_turns,
+                    [*traj.turns[:k], replace(turn, tool_calls=turn.tool_calls[:j], responses=turn.responses[:j])],
+                    upto_turn=turn.user_turn,
+                ),
+                turn.tool_calls[j],
+            ),
+        )
         assert rollout[i] == direct, f"local rollout differs at call {i}"
         assert verl[i] == direct, f"verl episode differs at call {i}"
         assert _encode(fmt, fidelity[i]) == direct, f"fidelity probe differs at call {i}"

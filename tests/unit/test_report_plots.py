@@ -19,39 +19,77 @@ from envace.stages.runner import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 
-STEPS = pd.DataFrame({
-    "step": [0.0, 1.0, 2.0, 3.0, 4.0],
-    "reward/mean": [np.nan, 0.2, 0.4, 0.3, 0.6], "reward/std": [np.nan, 0.1, 0.2, 0.1, 0.3],
-    "adv/act/mean": [np.nan, 0.0, 0.0, 0.0, 0.0], "adv/act/std": [np.nan, 0.2, 0.3, 0.2, 0.1],
-    "adv/act/abs_mean": [np.nan, 0.15, 0.2, 0.1, 0.1], "adv/rehearse/mean": [np.nan, 0.0, 0.0, 0.0, 0.0],
-    "adv/rehearse/std": [np.nan, 0.1, 0.2, 0.2, 0.1], "loss": [np.nan, 0.1, 0.2, 0.1, 0.0],
-    "loss/act": [np.nan, 0.05, 0.1, 0.05, 0.0], "loss/rehearse": [np.nan, 0.05, 0.1, 0.05, 0.0],
-    "kl": [np.nan, 0.0, 0.0, 0.0, 0.0], "grad_norm": [np.nan, 1.0, 2.0, 1.5, 1.0],
-    "parse_fail/act": [np.nan, 0.0, 0.5, 0.0, 0.25], "parse_fail/rehearse": [np.nan, 0.1, 0.0, 0.0, 0.0],
-    "tokens_per_s": [np.nan, 10.0, 12.0, 11.0, 13.0], "update/tokens_per_s": [np.nan, 100.0, 120.0, 90.0, 95.0],
-    "fidelity/exact_match": [0.0, np.nan, 0.5, np.nan, 0.5], "fidelity/field_f1": [0.2, np.nan, 0.6, np.nan, 0.7],
-    "fidelity/n_calls": [4.0, np.nan, 4.0, np.nan, 4.0],
-})
-SWEEP = {"n_tasks": {"toolworld": 4}, "cells": [
-    {"benchmark": "toolworld", "n_attempts": 0, "mode": "none", "rehearser": "none", "success_rate": 0.5,
-     "cost/rehearsal_completion_tokens": 0.0, "cost/rehearsal_wall_s": 0.0},
-    *({"benchmark": "toolworld", "n_attempts": n, "mode": mode, "rehearser": who, "success_rate": 0.25 * n,
-       "cost/rehearsal_completion_tokens": 100.0 * n, "cost/rehearsal_wall_s": 3.0 * n}
-      for n in (1, 2) for mode in ("parallel", "sequential") for who in ("trained", "base"))]}
-STATS = {"n_rows": 8, "user_turns": {"histogram": [[1, 4], [2, 3], [4, 1]]},
-         "calls_per_turn": {"histogram": [[0, 2], [1, 8], [2, 4]]}}
+STEPS = pd.DataFrame(
+    {
+        "step": [0.0, 1.0, 2.0, 3.0, 4.0],
+        "reward/mean": [np.nan, 0.2, 0.4, 0.3, 0.6],
+        "reward/std": [np.nan, 0.1, 0.2, 0.1, 0.3],
+        "adv/act/mean": [np.nan, 0.0, 0.0, 0.0, 0.0],
+        "adv/act/std": [np.nan, 0.2, 0.3, 0.2, 0.1],
+        "adv/act/abs_mean": [np.nan, 0.15, 0.2, 0.1, 0.1],
+        "adv/rehearse/mean": [np.nan, 0.0, 0.0, 0.0, 0.0],
+        "adv/rehearse/std": [np.nan, 0.1, 0.2, 0.2, 0.1],
+        "loss": [np.nan, 0.1, 0.2, 0.1, 0.0],
+        "loss/act": [np.nan, 0.05, 0.1, 0.05, 0.0],
+        "loss/rehearse": [np.nan, 0.05, 0.1, 0.05, 0.0],
+        "kl": [np.nan, 0.0, 0.0, 0.0, 0.0],
+        "grad_norm": [np.nan, 1.0, 2.0, 1.5, 1.0],
+        "parse_fail/act": [np.nan, 0.0, 0.5, 0.0, 0.25],
+        "parse_fail/rehearse": [np.nan, 0.1, 0.0, 0.0, 0.0],
+        "tokens_per_s": [np.nan, 10.0, 12.0, 11.0, 13.0],
+        "update/tokens_per_s": [np.nan, 100.0, 120.0, 90.0, 95.0],
+        "fidelity/exact_match": [0.0, np.nan, 0.5, np.nan, 0.5],
+        "fidelity/field_f1": [0.2, np.nan, 0.6, np.nan, 0.7],
+        "fidelity/n_calls": [4.0, np.nan, 4.0, np.nan, 4.0],
+    }
+)
+SWEEP = {
+    "n_tasks": {"toolworld": 4},
+    "cells": [
+        {
+            "benchmark": "toolworld",
+            "n_attempts": 0,
+            "mode": "none",
+            "rehearser": "none",
+            "success_rate": 0.5,
+            "cost/rehearsal_completion_tokens": 0.0,
+            "cost/rehearsal_wall_s": 0.0,
+        },
+        *(
+            {
+                "benchmark": "toolworld",
+                "n_attempts": n,
+                "mode": mode,
+                "rehearser": who,
+                "success_rate": 0.25 * n,
+                "cost/rehearsal_completion_tokens": 100.0 * n,
+                "cost/rehearsal_wall_s": 3.0 * n,
+            }
+            for n in (1, 2)
+            for mode in ("parallel", "sequential")
+            for who in ("trained", "base")
+        ),
+    ],
+}
+STATS = {
+    "n_rows": 8,
+    "user_turns": {"histogram": [[1, 4], [2, 3], [4, 1]]},
+    "calls_per_turn": {"histogram": [[0, 2], [1, 8], [2, 4]]},
+}
 
 
 def _builders():
     cells = testtime_plots.sweep_cells(SWEEP)
-    return {"reward": lambda: plots.reward_figure(STEPS),
-            "variants": lambda: plots.variant_reward_figure({"grpo (a)": STEPS, "envace (b)": STEPS.iloc[:3]}),
-            "role_panels": lambda: plots.role_panels_figure(STEPS),
-            "advantages": lambda: plots.advantage_figure(STEPS),
-            "fidelity": lambda: plots.fidelity_figure(STEPS),
-            "testtime": lambda: testtime_plots.testtime_figure(cells),
-            "testtime_cost": lambda: testtime_plots.testtime_cost_figure(cells),
-            "data": lambda: plots.data_stats_figure(STATS)}
+    return {
+        "reward": lambda: plots.reward_figure(STEPS),
+        "variants": lambda: plots.variant_reward_figure({"grpo (a)": STEPS, "envace (b)": STEPS.iloc[:3]}),
+        "role_panels": lambda: plots.role_panels_figure(STEPS),
+        "advantages": lambda: plots.advantage_figure(STEPS),
+        "fidelity": lambda: plots.fidelity_figure(STEPS),
+        "testtime": lambda: testtime_plots.testtime_figure(cells),
+        "testtime_cost": lambda: testtime_plots.testtime_cost_figure(cells),
+        "data": lambda: plots.data_stats_figure(STATS),
+    }
 
 
 def _visible_axes(fig: Figure):
@@ -120,7 +158,10 @@ def test_role_panels_draw_what_exists_and_say_what_was_not_recorded():
     fig = plots.role_panels_figure(STEPS.drop(columns=["clipfrac"], errors="ignore"))
     by_title = {ax.get_title(): ax for ax in fig.axes}
     assert [line.get_label() for line in by_title["loss"].get_lines()] == [
-        "both roles (one value per step)", "ACT", "REHEARSE"]
+        "both roles (one value per step)",
+        "ACT",
+        "REHEARSE",
+    ]
     assert [t.get_text() for t in by_title["clip fraction"].texts] == ["not recorded\n(no `clipfrac` column)"]
     assert [t.get_text() for t in by_title["KL to reference"].texts] == ["0 at every step"]
     per_role_model = pd.DataFrame({"step": [1.0, 2.0], "act/grad_norm": [1.0, 2.0], "rehearse/grad_norm": [3.0, 1.0]})
@@ -131,7 +172,7 @@ def test_role_panels_draw_what_exists_and_say_what_was_not_recorded():
 
 def test_wilson_and_bootstrap_intervals():
     low, high = testtime_plots.wilson_interval(0, 1)
-    z2 = 1.959963984540054 ** 2  # the Wilson upper bound of 0/1 is z²/(1+z²)
+    z2 = 1.959963984540054**2  # the Wilson upper bound of 0/1 is z²/(1+z²)
     assert low == 0.0 and high == pytest.approx(z2 / (1 + z2))
     assert testtime_plots.wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
     assert all(math.isnan(v) for v in testtime_plots.wilson_interval(0, 0))
@@ -145,11 +186,18 @@ def test_wilson_and_bootstrap_intervals():
 def test_sweep_cells_from_a_list_or_cells_keyed_by_name():
     listed = testtime_plots.sweep_cells(SWEEP)
     assert len(listed) == 9 and set(listed["n"]) == {4}
-    keyed = {"n_tasks": {"toolworld": 4}, "cells": {  # rehearsal_sweep.json without its details file
-        "toolworld/none/n0/none": {"success_rate": 0.5}, "toolworld/parallel/n2/trained": {"success_rate": 0.75}}}
+    keyed = {
+        "n_tasks": {"toolworld": 4},
+        "cells": {  # rehearsal_sweep.json without its details file
+            "toolworld/none/n0/none": {"success_rate": 0.5},
+            "toolworld/parallel/n2/trained": {"success_rate": 0.75},
+        },
+    }
     frame = testtime_plots.sweep_cells(keyed)
     assert frame[["benchmark", "n_attempts", "mode", "rehearser", "n"]].values.tolist() == [
-        ["toolworld", 0, "none", "none", 4], ["toolworld", 2, "parallel", "trained", 4]]
+        ["toolworld", 0, "none", "none", 4],
+        ["toolworld", 2, "parallel", "trained", 4],
+    ]
     assert testtime_plots.sweep_cells(None).empty and testtime_plots.sweep_cells({"cells": []}).empty
 
 
@@ -157,8 +205,12 @@ def test_testtime_figure_names_its_interval_and_dodges_equal_series():
     fig = testtime_plots.testtime_figure(testtime_plots.sweep_cells(SWEEP))
     assert fig.legends[0].get_title().get_text() == "bars: 95% Wilson (binomial, n tasks)"
     assert fig.axes[0].get_title() == "toolworld (n = 4 tasks)"
-    xs = {round(float(x), 3) for line in fig.axes[0].get_lines() for x in line.get_xdata()
-          if line.get_marker() in ("o", "s") and 0.5 < float(x) < 1.5}
+    xs = {
+        round(float(x), 3)
+        for line in fig.axes[0].get_lines()
+        for x in line.get_xdata()
+        if line.get_marker() in ("o", "s") and 0.5 < float(x) < 1.5
+    }
     assert len(xs) == 4  # four series at N=1, each at its own offset
 
 
@@ -172,8 +224,9 @@ def test_reasons_instead_of_figures_without_data():
 
 
 def test_save_plots_writes_pngs_and_the_testtime_points(tmp_path):
-    made, skipped = plots.save_plots(tmp_path, steps=STEPS, curves=STEPS, variants={"envace (w)": STEPS},
-                                     testtime=testtime_plots.sweep_cells(SWEEP))
+    made, skipped = plots.save_plots(
+        tmp_path, steps=STEPS, curves=STEPS, variants={"envace (w)": STEPS}, testtime=testtime_plots.sweep_cells(SWEEP)
+    )
     assert skipped == {} and all((tmp_path / name).read_bytes()[:4] == b"\x89PNG" for name in made)
     points = pd.read_csv(tmp_path / testtime_plots.TESTTIME_POINTS)
     assert len(points) == 9 and {"n_attempts", "success_rate", "low", "high"} <= set(points.columns)
@@ -184,6 +237,11 @@ def test_the_committed_metrics_draw_well_formed_figures():
     train = json.loads((ROOT / "metrics" / "train.json").read_text())
     curves = plots.merge_curves(plots.curves_frame(train.get("curves")), steps)
     cells = testtime_plots.sweep_cells(read_metrics(ROOT / "metrics" / "rehearsal_sweep.json"))
-    for figure in (plots.reward_figure(steps), plots.role_panels_figure(curves), plots.advantage_figure(curves),
-                   testtime_plots.testtime_figure(cells), testtime_plots.testtime_cost_figure(cells)):
+    for figure in (
+        plots.reward_figure(steps),
+        plots.role_panels_figure(curves),
+        plots.advantage_figure(curves),
+        testtime_plots.testtime_figure(cells),
+        testtime_plots.testtime_cost_figure(cells),
+    ):
         assert_well_formed(figure)

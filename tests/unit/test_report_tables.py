@@ -24,25 +24,60 @@ from envace.reporting.tables import NOT_RUNNABLE, fidelity_table, main_table, re
 from envace.stages import report
 from envace.utils.io import write_json
 
-ALL_PLOTS = ["training_curve.png", "training_per_role.png", "reward_per_variant.png", "advantages_per_role.png",
-             "fidelity_over_training.png", "testtime.png", "testtime_cost.png"]
+ALL_PLOTS = [
+    "training_curve.png",
+    "training_per_role.png",
+    "reward_per_variant.png",
+    "advantages_per_role.png",
+    "fidelity_over_training.png",
+    "testtime.png",
+    "testtime_cost.png",
+]
 
 
-def _entry(name, algo, model="tiny", profile="smoke", ts="2026-01-01T00:00:00", rates=None, reward=0.1,
-           curves=None, kind="experiment"):
-    return {"kind": kind, "name": name, "rev": name.ljust(40, "0"), "baseline": "b" * 40, "timestamp": ts,
-            "params": {"profile": profile, "algo.name": algo, "model.name": model, "engine.name": "local",
-                       "experiment_name": "default", "seed": 0},
-            "success_rate": {b: {"policy": r, "base": 0.0} for b, r in (rates or {"toolworld": 0.25}).items()},
-            "train": {"final_reward": reward, "steps_done": 2, "variant": algo},
-            "curves": curves, "curves_source": "train.json" if curves else None}
+def _entry(
+    name,
+    algo,
+    model="tiny",
+    profile="smoke",
+    ts="2026-01-01T00:00:00",
+    rates=None,
+    reward=0.1,
+    curves=None,
+    kind="experiment",
+):
+    return {
+        "kind": kind,
+        "name": name,
+        "rev": name.ljust(40, "0"),
+        "baseline": "b" * 40,
+        "timestamp": ts,
+        "params": {
+            "profile": profile,
+            "algo.name": algo,
+            "model.name": model,
+            "engine.name": "local",
+            "experiment_name": "default",
+            "seed": 0,
+        },
+        "success_rate": {b: {"policy": r, "base": 0.0} for b, r in (rates or {"toolworld": 0.25}).items()},
+        "train": {"final_reward": reward, "steps_done": 2, "variant": algo},
+        "curves": curves,
+        "curves_source": "train.json" if curves else None,
+    }
 
 
 EXPERIMENTS = [
     _entry("workspace", "per_role", kind="workspace", rates={"toolworld": 0.99}),  # stale snapshot: ignored
     _entry("grpo-old", "grpo", ts="2026-01-01T00:00:00", rates={"toolworld": 0.0}),
-    _entry("grpo-new", "grpo", ts="2026-01-02T00:00:00", rates={"toolworld": 0.25, "bfcl": 0.75}, reward=0.2,
-           curves={"step": [0, 1, 2], "reward/mean": [None, 0.1, 0.2]}),
+    _entry(
+        "grpo-new",
+        "grpo",
+        ts="2026-01-02T00:00:00",
+        rates={"toolworld": 0.25, "bfcl": 0.75},
+        reward=0.2,
+        curves={"step": [0, 1, 2], "reward/mean": [None, 0.1, 0.2]},
+    ),
     _entry("per-role", "per_role", rates={"toolworld": 0.5}, curves={"step": [0, 1], "reward/mean": [0.0, 0.3]}),
     _entry("envace-exp", "envace", rates={"toolworld": 0.01}),  # the workspace run replaces it
     _entry("cpu-grpo", "grpo", profile="cpu", rates={"toolworld": 0.9}),
@@ -53,25 +88,64 @@ EXPERIMENTS = [
 
 def _metrics_dir(root: Path, *, curves: bool = True, fidelity: bool = True, experiments: bool = True) -> None:
     metrics, plots = root / "metrics", root / "plots"
-    write_json(metrics / "evaluate_toolworld.json", {"benchmark": "toolworld", "n_tasks": 8,
-                                                     "policy": {"success_rate": 0.375, "n_tasks": 8},
-                                                     "base": {"success_rate": 0.125, "n_tasks": 8}})
+    write_json(
+        metrics / "evaluate_toolworld.json",
+        {
+            "benchmark": "toolworld",
+            "n_tasks": 8,
+            "policy": {"success_rate": 0.375, "n_tasks": 8},
+            "base": {"success_rate": 0.125, "n_tasks": 8},
+        },
+    )
     train = {"final/reward/mean": 0.5, "steps_done": 2, "variant": "envace"}
     if curves:
-        train["curves"] = {"step": [0, 1, 2], "reward/mean": [None, 0.25, 0.5],
-                           "adv/act/mean": [None, 0.0, 0.1], "adv/act/std": [None, 0.5, 0.4],
-                           "adv/rehearse/mean": [None, 0.0, -0.1], "adv/rehearse/std": [None, 0.3, 0.2],
-                           **({"fidelity/exact_match": [0.1, None, 0.3], "fidelity/field_f1": [0.2, None, 0.4],
-                               "fidelity/error_agreement": [0.5, None, 0.6]} if fidelity else {})}
+        train["curves"] = {
+            "step": [0, 1, 2],
+            "reward/mean": [None, 0.25, 0.5],
+            "adv/act/mean": [None, 0.0, 0.1],
+            "adv/act/std": [None, 0.5, 0.4],
+            "adv/rehearse/mean": [None, 0.0, -0.1],
+            "adv/rehearse/std": [None, 0.3, 0.2],
+            **(
+                {
+                    "fidelity/exact_match": [0.1, None, 0.3],
+                    "fidelity/field_f1": [0.2, None, 0.4],
+                    "fidelity/error_agreement": [0.5, None, 0.6],
+                }
+                if fidelity
+                else {}
+            ),
+        }
     write_json(metrics / "train.json", train)
-    write_json(metrics / "rehearsal_sweep.json", {"cells": [
-        {"n_attempts": 0, "mode": "none", "rehearser": "none", "success_rate": 0.25, "gain_vs_none": 0.0},
-        {"n_attempts": 1, "mode": "parallel", "rehearser": "trained", "success_rate": 0.5, "gain_vs_none": 0.25,
-         "cost/rehearsal_completion_tokens": 120.0}]})
+    write_json(
+        metrics / "rehearsal_sweep.json",
+        {
+            "cells": [
+                {"n_attempts": 0, "mode": "none", "rehearser": "none", "success_rate": 0.25, "gain_vs_none": 0.0},
+                {
+                    "n_attempts": 1,
+                    "mode": "parallel",
+                    "rehearser": "trained",
+                    "success_rate": 0.5,
+                    "gain_vs_none": 0.25,
+                    "cost/rehearsal_completion_tokens": 120.0,
+                },
+            ]
+        },
+    )
     plots.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame({"step": [1.0, 2.0], "reward/mean": [0.25, 0.5], "adv/act/mean": [0.0, 0.1],
-                  "adv/act/std": [0.5, 0.4], "adv/act/abs_mean": [0.4, 0.3], "adv/rehearse/mean": [0.0, -0.1],
-                  "adv/rehearse/std": [0.3, 0.2], "loss": [0.1, 0.05]}).to_csv(plots / "train_steps.csv", index=False)
+    pd.DataFrame(
+        {
+            "step": [1.0, 2.0],
+            "reward/mean": [0.25, 0.5],
+            "adv/act/mean": [0.0, 0.1],
+            "adv/act/std": [0.5, 0.4],
+            "adv/act/abs_mean": [0.4, 0.3],
+            "adv/rehearse/mean": [0.0, -0.1],
+            "adv/rehearse/std": [0.3, 0.2],
+            "loss": [0.1, 0.05],
+        }
+    ).to_csv(plots / "train_steps.csv", index=False)
     if experiments:
         write_json(metrics / "experiments.json", {"schema_version": SCHEMA_VERSION, "experiments": EXPERIMENTS})
 
@@ -90,8 +164,16 @@ def make_report(tmp_path, paths_under):
 def test_ablation_rows_latest_per_variant_same_profile_and_model_current_run_wins(make_report):
     out, summary = make_report()
     table = pd.read_csv(out / "ablation.csv")
-    assert [c for c in table.columns if "/" not in c] == ["variant", "run", "seeds", "toolworld", "Overall",
-                                                          "Overall (all)", "final_reward", REFERENCE_COLUMN]
+    assert [c for c in table.columns if "/" not in c] == [
+        "variant",
+        "run",
+        "seeds",
+        "toolworld",
+        "Overall",
+        "Overall (all)",
+        "final_reward",
+        REFERENCE_COLUMN,
+    ]
     assert table["variant"].tolist() == ["grpo", "per_role", "envace"]
     assert table["run"].tolist() == ["grpo-new", "per-role", "workspace"] == summary["ablation_runs"]
     assert table["toolworld"].tolist() == [25.0, 50.0, 37.5]
@@ -168,8 +250,10 @@ def test_the_paper_numbers_stay_in_their_labelled_reference_column(make_report):
 
 
 def test_reward_per_variant_uses_each_variants_curves(tmp_path):
-    variants = {"grpo (a)": curves_frame({"step": [0, 1], "reward/mean": [None, 0.5]}),
-                "per_role (b)": curves_frame({"step": [0, 1], "reward/mean": [0.1, None, 0.3]})}  # padded
+    variants = {
+        "grpo (a)": curves_frame({"step": [0, 1], "reward/mean": [None, 0.5]}),
+        "per_role (b)": curves_frame({"step": [0, 1], "reward/mean": [0.1, None, 0.3]}),
+    }  # padded
     assert len(variants["per_role (b)"]) == 3
     assert plot_reward_per_variant(variants, tmp_path / "r.png") is None and (tmp_path / "r.png").exists()
     empty = {"grpo (a)": curves_frame(None), "x (b)": curves_frame({"step": [0], "reward/mean": [None]})}
@@ -188,17 +272,24 @@ def test_merge_curves_adds_csv_only_columns_on_step():
 def test_latest_per_filters_on_the_fixed_keys_and_lets_the_current_run_win():
     runs = collected_runs({"schema_version": SCHEMA_VERSION, "experiments": EXPERIMENTS})
     assert "workspace" not in [r.run for r in runs]
-    current = RunResult(run="workspace", params={"profile": "smoke", "model.name": "tiny", "algo.name": "envace"},
-                        success={"toolworld": 0.375})
+    current = RunResult(
+        run="workspace",
+        params={"profile": "smoke", "model.name": "tiny", "algo.name": "envace"},
+        success={"toolworld": 0.375},
+    )
     chosen = latest_per(runs, current, vary="algo.name", same=("profile", "model.name"))
-    assert {r.params["algo.name"]: r.run for r in chosen} == {"grpo": "grpo-new", "per_role": "per-role",
-                                                             "envace": "workspace"}
+    assert {r.params["algo.name"]: r.run for r in chosen} == {
+        "grpo": "grpo-new",
+        "per_role": "per-role",
+        "envace": "workspace",
+    }
     with pytest.raises(ValueError, match="envace.experiments collect"):
         collected_runs({"schema_version": 999, "experiments": []})
 
 
-@pytest.mark.parametrize("name, size", [("qwen3-1.7b", 1.7e9), ("qwen3-8b", 8e9), ("smollm2-135m", 1.35e8),
-                                        ("tiny", 0.0)])
+@pytest.mark.parametrize(
+    "name, size", [("qwen3-1.7b", 1.7e9), ("qwen3-8b", 8e9), ("smollm2-135m", 1.35e8), ("tiny", 0.0)]
+)
 def test_model_size_from_the_name(name, size):
     assert model_size(name) == pytest.approx(size)
 
@@ -220,16 +311,31 @@ def test_benchmark_table_lists_each_benchmarks_own_aggregates():
     from envace.reporting.tables import benchmark_table, main_table, overall_note
 
     m = {
-        "evaluate_bfcl": {"benchmark": "bfcl", "policy": {
-            "success_rate": 0.5, "context_overflows": 1,
-            "categories": {"simple_python": {"status": "ran", "accuracy": 0.5, "n": 2},
-                           "web_search_base": {"status": "not_runnable_offline", "reason": "network"}},
-            "aggregates": {"overall": 0.5, "multi_turn": None}}},
-        "evaluate_tau2": {"benchmark": "tau2", "policy": {
-            "success_rate": 0.25, "domains": {"telecom:base": {"status": "ran", "avg_reward": 0.25, "pass^1": 0.25,
-                                                               "pass^2": 0.0, "n_tasks": 4}}}},
-        "evaluate_finmcp": {"benchmark": "finmcp", "base": {
-            "success_rate": 0.0, "finmcp": {"overall": {"macro": {"f1": 0.4}, "exact_match": 0.0}}}},
+        "evaluate_bfcl": {
+            "benchmark": "bfcl",
+            "policy": {
+                "success_rate": 0.5,
+                "context_overflows": 1,
+                "categories": {
+                    "simple_python": {"status": "ran", "accuracy": 0.5, "n": 2},
+                    "web_search_base": {"status": "not_runnable_offline", "reason": "network"},
+                },
+                "aggregates": {"overall": 0.5, "multi_turn": None},
+            },
+        },
+        "evaluate_tau2": {
+            "benchmark": "tau2",
+            "policy": {
+                "success_rate": 0.25,
+                "domains": {
+                    "telecom:base": {"status": "ran", "avg_reward": 0.25, "pass^1": 0.25, "pass^2": 0.0, "n_tasks": 4}
+                },
+            },
+        },
+        "evaluate_finmcp": {
+            "benchmark": "finmcp",
+            "base": {"success_rate": 0.0, "finmcp": {"overall": {"macro": {"f1": 0.4}, "exact_match": 0.0}}},
+        },
     }
     table = benchmark_table(m).set_index(["benchmark", "model", "measure"])["value"]
     assert table[("bfcl", "policy", "category:simple_python")] == 0.5
@@ -277,15 +383,22 @@ def test_wilson_and_the_bootstrap_give_known_numbers():
 
 
 def _evaluate(bench, rate, n, **extra):
-    return {"benchmark": bench, "n_tasks": n, "not_runnable": extra.pop("parts", {}),
-            "policy": {"success_rate": rate, "n_tasks": n, **extra}}
+    return {
+        "benchmark": bench,
+        "n_tasks": n,
+        "not_runnable": extra.pop("parts", {}),
+        "policy": {"success_rate": rate, "n_tasks": n, **extra},
+    }
 
 
 def test_overflows_not_runnable_and_not_run_are_flagged_in_the_cells():
-    m = {"evaluate_tau2": _evaluate("tau2", 0.0, 3, context_overflows=3),
-         "evaluate_bfcl": _evaluate("bfcl", 0.5, 4, parts={"web_search_base": "needs SerpAPI"}),
-         "evaluate_vitabench": _evaluate("vitabench", 0.0, 2, error_rate=1.0,
-                                         status_info={"status": "needs endpoints: user simulator, judge"})}
+    m = {
+        "evaluate_tau2": _evaluate("tau2", 0.0, 3, context_overflows=3),
+        "evaluate_bfcl": _evaluate("bfcl", 0.5, 4, parts={"web_search_base": "needs SerpAPI"}),
+        "evaluate_vitabench": _evaluate(
+            "vitabench", 0.0, 2, error_rate=1.0, status_info={"status": "needs endpoints: user simulator, judge"}
+        ),
+    }
     main = main_table(["tau2", "bfcl", "vitabench", "finmcp"], {"policy": "envace"}, m, "envace")
     row = main.iloc[0]
     assert row["tau2/overflows"] == 3 and row["vitabench/status"] == NOT_RUNNABLE and pd.isna(row["vitabench"])
@@ -300,11 +413,29 @@ def test_overflows_not_runnable_and_not_run_are_flagged_in_the_cells():
 
 
 def test_nothing_measured_prints_a_dash_never_0():
-    m = {"evaluate_toolworld": {"benchmark": "toolworld", "policy": {
-        "success_rate": 0.0, "n_tasks": 2,
-        "fidelity": {"n": 0, "exact_match": 0.0, "field_f1": 0.0, "error_agreement": 0.0, "parse_failure_rate": 0.0},
-        "fidelity_gold": {"n": 2, "exact_match": 0.5, "field_f1": 0.5, "error_agreement": 1.0,
-                          "parse_failure_rate": 0.0}}}}
+    m = {
+        "evaluate_toolworld": {
+            "benchmark": "toolworld",
+            "policy": {
+                "success_rate": 0.0,
+                "n_tasks": 2,
+                "fidelity": {
+                    "n": 0,
+                    "exact_match": 0.0,
+                    "field_f1": 0.0,
+                    "error_agreement": 0.0,
+                    "parse_failure_rate": 0.0,
+                },
+                "fidelity_gold": {
+                    "n": 2,
+                    "exact_match": 0.5,
+                    "field_f1": 0.5,
+                    "error_agreement": 1.0,
+                    "parse_failure_rate": 0.0,
+                },
+            },
+        }
+    }
     fidelity = fidelity_table(m)
     own, gold = fidelity.iloc[0], fidelity.iloc[1]
     assert own["n"] == 0 and pd.isna(own["exact_match"]) and pd.isna(own["field_f1"])
@@ -315,8 +446,13 @@ def test_nothing_measured_prints_a_dash_never_0():
 
 
 def _run(name, algo, seed, rate):
-    return RunResult(run=name, params={"profile": "smoke", "model.name": "tiny", "algo.name": algo, "seed": seed},
-                     success={"toolworld": rate}, n={"toolworld": 8}, final_reward=rate)
+    return RunResult(
+        run=name,
+        params={"profile": "smoke", "model.name": "tiny", "algo.name": algo, "seed": seed},
+        success={"toolworld": rate},
+        n={"toolworld": 8},
+        final_reward=rate,
+    )
 
 
 def test_a_row_with_several_seeds_is_their_mean_with_a_bootstrap_over_seeds():
@@ -346,8 +482,9 @@ def test_the_report_opens_with_its_provenance(make_report, monkeypatch):
 
 
 def _git(root, *args):
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True, capture_output=True
+    )
 
 
 def test_metrics_from_an_older_commit_than_the_code_are_marked_stale(tmp_path):
@@ -369,16 +506,32 @@ def test_metrics_from_an_older_commit_than_the_code_are_marked_stale(tmp_path):
     assert stale_note(["new"], [old, new]) is None
     (tmp_path / "envace" / "stage.py").write_text("x = 3\n")  # uncommitted code: nothing is current
     assert input_state(tmp_path / "metrics" / "new.json").state == STALE
-    header = "\n".join(header_lines(commit="abc", dirty=True, profile="cpu", overrides=[], model="m",
-                                    variant="envace", seeds=[0], date="d", inputs=[old, new]))
+    header = "\n".join(
+        header_lines(
+            commit="abc",
+            dirty=True,
+            profile="cpu",
+            overrides=[],
+            model="m",
+            variant="envace",
+            seeds=[0],
+            date="d",
+            inputs=[old, new],
+        )
+    )
     assert "(dirty" in header and "**STALE**: 1 later commit(s)" in header and "Stale inputs** (1 of 2)" in header
 
 
 def test_report_metrics_have_stable_keys_and_the_labels_go_to_tags(make_report):
     _, summary = make_report()
     numeric = {k for k, v in summary.items() if isinstance(v, float)}
-    assert {"overall_all/policy", "overall_all/base", "success/policy/toolworld", "success/base/toolworld/n",
-            "overall_all/policy/ci_low"} <= numeric and "overall/policy" in summary
+    assert {
+        "overall_all/policy",
+        "overall_all/base",
+        "success/policy/toolworld",
+        "success/base/toolworld/n",
+        "overall_all/policy/ci_low",
+    } <= numeric and "overall/policy" in summary
     assert summary["overall_all/policy"] == pytest.approx(37.5) and summary["overall/policy"] is None
     assert not [k for k in summary if "tiny" in k or " " in k or "(" in k]
     assert summary["labels"] == {"base": "tiny (base)", "policy": "envace (tiny)"}

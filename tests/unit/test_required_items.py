@@ -35,9 +35,10 @@ def _wrong_first_turn(spec):
     """The spec with turn 0's gold calls pointed at an argument value the checklist does not accept."""
     steps = []
     for step in spec.gold[0]:
-        calls = tuple(replace(c, arguments={k: f"{v}-wrong" if isinstance(v, str) else v
-                                            for k, v in c.arguments.items()})
-                      for c in step.calls)
+        calls = tuple(
+            replace(c, arguments={k: f"{v}-wrong" if isinstance(v, str) else v for k, v in c.arguments.items()})
+            for c in step.calls
+        )
         steps.append(GoldStep(calls, step.responses))
     return replace(spec, gold=(tuple(steps), *spec.gold[1:]))
 
@@ -54,8 +55,10 @@ def test_required_item_stops_rollout(world):
     assert good.termination is Termination.FINAL_REPLY
     assert max(t.user_turn for t in good.turns) == len(world["spec"].user_turns) - 1
     bad_spec = _wrong_first_turn(world["spec"])
-    assert any(step.calls[0].arguments != good_step.calls[0].arguments
-               for step, good_step in zip(bad_spec.gold[0], world["spec"].gold[0]))
+    assert any(
+        step.calls[0].arguments != good_step.calls[0].arguments
+        for step, good_step in zip(bad_spec.gold[0], world["spec"].gold[0])
+    )
     bad = _play(world, bad_spec, gate)
     assert bad.termination is Termination.REQUIRED_ITEM_FAILED
     assert {t.user_turn for t in bad.turns} == {0}  # turn 1 was never replayed

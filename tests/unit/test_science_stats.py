@@ -11,10 +11,16 @@ from envace.stages.science import cell_name, part_overrides
 
 
 def rows(successes, held_out_every: int = 0):
-    return [{"task_id": f"t{i:02d}", "success": bool(s), "domain": "bank",
-             "held_out": bool(held_out_every and i % held_out_every == 0),
-             "held_out_kind": "domain" if held_out_every and i % held_out_every == 0 else None}
-            for i, s in enumerate(successes)]
+    return [
+        {
+            "task_id": f"t{i:02d}",
+            "success": bool(s),
+            "domain": "bank",
+            "held_out": bool(held_out_every and i % held_out_every == 0),
+            "held_out_kind": "domain" if held_out_every and i % held_out_every == 0 else None,
+        }
+        for i, s in enumerate(successes)
+    ]
 
 
 def test_runs_on_different_tasks_are_refused():
@@ -66,8 +72,12 @@ def test_held_out_subset_keeps_only_held_out_domain_tasks():
 
 def test_comparisons_are_envace_vs_each_variant_and_each_vs_the_sft_base():
     assert comparisons(["envace", "grpo", "per_role"]) == [
-        ("envace", "grpo"), ("envace", "per_role"), ("envace", "sft_base"), ("grpo", "sft_base"),
-        ("per_role", "sft_base")]
+        ("envace", "grpo"),
+        ("envace", "per_role"),
+        ("envace", "sft_base"),
+        ("grpo", "sft_base"),
+        ("per_role", "sft_base"),
+    ]
 
 
 def test_cells_share_data_and_start_but_not_outputs():
@@ -81,14 +91,14 @@ def test_cells_share_data_and_start_but_not_outputs():
             assert f"paths.checkpoints={s.dir}/cells/{cell_name(variant, seed)}/checkpoints" in overrides
         assert f"algo.name={variant}" in train and f"train.steps={s.steps}" in train
         assert "eval.compare_base=false" in evaluate
-    sft_eval, = part_overrides(cfg, "sft_eval")
+    (sft_eval,) = part_overrides(cfg, "sft_eval")
     assert "eval.compare_base=true" in sft_eval and f"paths.checkpoints={s.dir}/sft" in sft_eval
 
 
 def test_testtime_grid_is_whole_for_the_first_seed_only():
     cfg = compose(["profile=cpu"])
-    first, = part_overrides(cfg, "testtime", "envace", 0)
-    other, = part_overrides(cfg, "testtime", "envace", 1)
+    (first,) = part_overrides(cfg, "testtime", "envace", 0)
+    (other,) = part_overrides(cfg, "testtime", "envace", 1)
     assert "rehearsal.rehearsers=[trained,base]" in first and "rehearsal.modes=[parallel,sequential]" in first
     assert f"rehearsal.n_attempts=[{','.join(map(str, cfg.science.testtime_n_attempts))}]" in first
     assert "rehearsal.rehearsers=[trained]" in other and "rehearsal.n_attempts=[0,2]" in other
@@ -108,9 +118,17 @@ def test_aggregate_writes_science_json_and_the_report(tmp_path):
 
     from envace.reporting.science import aggregate
 
-    cfg = compose(["profile=cpu", f"science.metrics={tmp_path}/m", f"science.json={tmp_path}/science.json",
-                   f"science.reports={tmp_path}/report", "science.variants=[envace,grpo]", "science.seeds=[0,1]",
-                   "science.bootstrap_resamples=300"])
+    cfg = compose(
+        [
+            "profile=cpu",
+            f"science.metrics={tmp_path}/m",
+            f"science.json={tmp_path}/science.json",
+            f"science.reports={tmp_path}/report",
+            "science.variants=[envace,grpo]",
+            "science.seeds=[0,1]",
+            "science.bootstrap_resamples=300",
+        ]
+    )
     m = tmp_path / "m"
     base = [1] * 4 + [0] * 36
     _write(m / "sft" / "tasks.json", {"policy": rows(base, 5), "base": rows([0] * 40, 5)})
@@ -121,13 +139,19 @@ def test_aggregate_writes_science_json_and_the_report(tmp_path):
             _write(cell / "tasks.json", {"policy": rows([1] * (gained + seed) + [0] * (40 - gained - seed), 5)})
             _write(cell / "train.json", {"steps_done": 4, "final": {"reward/mean": 0.3}})
             _write(cell / "evaluate_toolworld.json", {"policy": {"success_rate": 0.1, "n_tasks": 40}})
-    sweep = {"cells": {"toolworld/none/n0/none": {"success_rate": 0.1, "n_attempts": 0},
-                       "toolworld/parallel/n2/trained": {"success_rate": 0.2, "n_attempts": 2},
-                       "toolworld/parallel/n2/base": {"success_rate": 0.1, "n_attempts": 2}}}
+    sweep = {
+        "cells": {
+            "toolworld/none/n0/none": {"success_rate": 0.1, "n_attempts": 0},
+            "toolworld/parallel/n2/trained": {"success_rate": 0.2, "n_attempts": 2},
+            "toolworld/parallel/n2/base": {"success_rate": 0.1, "n_attempts": 2},
+        }
+    }
     tt = m / "testtime" / "envace-seed0"
     _write(tt / "rehearsal_sweep.json", sweep)
-    _write(tt / "tasks.json", {"n0-none-none": rows(base), "n2-parallel-trained": rows([1] * 8 + [0] * 32),
-                               "n2-parallel-base": rows(base)})
+    _write(
+        tt / "tasks.json",
+        {"n0-none-none": rows(base), "n2-parallel-trained": rows([1] * 8 + [0] * 32), "n2-parallel-base": rows(base)},
+    )
     aggregate(cfg)
     out = json.loads((tmp_path / "science.json").read_text())
     assert out["envace/seed1"]["success"] == pytest.approx(11 / 40) and out["envace/seed1"]["n"] == 40

@@ -28,8 +28,17 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _stages(cwd: Path, *calls: tuple[str, ...], **env: str) -> list[subprocess.CompletedProcess]:
     """Run ``python -m envace.stages.<name> <args…>`` for each ``(name, *args)`` side by side in ``cwd``."""
-    procs = [subprocess.Popen([sys.executable, "-m", f"envace.stages.{name}", *args], cwd=cwd, env=_env(**env),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for name, *args in calls]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", f"envace.stages.{name}", *args],
+            cwd=cwd,
+            env=_env(**env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, *args in calls
+    ]
     done = []
     for proc in procs:
         stdout, stderr = proc.communicate(timeout=180)
@@ -84,8 +93,13 @@ def test_every_help_example_is_a_valid_override_of_params_yaml():
 
 def test_a_bad_override_is_one_line_and_exit_2(project):
     bad_key, bad_value, group, bare, option = _stages(
-        project, ("prepare_data", "data.n_trian=3"), ("train", "train.steps=lots"), ("train", "profile=cpu"),
-        ("train", "train.steps"), ("train", "--steps=3"))
+        project,
+        ("prepare_data", "data.n_trian=3"),
+        ("train", "train.steps=lots"),
+        ("train", "profile=cpu"),
+        ("train", "train.steps"),
+        ("train", "--steps=3"),
+    )
     for result in (bad_key, bad_value, group, bare, option):
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     [line] = _error_lines(bad_key.stderr)
@@ -120,8 +134,8 @@ def test_a_missing_input_is_one_line_exit_1_and_a_failed_mlflow_run(project):
 
 
 def test_envace_debug_adds_the_traceback(project):
-    quiet, = _stages(project, ("prepare_data", *NO_CM2, "tracking.backend=none"))
-    loud, = _stages(project, ("prepare_data", *NO_CM2, "tracking.backend=none"), ENVACE_DEBUG="1")
+    (quiet,) = _stages(project, ("prepare_data", *NO_CM2, "tracking.backend=none"))
+    (loud,) = _stages(project, ("prepare_data", *NO_CM2, "tracking.backend=none"), ENVACE_DEBUG="1")
     assert quiet.returncode == loud.returncode == 1
     assert "Traceback" not in quiet.stderr
     assert "Traceback (most recent call last)" in loud.stderr and "FileNotFoundError" in loud.stderr

@@ -26,8 +26,9 @@ def test_every_stage_module_is_a_dvc_stage_and_runnable():
     for name in STAGES:
         module = importlib.import_module(f"envace.stages.{name}")
         assert callable(module.run) and callable(module.main)
-        assert DVC[name].get("cmd", DVC[name].get("do", {}).get("cmd", "")).startswith(
-            f"python -m envace.stages.{name}")
+        assert (
+            DVC[name].get("cmd", DVC[name].get("do", {}).get("cmd", "")).startswith(f"python -m envace.stages.{name}")
+        )
         assert len((ROOT / "envace" / "stages" / f"{name}.py").read_text().splitlines()) <= 200
 
 
@@ -97,7 +98,6 @@ def test_every_configurable_benchmark_has_adapter_settings():
     from envace.stages.suites import BENCHMARK_KWARGS
 
     assert {b.value for b in Benchmark} == set(BENCHMARK_KWARGS)
-
 
 
 def test_every_data_plot_names_its_x_and_y():

@@ -82,21 +82,39 @@ def test_stage_main_reports_a_bad_override_without_running(tmp_path, monkeypatch
 
 
 RETURNED = {
-    "n_tasks": 8, "ok": True, "variant": "envace", "rate": float("nan"), "empty": {}, "none": None,
+    "n_tasks": 8,
+    "ok": True,
+    "variant": "envace",
+    "rate": float("nan"),
+    "empty": {},
+    "none": None,
     "curves": {"step": [0, 1], "reward/mean": [None, 0.5]},
-    "policy": {"success_rate": 0.125, "status": "ran", "fidelity": {"n": 0, "field_f1": 0.0, "note": None},
-               "domains": {"telecom:base": {"mode": "solo", "pass^1": 0.0}}},
+    "policy": {
+        "success_rate": 0.125,
+        "status": "ran",
+        "fidelity": {"n": 0, "field_f1": 0.0, "note": None},
+        "domains": {"telecom:base": {"mode": "solo", "pass^1": 0.0}},
+    },
 }
 
 
 def test_split_puts_numbers_in_the_metrics_half_and_everything_else_in_the_details_half():
     numbers, details = runner.split_metrics(RETURNED)
-    assert numbers == {"n_tasks": 8, "ok": True,
-                       "policy": {"success_rate": 0.125, "fidelity": {"n": 0, "field_f1": 0.0},
-                                  "domains": {"telecom:base": {"pass^1": 0.0}}}}
+    assert numbers == {
+        "n_tasks": 8,
+        "ok": True,
+        "policy": {
+            "success_rate": 0.125,
+            "fidelity": {"n": 0, "field_f1": 0.0},
+            "domains": {"telecom:base": {"pass^1": 0.0}},
+        },
+    }
     assert details["variant"] == "envace" and details["curves"] == RETURNED["curves"] and details["empty"] == {}
-    assert details["none"] is None and details["policy"] == {"status": "ran", "fidelity": {"note": None},
-                                                             "domains": {"telecom:base": {"mode": "solo"}}}
+    assert details["none"] is None and details["policy"] == {
+        "status": "ran",
+        "fidelity": {"note": None},
+        "domains": {"telecom:base": {"mode": "solo"}},
+    }
 
     def leaves(tree):
         for value in tree.values():

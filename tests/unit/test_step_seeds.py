@@ -31,9 +31,14 @@ torch.set_num_threads(1)
 
 TINY = ModelSpec(kind="tiny", seed=3)
 CFG = LocalEngineConfig(
-    model=TINY, steps=1, prompts_per_step=2, seed=5, progress=False,
-    rollout=RolloutConfig(samples_per_prompt=1, max_steps_per_turn=1, max_act_tokens=80, max_rehearse_tokens=48,
-                          max_stream_tokens=2048),
+    model=TINY,
+    steps=1,
+    prompts_per_step=2,
+    seed=5,
+    progress=False,
+    rollout=RolloutConfig(
+        samples_per_prompt=1, max_steps_per_turn=1, max_act_tokens=80, max_rehearse_tokens=48, max_stream_tokens=2048
+    ),
     optim=OptimConfig(lr=1e-3),
 )
 

@@ -91,8 +91,9 @@ def test_customer_seat_batches_the_user_simulator_across_episodes() -> None:
     adapter = Tau2Adapter(mode="user_seat")
     tasks = adapter.tasks("retail", limit=3, seed=4)
     customer = ScriptedCustomer([opening_text(t.meta["tau2_task"]) for t in tasks])
-    report = run_tau2(Tau2Oracle(tasks), "retail", limit=3, seed=4, adapter=adapter, customer=customer,
-                      concurrency=3, progress=False)
+    report = run_tau2(
+        Tau2Oracle(tasks), "retail", limit=3, seed=4, adapter=adapter, customer=customer, concurrency=3, progress=False
+    )
     assert report.domains["retail:base"]["avg_reward"] == 1.0 and max(customer.batches) == 3
     assert all(r.info["termination_reason"] == "user_stop" for r in report.run.records)
     with pytest.raises(ValueError, match="customer"):
@@ -103,8 +104,10 @@ def test_scripted_customer_replays_airline_offline() -> None:
     adapter = Tau2Adapter(mode="scripted_user")
     tasks = adapter.tasks("airline", limit=1, seed=1)
     report = run_tau2(Tau2Oracle(tasks), "airline", limit=1, seed=1, adapter=adapter, progress=False)
-    assert (report.domains["airline:base"]["avg_reward"] == 1.0
-            and report.domains["airline:base"]["mode"] == "scripted_user")
+    assert (
+        report.domains["airline:base"]["avg_reward"] == 1.0
+        and report.domains["airline:base"]["mode"] == "scripted_user"
+    )
 
 
 def _record(task_id: str, success: bool) -> EpisodeRecord:

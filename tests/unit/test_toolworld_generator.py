@@ -33,8 +33,17 @@ from envace.envs.toolworld.generator import (
     recipe_tools,
 )
 
-CM2_KEYS = {"id", "question", "focus_on", "pass_condition", "failure_examples", "evidence", "weight",
-            "required_for_next_turn", "dependence"}
+CM2_KEYS = {
+    "id",
+    "question",
+    "focus_on",
+    "pass_condition",
+    "failure_examples",
+    "evidence",
+    "weight",
+    "required_for_next_turn",
+    "dependence",
+}
 SAMPLE = Path(__file__).resolve().parents[3] / "shared" / "data" / "cm2" / "checklist_annotated_sample.json"
 
 
@@ -44,8 +53,9 @@ def splits() -> dict[str, list[Task]]:
 
 
 def tasks_json(tasks_by_split: dict[str, list[Task]]) -> str:
-    return json.dumps({s: [to_cm2_row(t, include_state=True) for t in ts] for s, ts in tasks_by_split.items()},
-                      sort_keys=True)
+    return json.dumps(
+        {s: [to_cm2_row(t, include_state=True) for t in ts] for s, ts in tasks_by_split.items()}, sort_keys=True
+    )
 
 
 def tools_of(task: Task) -> set[str]:
@@ -54,21 +64,34 @@ def tools_of(task: Task) -> set[str]:
 
 def test_same_seed_same_tasks_different_seed_different() -> None:
     small = {"n_train": 30, "n_val": 10, "n_test": 20}
-    first, again, other = (generate_tasks(seed=5, **small), generate_tasks(seed=5, **small),
-                           generate_tasks(seed=6, **small))
+    first, again, other = (
+        generate_tasks(seed=5, **small),
+        generate_tasks(seed=5, **small),
+        generate_tasks(seed=6, **small),
+    )
     assert tasks_json(first) == tasks_json(again)
     assert tasks_json(first) != tasks_json(other)
     assert [t.user_turns for t in first["train"]] != [t.user_turns for t in other["train"]]
 
 
 def test_generation_does_not_depend_on_hash_randomisation() -> None:
-    code = ("import json,zlib;from envace.envs.toolworld import generate_tasks,to_cm2_row;"
-            "t=generate_tasks(seed=3,n_train=20,n_val=5,n_test=10);"
-            "print(zlib.crc32(json.dumps({s:[to_cm2_row(x,include_state=True) for x in v] for s,v in t.items()},"
-            "sort_keys=True).encode()))")
-    digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                              env={"PYTHONHASHSEED": seed, "PATH": ""}, cwd=Path(__file__).resolve().parents[2]).stdout
-               for seed in ("1", "2")}
+    code = (
+        "import json,zlib;from envace.envs.toolworld import generate_tasks,to_cm2_row;"
+        "t=generate_tasks(seed=3,n_train=20,n_val=5,n_test=10);"
+        "print(zlib.crc32(json.dumps({s:[to_cm2_row(x,include_state=True) for x in v] for s,v in t.items()},"
+        "sort_keys=True).encode()))"
+    )
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": seed, "PATH": ""},
+            cwd=Path(__file__).resolve().parents[2],
+        ).stdout
+        for seed in ("1", "2")
+    }
     assert len(digests) == 1 and digests.pop().strip().isdigit()
 
 
@@ -207,15 +230,18 @@ def test_checklist_items_carry_every_key_of_the_released_cm2_sample(splits: dict
     assert set(sample["evidence"][0]) == set(ours["evidence"][0])
 
 
-@pytest.mark.parametrize("override,match", [
-    ({"held_out_domain": "weather"}, "valid domains"),
-    ({"held_out_compositions": ("transfer+deposit",)}, "sorted"),
-    ({"held_out_compositions": ("add_todo+complete_todo",)}, "non-held-out domain"),
-    ({"held_out_compositions": ("deposit+list_files",)}, "one non-held-out domain"),
-    ({"turn_weights": (1.0, 0.0)}, "turn_weights"),
-    ({"test_domain_fraction": 0.9}, "fractions"),
-    ({"n_val": -1}, "sizes"),
-])
+@pytest.mark.parametrize(
+    "override,match",
+    [
+        ({"held_out_domain": "weather"}, "valid domains"),
+        ({"held_out_compositions": ("transfer+deposit",)}, "sorted"),
+        ({"held_out_compositions": ("add_todo+complete_todo",)}, "non-held-out domain"),
+        ({"held_out_compositions": ("deposit+list_files",)}, "one non-held-out domain"),
+        ({"turn_weights": (1.0, 0.0)}, "turn_weights"),
+        ({"test_domain_fraction": 0.9}, "fractions"),
+        ({"n_val": -1}, "sizes"),
+    ],
+)
 def test_config_errors_say_what_is_wrong(override: dict, match: str) -> None:
     with pytest.raises((ValueError, KeyError), match=match):
         dataclasses.replace(ToolWorldConfig(), **override)
@@ -232,8 +258,9 @@ def _instruction(task: Task) -> tuple[str, ...]:
 
 
 def _gold_sequence(task: Task) -> str:
-    return json.dumps([[[[c.name, c.arguments] for c in step] for step in turn] for turn in task.gold_calls],
-                      sort_keys=True)
+    return json.dumps(
+        [[[[c.name, c.arguments] for c in step] for step in turn] for turn in task.gold_calls], sort_keys=True
+    )
 
 
 def test_splits_disjoint(splits: dict[str, list[Task]], caplog: pytest.LogCaptureFixture) -> None:

@@ -47,8 +47,10 @@ def test_valid_arguments_get_defaults_and_integral_floats_become_ints() -> None:
         ({"zeta": 1, "alpha": 2}, ("UNEXPECTED_ARGUMENT", "book has no argument 'alpha'")),
         ({"size": "huge", "seats": "2"}, ("MISSING_ARGUMENT", "missing required argument 'date'")),
         # parameters in declaration order: size's bad value before date's wrong type
-        ({**VALID, "size": "huge", "date": 20250304},
-         ("INVALID_VALUE", "argument 'size' must be one of: small, large")),
+        (
+            {**VALID, "size": "huge", "date": 20250304},
+            ("INVALID_VALUE", "argument 'size' must be one of: small, large"),
+        ),
         ({**VALID, "date": 20250304, "seats": 0}, ("WRONG_TYPE", "argument 'date' must be string, got integer")),
         ({**VALID, "date": "March 4"}, ("INVALID_VALUE", "argument 'date' must have the format YYYY-MM-DD")),
         ({**VALID, "seats": True}, ("WRONG_TYPE", "argument 'seats' must be integer, got boolean")),

@@ -142,8 +142,11 @@ def create_id(task: Task) -> str:
 
 def test_transcripts_from_rollout_turns() -> None:
     calls = (ToolCall("get_balance", {"account_id": "acc_1"}, "c1"),)
-    turns = [Turn("a", calls, ({"balance": 5},), False, 0), Turn("b", calls, ({"balance": 6},), False, 1),
-             Turn("c", (), (), False, 1)]
+    turns = [
+        Turn("a", calls, ({"balance": 5},), False, 0),
+        Turn("b", calls, ({"balance": 6},), False, 1),
+        Turn("c", (), (), False, 1),
+    ]
     out = transcripts_from_turns(turns, ("r0", "r1"))
     assert [t.reply for t in out] == ["r0", "r1"] and out[1].responses == ({"balance": 6},)
 
@@ -155,7 +158,12 @@ def test_cm2_round_trip(default_splits: dict[str, list[Task]]) -> None:
         assert task_from_cm2_row(row) == task
         bare = task_from_cm2_row(json.loads(json.dumps(to_cm2_row(task))))
         assert (bare.user_turns, bare.gold_calls, bare.gold_answers, bare.checklists, bare.tools) == (
-            task.user_turns, task.gold_calls, task.gold_answers, task.checklists, task.tools)
+            task.user_turns,
+            task.gold_calls,
+            task.gold_answers,
+            task.checklists,
+            task.tools,
+        )
         for message in row["messages"]:
             for call in message["tool_calls"]:
                 assert isinstance(call["function"]["arguments"], str)
@@ -246,8 +254,11 @@ def response_ids(spec: EpisodeSpec) -> dict[str, str]:
     """A consistent renaming of every id that first appears in a response (ids the user states are
     kept: a replayed user turn would state them anyway)."""
     users = " ".join(spec.user_turns)
-    known = {s for s in _strings([[r for st in steps for r in st.responses] for steps in spec.gold])
-             if re.search(rf"(?<![\w/]){re.escape(s)}(?![\w/])", users)}
+    known = {
+        s
+        for s in _strings([[r for st in steps for r in st.responses] for steps in spec.gold])
+        if re.search(rf"(?<![\w/]){re.escape(s)}(?![\w/])", users)
+    }
     names: dict[str, str] = {}
     for steps in spec.gold:
         for step in steps:
@@ -271,8 +282,9 @@ def bound_tasks(tasks: list[Task], n: int) -> list[tuple[Task, EpisodeSpec]]:
 def _replace_bound_argument(traj: Trajectory, call_id: str, argument: str, value: Any) -> Trajectory:
     turns = []
     for turn in traj.turns:
-        calls = tuple(ToolCall(c.name, {**c.arguments, argument: value}, c.id) if c.id == call_id else c
-                      for c in turn.tool_calls)
+        calls = tuple(
+            ToolCall(c.name, {**c.arguments, argument: value}, c.id) if c.id == call_id else c for c in turn.tool_calls
+        )
         turns.append(dataclasses.replace(turn, tool_calls=calls))
     return dataclasses.replace(traj, turns=tuple(turns))
 
@@ -285,18 +297,25 @@ def test_reward_binding_aware(default_splits: dict[str, list[Task]]) -> None:
         gold = toolworld_verifiable_reward(spec, gold_trajectory(spec)).reward
         assert gold == 1.0, task.task_id
         names = response_ids(spec)
-        bound = [(cid, arg) for cid, args in task.meta["bindings"].items() for arg in args
-                 if value_of(task, cid, arg) in names]  # ids a user turn states are not renamed
-        assert bound or any(value_of(task, c, a) in " ".join(task.user_turns)
-                            for c, args in task.meta["bindings"].items() for a in args), task.task_id
+        bound = [
+            (cid, arg)
+            for cid, args in task.meta["bindings"].items()
+            for arg in args
+            if value_of(task, cid, arg) in names
+        ]  # ids a user turn states are not renamed
+        assert bound or any(
+            value_of(task, c, a) in " ".join(task.user_turns) for c, args in task.meta["bindings"].items() for a in args
+        ), task.task_id
         renamed = gold_trajectory(spec, names)
         assert toolworld_verifiable_reward(spec, renamed).reward == gold, task.task_id  # consistent: exactly gold
         if not bound:
             continue
         checked += 1
         cid, arg = bound[0]
-        for wrong in (value_of(task, cid, arg),  # the real id, which no response of this trajectory returned
-                      "zzz_999"):  # an id nobody returned
+        for wrong in (
+            value_of(task, cid, arg),  # the real id, which no response of this trajectory returned
+            "zzz_999",
+        ):  # an id nobody returned
             broken = _replace_bound_argument(renamed, cid, arg, wrong)
             assert toolworld_verifiable_reward(spec, broken).reward < gold, (task.task_id, wrong)
         olds = sorted({value_of(task, c, a) for c, a in bound})
@@ -322,10 +341,16 @@ def value_of(task: Task, call_id: str, argument: str) -> Any:
 def test_reward_bound_ids_come_from_earlier_steps_only() -> None:
     """A call cannot use the response of a call issued in the same step; real ids still match as gold."""
     spec = EpisodeSpec(
-        task_id="t", system_prompt="", user_turns=("Book it and invite Ann.",),
+        task_id="t",
+        system_prompt="",
+        user_turns=("Book it and invite Ann.",),
         tools=({"type": "function", "function": {"name": "create_event"}},),
-        gold=((GoldStep((ToolCall("create_event", {"title": "x"}, "call_1"),), ({"event_id": "evt_1"},)),
-               GoldStep((ToolCall("add_attendee", {"event_id": "evt_1"}, "call_2"),), ({},))),),
+        gold=(
+            (
+                GoldStep((ToolCall("create_event", {"title": "x"}, "call_1"),), ({"event_id": "evt_1"},)),
+                GoldStep((ToolCall("add_attendee", {"event_id": "evt_1"}, "call_2"),), ({},)),
+            ),
+        ),
         meta={"bindings": {"call_2": {"event_id": {"call": "call_1", "path": ["event_id"]}}}},
     )
     create, invite = ToolCall("create_event", {"title": "x"}), ToolCall("add_attendee", {"event_id": "evt_9"})

@@ -24,62 +24,127 @@ from envace.envs.toolworld import (
 SUPPORTED_KEYWORDS = {"type", "description", "enum", "pattern", "minLength", "minimum", "maximum", "default"}
 
 FIXTURES = {
-    "bank": {"accounts": {"acc_1": {"name": "checking", "balance": 500}, "acc_2": {"name": "savings", "balance": 100}},
-             "transactions": [{"transaction_id": "txn_1", "kind": "deposit", "from_account": None,
-                               "to_account": "acc_1", "amount": 50}],
-             "next_ids": {"txn": 2}},
-    "calendar": {"events": {"evt_1": {"title": "Standup", "date": "2025-03-04", "time": "09:00",
-                                      "attendees": ["ana@example.com"]},
-                            "evt_2": {"title": "Dentist", "date": "2025-03-04", "time": "14:00", "attendees": []}},
-                 "next_ids": {"evt": 3}},
-    "shop": {"products": {"prd_1": {"name": "desk lamp", "price": 30, "stock": 2},
-                          "prd_2": {"name": "coffee mug", "price": 10, "stock": 0}},
-             "cart": {}, "orders": {"ord_1": {"items": {"prd_1": 1}, "total": 30, "status": "shipped"},
-                                    "ord_2": {"items": {"prd_1": 1}, "total": 30, "status": "placed"}},
-             "next_ids": {"ord": 3}},
-    "files": {"folders": ["docs", "archive"],
-              "files": {"docs/notes.txt": {"content": "hello"}, "archive/notes.txt": {"content": "old"},
-                        "docs/plan.md": {"content": "ship it"}}},
-    "todo": {"todos": {"todo_1": {"title": "pay rent", "due": "2025-03-05", "priority": "normal", "done": False},
-                       "todo_2": {"title": "call mom", "due": "2025-03-06", "priority": "low", "done": True}},
-             "next_ids": {"todo": 3}},
+    "bank": {
+        "accounts": {"acc_1": {"name": "checking", "balance": 500}, "acc_2": {"name": "savings", "balance": 100}},
+        "transactions": [
+            {"transaction_id": "txn_1", "kind": "deposit", "from_account": None, "to_account": "acc_1", "amount": 50}
+        ],
+        "next_ids": {"txn": 2},
+    },
+    "calendar": {
+        "events": {
+            "evt_1": {"title": "Standup", "date": "2025-03-04", "time": "09:00", "attendees": ["ana@example.com"]},
+            "evt_2": {"title": "Dentist", "date": "2025-03-04", "time": "14:00", "attendees": []},
+        },
+        "next_ids": {"evt": 3},
+    },
+    "shop": {
+        "products": {
+            "prd_1": {"name": "desk lamp", "price": 30, "stock": 2},
+            "prd_2": {"name": "coffee mug", "price": 10, "stock": 0},
+        },
+        "cart": {},
+        "orders": {
+            "ord_1": {"items": {"prd_1": 1}, "total": 30, "status": "shipped"},
+            "ord_2": {"items": {"prd_1": 1}, "total": 30, "status": "placed"},
+        },
+        "next_ids": {"ord": 3},
+    },
+    "files": {
+        "folders": ["docs", "archive"],
+        "files": {
+            "docs/notes.txt": {"content": "hello"},
+            "archive/notes.txt": {"content": "old"},
+            "docs/plan.md": {"content": "ship it"},
+        },
+    },
+    "todo": {
+        "todos": {
+            "todo_1": {"title": "pay rent", "due": "2025-03-05", "priority": "normal", "done": False},
+            "todo_2": {"title": "call mom", "due": "2025-03-06", "priority": "low", "done": True},
+        },
+        "next_ids": {"todo": 3},
+    },
 }
 
 # (tool, arguments, exact response) on the fixture state of the tool's domain
 SUCCESSES = [
-    ("list_accounts", {}, {"accounts": [{"account_id": "acc_1", "name": "checking", "balance": 500},
-                                        {"account_id": "acc_2", "name": "savings", "balance": 100}]}),
+    (
+        "list_accounts",
+        {},
+        {
+            "accounts": [
+                {"account_id": "acc_1", "name": "checking", "balance": 500},
+                {"account_id": "acc_2", "name": "savings", "balance": 100},
+            ]
+        },
+    ),
     ("get_balance", {"account_id": "acc_2"}, {"account_id": "acc_2", "balance": 100}),
-    ("transfer", {"from_account_id": "acc_1", "to_account_id": "acc_2", "amount": 200},
-     {"transaction_id": "txn_2", "from_balance": 300, "to_balance": 300}),
+    (
+        "transfer",
+        {"from_account_id": "acc_1", "to_account_id": "acc_2", "amount": 200},
+        {"transaction_id": "txn_2", "from_balance": 300, "to_balance": 300},
+    ),
     ("deposit", {"account_id": "acc_2", "amount": 5.0}, {"transaction_id": "txn_2", "balance": 105}),
-    ("get_transactions", {"account_id": "acc_1"},
-     {"account_id": "acc_1", "transactions": [{"transaction_id": "txn_1", "kind": "deposit", "amount": 50}]}),
-    ("create_event", {"title": "Yoga", "date": "2025-03-04", "time": "10:00"},
-     {"event_id": "evt_3", "title": "Yoga", "date": "2025-03-04", "time": "10:00"}),
-    ("list_events", {"date": "2025-03-04"}, {"date": "2025-03-04", "events": [
-        {"event_id": "evt_1", "title": "Standup", "time": "09:00"},
-        {"event_id": "evt_2", "title": "Dentist", "time": "14:00"}]}),
-    ("add_attendee", {"event_id": "evt_1", "email": "ben@example.com"},
-     {"event_id": "evt_1", "email": "ben@example.com", "attendee_count": 2}),
-    ("reschedule_event", {"event_id": "evt_1", "date": "2025-03-05", "time": "14:00"},
-     {"event_id": "evt_1", "date": "2025-03-05", "time": "14:00"}),
+    (
+        "get_transactions",
+        {"account_id": "acc_1"},
+        {"account_id": "acc_1", "transactions": [{"transaction_id": "txn_1", "kind": "deposit", "amount": 50}]},
+    ),
+    (
+        "create_event",
+        {"title": "Yoga", "date": "2025-03-04", "time": "10:00"},
+        {"event_id": "evt_3", "title": "Yoga", "date": "2025-03-04", "time": "10:00"},
+    ),
+    (
+        "list_events",
+        {"date": "2025-03-04"},
+        {
+            "date": "2025-03-04",
+            "events": [
+                {"event_id": "evt_1", "title": "Standup", "time": "09:00"},
+                {"event_id": "evt_2", "title": "Dentist", "time": "14:00"},
+            ],
+        },
+    ),
+    (
+        "add_attendee",
+        {"event_id": "evt_1", "email": "ben@example.com"},
+        {"event_id": "evt_1", "email": "ben@example.com", "attendee_count": 2},
+    ),
+    (
+        "reschedule_event",
+        {"event_id": "evt_1", "date": "2025-03-05", "time": "14:00"},
+        {"event_id": "evt_1", "date": "2025-03-05", "time": "14:00"},
+    ),
     ("cancel_event", {"event_id": "evt_2"}, {"event_id": "evt_2", "status": "cancelled"}),
-    ("search_products", {"query": "LAMP"},
-     {"products": [{"product_id": "prd_1", "name": "desk lamp", "price": 30, "stock": 2}]}),
+    (
+        "search_products",
+        {"query": "LAMP"},
+        {"products": [{"product_id": "prd_1", "name": "desk lamp", "price": 30, "stock": 2}]},
+    ),
     ("add_to_cart", {"product_id": "prd_1", "quantity": 2}, {"product_id": "prd_1", "quantity": 2, "cart_total": 60}),
     ("view_cart", {}, {"items": [], "total": 0}),
     ("get_order", {"order_id": "ord_1"}, {"order_id": "ord_1", "status": "shipped", "total": 30}),
     ("cancel_order", {"order_id": "ord_2"}, {"order_id": "ord_2", "status": "cancelled"}),
     ("list_files", {"folder": "docs"}, {"folder": "docs", "files": ["docs/notes.txt", "docs/plan.md"]}),
     ("read_file", {"path": "docs/plan.md"}, {"path": "docs/plan.md", "content": "ship it"}),
-    ("write_file", {"path": "docs/notes.txt", "content": "new", "overwrite": True},
-     {"path": "docs/notes.txt", "size": 3}),
-    ("move_file", {"path": "docs/plan.md", "folder": "archive"},
-     {"old_path": "docs/plan.md", "new_path": "archive/plan.md"}),
+    (
+        "write_file",
+        {"path": "docs/notes.txt", "content": "new", "overwrite": True},
+        {"path": "docs/notes.txt", "size": 3},
+    ),
+    (
+        "move_file",
+        {"path": "docs/plan.md", "folder": "archive"},
+        {"old_path": "docs/plan.md", "new_path": "archive/plan.md"},
+    ),
     ("delete_file", {"path": "docs/notes.txt"}, {"path": "docs/notes.txt", "deleted": True}),
-    ("add_todo", {"title": "call mom", "due": "2025-03-09"},
-     {"todo_id": "todo_3", "title": "call mom", "due": "2025-03-09"}),
+    (
+        "add_todo",
+        {"title": "call mom", "due": "2025-03-09"},
+        {"todo_id": "todo_3", "title": "call mom", "due": "2025-03-09"},
+    ),
     ("list_todos", {}, {"status": "open", "todos": [{"todo_id": "todo_1", "title": "pay rent", "due": "2025-03-05"}]}),
     ("complete_todo", {"todo_id": "todo_1"}, {"todo_id": "todo_1", "done": True}),
     ("set_todo_priority", {"todo_id": "todo_2", "priority": "high"}, {"todo_id": "todo_2", "priority": "high"}),

@@ -46,8 +46,13 @@ def test_stage_run_nests_under_the_parent_from_the_environment(store_uri, experi
     parent = start_pipeline_run(store, "smoke", ["profile=smoke"], flow_run_id="flow-123")
     monkeypatch.setenv(ENV_PARENT_RUN_ID, parent)
     (in_tmp / "stats.json").write_text('{"rows": 3}')
-    with stage_run("train", {"algo.name": "envace", "rehearsal.n_attempts": [0, 2]}, profile="smoke",
-                   experiment=experiment, tracking_uri=store_uri) as run:
+    with stage_run(
+        "train",
+        {"algo.name": "envace", "rehearsal.n_attempts": [0, 2]},
+        profile="smoke",
+        experiment=experiment,
+        tracking_uri=store_uri,
+    ) as run:
         for step in (1, 2, 3):
             run.log_metrics({"reward/mean": step / 10, "note": "skipped"}, step=step)
         run.log_artifact(in_tmp / "stats.json", "data")
@@ -55,8 +60,10 @@ def test_stage_run_nests_under_the_parent_from_the_environment(store_uri, experi
     assert child.info.status == "FINISHED"
     assert child.data.tags["mlflow.parentRunId"] == parent
     assert child.data.tags["envace.stage"] == "train"
-    assert (child.data.params["algo.name"] == "envace"
-            and json.loads(child.data.params["rehearsal.n_attempts"]) == [0, 2])
+    assert child.data.params["algo.name"] == "envace" and json.loads(child.data.params["rehearsal.n_attempts"]) == [
+        0,
+        2,
+    ]
     history = client(store_uri).get_metric_history(run.run_id, "reward/mean")
     assert [(m.step, m.value) for m in history] == [(1, 0.1), (2, 0.2), (3, 0.3)]
     assert "note" not in child.data.metrics
@@ -184,7 +191,8 @@ def test_unstable_metric_keys_are_renamed_with_a_warning(caplog):
 
 
 def test_stage_summary_is_mirrored_on_the_parent_and_the_experiment_opens_on_runs(
-        store_uri, experiment, in_tmp, monkeypatch):
+    store_uri, experiment, in_tmp, monkeypatch
+):
     store = MlflowStore(experiment, store_uri)
     parent = start_pipeline_run(store, "smoke")
     monkeypatch.setenv(ENV_PARENT_RUN_ID, parent)
@@ -210,12 +218,21 @@ def test_two_variants_compare_in_runs_table_on_the_same_metric_names(store_uri, 
     assert table.loc["envace", "final/reward_mean.mean"] == pytest.approx(0.7)
     assert table.loc["envace", "final/reward_mean.n"] == 2 and table.loc["grpo", "n_runs"] == 1
     assert table.loc["grpo", "final/reward_mean.mean"] == pytest.approx(0.3)
-    by_seed = tracking_store.compare_runs("final/reward_mean", by=["params.algo.name", "params.seed"],
-                                    experiment=experiment, tracking_uri=store_uri, stage="train")
+    by_seed = tracking_store.compare_runs(
+        "final/reward_mean",
+        by=["params.algo.name", "params.seed"],
+        experiment=experiment,
+        tracking_uri=store_uri,
+        stage="train",
+    )
     assert len(by_seed) == 3 and list(by_seed.columns[-3:]) == [
-        "final/reward_mean.mean", "final/reward_mean.std", "final/reward_mean.n"]
-    pipelines = runs_table(experiment, tracking_uri=store_uri, kind="pipeline", group_by="profile",
-                           metrics=["train/final/reward_mean"])  # the parents hold the same summary
+        "final/reward_mean.mean",
+        "final/reward_mean.std",
+        "final/reward_mean.n",
+    ]
+    pipelines = runs_table(
+        experiment, tracking_uri=store_uri, kind="pipeline", group_by="profile", metrics=["train/final/reward_mean"]
+    )  # the parents hold the same summary
     assert pipelines.loc[0, "train/final/reward_mean.n"] == 3
 
 
@@ -223,8 +240,10 @@ def test_two_variants_compare_in_runs_table_on_the_same_metric_names(store_uri, 
 def _trajectory(prompt: str, sample: int, reward: float):
     from envace.core.records import Role, Segment, Stream, ToolCall, Trajectory, Turn
 
-    act, reh = Segment((1, 2), Role.ACT, text=f"<tool_call>{prompt}</tool_call>"), Segment((3,), Role.REHEARSE,
-                                                                                              text='{"ok": 1}')
+    act, reh = (
+        Segment((1, 2), Role.ACT, text=f"<tool_call>{prompt}</tool_call>"),
+        Segment((3,), Role.REHEARSE, text='{"ok": 1}'),
+    )
     turns = (Turn(act.text, (ToolCall("lookup", {"q": prompt}),), ({"ok": 1},), rehearsed=False),)
     return Trajectory(prompt, sample, streams=(Stream(Role.ACT, (act, reh)),), turns=turns, reward=reward)
 
@@ -245,8 +264,11 @@ def test_rollout_tables_are_logged_per_step_and_bounded(store_uri, experiment, i
     c = client(store_uri)
     assert [a.path for a in c.list_artifacts(run.run_id, "rollouts")] == ["rollouts/step_0003.json"]
     with global_tracking_uri(store_uri):  # load_table searches runs through the fluent API
-        table = c.load_table(experiment_id=c.get_run(run.run_id).info.experiment_id,
-                             artifact_file="rollouts/step_0003.json", run_ids=[run.run_id])
+        table = c.load_table(
+            experiment_id=c.get_run(run.run_id).info.experiment_id,
+            artifact_file="rollouts/step_0003.json",
+            run_ids=[run.run_id],
+        )
     assert len(table) == 8 and set(table["prompt_id"]) == {"0@0", "1@1", "2@2"}  # every group sampled
     row = table.set_index(["prompt_id", "sample_index"]).loc[("1@1", 0)]
     assert row["advantage_act"] == pytest.approx(0.4) and row["advantage_rehearse"] == pytest.approx(-0.4)
@@ -258,11 +280,16 @@ def test_data_sets_are_logged_as_run_inputs(store_uri, experiment, in_tmp):
     from envace.mlflow_logging import log_datasets
 
     for split, n in (("train", 3), ("val", 2)):
-        (in_tmp / f"{split}.jsonl").write_text("".join(
-            json.dumps({"uuid": f"{split}{i}", "messages": [{}], "tools": []}) + "\n" for i in range(n)))
+        (in_tmp / f"{split}.jsonl").write_text(
+            "".join(json.dumps({"uuid": f"{split}{i}", "messages": [{}], "tools": []}) + "\n" for i in range(n))
+        )
     with stage_run("train", {}, profile="smoke", experiment=experiment, tracking_uri=store_uri) as run:
-        names = log_datasets(run, {s: in_tmp / f"{s}.jsonl" for s in ("train", "val", "test")},
-                             {"train": ["train0"]}, prefix="toolworld-")
+        names = log_datasets(
+            run,
+            {s: in_tmp / f"{s}.jsonl" for s in ("train", "val", "test")},
+            {"train": ["train0"]},
+            prefix="toolworld-",
+        )
     assert names == ["toolworld-train", "toolworld-val"]
     inputs = client(store_uri).get_run(run.run_id).inputs.dataset_inputs
     by_name = {i.dataset.name: i for i in inputs}
@@ -294,7 +321,8 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 def test_the_trained_checkpoint_round_trips_as_an_mlflow_transformers_model(
-        store_uri, experiment, in_tmp, tiny_checkpoint):
+    store_uri, experiment, in_tmp, tiny_checkpoint
+):
     import mlflow.transformers
 
     from envace.mlflow_logging import global_tracking_uri, log_policy_model
@@ -334,10 +362,32 @@ def _episode(i: int, rehearsed: bool):
     info = {}
     if rehearsed:
         imagined = turn_to_json(Turn("act imagined", (ToolCall("get_weather", {"city": "Oslo"}),), ({"temp": -1},)))
-        info = {"rehearsal": {"n_attempts": 1, "outcomes": [{"turn_index": 0, "memory": "m", "attempts": [
-            {"index": 0, "turns": [imagined], "final_answers": ["x"], "critique_text": "fine"}]}]}}
-    return EpisodeRecord(benchmark="toolworld", task_id=f"t{i}", domain="weather", split="test", held_out=False,
-                         score=float(i % 2), success=bool(i % 2), turns=(turn,), final_answers=("done",), info=info)
+        info = {
+            "rehearsal": {
+                "n_attempts": 1,
+                "outcomes": [
+                    {
+                        "turn_index": 0,
+                        "memory": "m",
+                        "attempts": [
+                            {"index": 0, "turns": [imagined], "final_answers": ["x"], "critique_text": "fine"}
+                        ],
+                    }
+                ],
+            }
+        }
+    return EpisodeRecord(
+        benchmark="toolworld",
+        task_id=f"t{i}",
+        domain="weather",
+        split="test",
+        held_out=False,
+        score=float(i % 2),
+        success=bool(i % 2),
+        turns=(turn,),
+        final_answers=("done",),
+        info=info,
+    )
 
 
 def test_episodes_are_logged_as_bounded_traces(store_uri, experiment, in_tmp):
@@ -371,8 +421,10 @@ def test_system_metrics_are_recorded_on_the_run(store_uri, experiment, in_tmp):
 
     from envace.mlflow_logging import system_metrics
 
-    with stage_run("train", {}, profile="smoke", experiment=experiment, tracking_uri=store_uri) as run, \
-            system_metrics(run, interval_s=0.5):
+    with (
+        stage_run("train", {}, profile="smoke", experiment=experiment, tracking_uri=store_uri) as run,
+        system_metrics(run, interval_s=0.5),
+    ):
         time.sleep(1.6)
     metrics = client(store_uri).get_run(run.run_id).data.metrics
     assert any(k.startswith("system/cpu_utilization") for k in metrics), metrics
@@ -390,11 +442,18 @@ def test_the_local_engine_exposes_each_steps_rollouts_without_changing_training(
     from envace.engines.local import LocalEngineConfig, OptimConfig, RolloutConfig
     from envace.models import ModelSpec
 
-    cfg = LocalEngineConfig(model=ModelSpec(kind="tiny", seed=3), steps=2, prompts_per_step=2, seed=5, progress=False,
-                            rollout=RolloutConfig(samples_per_prompt=2, max_act_tokens=24, max_rehearse_tokens=16,
-                                                  max_stream_tokens=512), optim=OptimConfig(lr=1e-3))
+    cfg = LocalEngineConfig(
+        model=ModelSpec(kind="tiny", seed=3),
+        steps=2,
+        prompts_per_step=2,
+        seed=5,
+        progress=False,
+        rollout=RolloutConfig(samples_per_prompt=2, max_act_tokens=24, max_rehearse_tokens=16, max_stream_tokens=512),
+        optim=OptimConfig(lr=1e-3),
+    )
     seen = []
     results = []
+
     def record(step, trajs, adv):
         seen.append((step, len(trajs), len(adv.values) == sum(len(t.outputs()) for t in trajs)))
 

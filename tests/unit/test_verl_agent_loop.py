@@ -23,8 +23,12 @@ from envace.engines.verl.config_builder import build_overrides, compose_verl_con
 from envace.engines.verl.episodes import dataset_record, spec_from_row
 from envace.engines.verl.rows import EXCLUDE_KEY, INFO_KEY, NUM_OUTPUTS_KEY, ROLE_IDS_KEY, ROLE_KEY, TRAJECTORY_KEY
 
-BUDGETS = ["rollout.max_act_tokens=160", "rollout.max_rehearse_tokens=160", "rollout.max_stream_tokens=4096",
-           "rollout.max_prompt_tokens=2048"]
+BUDGETS = [
+    "rollout.max_act_tokens=160",
+    "rollout.max_rehearse_tokens=160",
+    "rollout.max_stream_tokens=4096",
+    "rollout.max_prompt_tokens=2048",
+]
 REHEARSE_TEMPERATURE = 0.5  # set on the loop directly: the config builder refuses it for trained REHEARSE rows
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
 
@@ -41,19 +45,32 @@ def build_world(out) -> dict:
 
     torch.set_num_threads(1)
     cfg = OmegaConf.to_container(compose(["profile=smoke", *BUDGETS]), resolve=True)
-    overrides = build_overrides(cfg, train_files=[str(out / "t.parquet")], val_files=[str(out / "t.parquet")],
-                                output_dir=out, model_path=str(out / "model"))
+    overrides = build_overrides(
+        cfg,
+        train_files=[str(out / "t.parquet")],
+        val_files=[str(out / "t.parquet")],
+        output_dir=out,
+        model_path=str(out / "model"),
+    )
     # the loop samples each role at its own temperature; a REHEARSE one that differs is set on the loop itself
     cfg["rollout"]["rehearse_temperature"] = REHEARSE_TEMPERATURE
-    verl_config = OmegaConf.merge(compose_verl_config(overrides),
-                                  {"envace": {"rehearse_temperature": REHEARSE_TEMPERATURE}})
+    verl_config = OmegaConf.merge(
+        compose_verl_config(overrides), {"envace": {"rehearse_temperature": REHEARSE_TEMPERATURE}}
+    )
     model, tokenizer = load_model_and_tokenizer(ModelSpec(kind="tiny"))
     tasks = generate_tasks(seed=0, n_train=12, n_val=0, n_test=0)["train"]
     task = next(t for t in tasks if len(t.user_turns) == 1 and len(t.gold_calls[0]) == 1)
     row = to_cm2_row(task, include_state=True)
     spec = spec_from_row(row, "toolworld")
-    return {"cfg": cfg, "verl": verl_config, "model": model, "tokenizer": tokenizer,
-            "row": row, "spec": spec, "record": dataset_record(spec, 0, "train", "toolworld", row)}
+    return {
+        "cfg": cfg,
+        "verl": verl_config,
+        "model": model,
+        "tokenizer": tokenizer,
+        "row": row,
+        "spec": spec,
+        "record": dataset_record(spec, 0, "train", "toolworld", row),
+    }
 
 
 def make_loop(world: dict, server: HFServerManager, **settings):
@@ -62,9 +79,14 @@ def make_loop(world: dict, server: HFServerManager, **settings):
     from envace.engines.verl.agent_loop import ActRehearseAgentLoop
 
     config = OmegaConf.merge(world["verl"], {"envace": settings}) if settings else world["verl"]
-    return ActRehearseAgentLoop(trainer_config=DictConfigWrap(config), server_manager=server,
-                                tokenizer=world["tokenizer"], processor=None, dataset_cls=None,
-                                data_config=DictConfigWrap(config.data))
+    return ActRehearseAgentLoop(
+        trainer_config=DictConfigWrap(config),
+        server_manager=server,
+        tokenizer=world["tokenizer"],
+        processor=None,
+        dataset_cls=None,
+        data_config=DictConfigWrap(config.data),
+    )
 
 
 def encode_targets(loop, texts: list[str]) -> list[list[int]]:
@@ -80,8 +102,13 @@ def play(world: dict, *, scripts=None, uid: str = "u", session: int = 0, samplin
     trajectory = f"{uid}_{session}"
     for role, texts in (scripts or {}).items():
         guide.scripts[f"{trajectory}-{role}"] = encode_targets(loop, texts)
-    kwargs = {**world["record"], "uid": uid, "session_id": session, "global_steps": 3,
-              "raw_prompt": world["record"]["prompt"]}
+    kwargs = {
+        **world["record"],
+        "uid": uid,
+        "session_id": session,
+        "global_steps": 3,
+        "raw_prompt": world["record"]["prompt"],
+    }
     rows = asyncio.run(loop.run(dict(sampling or SAMPLING), **kwargs))
     return rows, server, loop
 
@@ -167,6 +194,7 @@ def test_judge_failure_excludes_the_trajectory(world: dict, monkeypatch: pytest.
     def broken(settings):
         def reward(spec, trajectory):
             raise TimeoutError("judge endpoint down")
+
         return reward
 
     monkeypatch.setitem(sources.REWARD_BUILDERS, "verifiable", broken)

@@ -34,10 +34,14 @@ def plain_cfg(*overrides: str) -> dict:
 
 
 def overrides_for(cfg: dict, out: Path) -> list[str]:
-    return build_overrides(cfg, train_files=[str(out / "train.parquet")], val_files=[str(out / "val.parquet")],
-                           output_dir=out, model_path="/models/Qwen3-8B",
-                           env_vars={"MLFLOW_TRACKING_URI": "sqlite:////runs/mlflow.db", "VERL_USE_EXTERNAL_MODULES":
-                                     PLUGIN_MODULE})
+    return build_overrides(
+        cfg,
+        train_files=[str(out / "train.parquet")],
+        val_files=[str(out / "val.parquet")],
+        output_dir=out,
+        model_path="/models/Qwen3-8B",
+        env_vars={"MLFLOW_TRACKING_URI": "sqlite:////runs/mlflow.db", "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE},
+    )
 
 
 def test_paper_recipe_composes_and_passes_verl_validation(tmp_path: Path) -> None:
@@ -66,14 +70,18 @@ def test_paper_recipe_composes_and_passes_verl_validation(tmp_path: Path) -> Non
     assert dict(vc.ray_kwargs.ray_init.runtime_env.env_vars)["VERL_USE_EXTERNAL_MODULES"] == PLUGIN_MODULE
 
 
-@pytest.mark.parametrize(("algo", "estimator", "rows", "responses"), [
-    ("grpo", "envace_grpo", 1, "executor"),
-    ("frozen_rehearse", "envace_rolewise", 1, "policy"),
-    ("frozen_act", "envace_rolewise", 2, "policy"),
-])
+@pytest.mark.parametrize(
+    ("algo", "estimator", "rows", "responses"),
+    [
+        ("grpo", "envace_grpo", 1, "executor"),
+        ("frozen_rehearse", "envace_rolewise", 1, "policy"),
+        ("frozen_act", "envace_rolewise", 2, "policy"),
+    ],
+)
 def test_variants(tmp_path: Path, algo: str, estimator: str, rows: int, responses: str) -> None:
-    cfg = plain_cfg("profile=smoke", f"algo={algo}", "train.resume=false", "train.checkpoint_every=0",
-                    "algo.kl_coef=0.001")
+    cfg = plain_cfg(
+        "profile=smoke", f"algo={algo}", "train.resume=false", "train.checkpoint_every=0", "algo.kl_coef=0.001"
+    )
     vc = compose_verl_config(overrides_for(cfg, tmp_path))
     assert vc.algorithm.adv_estimator == estimator and vc.envace.responses == responses
     assert vc.actor_rollout_ref.actor.ppo_mini_batch_size == cfg["rollout"]["prompts_per_step"] * rows
@@ -91,8 +99,7 @@ def test_unsupported_configurations_say_what_to_change(tmp_path: Path) -> None:
 @pytest.mark.parametrize("algo", ["envace", "frozen_act"])
 def test_trained_rehearse_rows_need_the_act_temperature(tmp_path: Path, algo: str) -> None:
     """verl scores every row at the ACT temperature: a different REHEARSE one is refused when REHEARSE trains."""
-    cfg = plain_cfg("profile=smoke", f"algo={algo}", "rollout.act_temperature=1.0",
-                    "rollout.rehearse_temperature=0.5")
+    cfg = plain_cfg("profile=smoke", f"algo={algo}", "rollout.act_temperature=1.0", "rollout.rehearse_temperature=0.5")
     with pytest.raises(VerlConfigError) as info:
         overrides_for(cfg, tmp_path)
     message = str(info.value)
@@ -120,14 +127,21 @@ def test_default_temperatures_pass_on_every_shipped_recipe(tmp_path: Path) -> No
 
 
 def test_hydra_values_round_trip_through_compose(tmp_path: Path) -> None:
-    weird = "it's a \"model\", with ${braces} and spaces: http://h:1/v1"
+    weird = 'it\'s a "model", with ${braces} and spaces: http://h:1/v1'
     cfg = plain_cfg("profile=smoke", f"judge.model={hydra_value(weird)}", "judge.name=llm")
     assert cfg["judge"]["model"] == weird
     vc = compose_verl_config(overrides_for(cfg, tmp_path))
     assert vc.envace.judge.model == weird and vc.envace.judge.timeout_s == 60.0
     assert vc.data.train_files == [str(tmp_path / "train.parquet")]
-    assert [hydra_value(v) for v in (None, True, 3, 1e-06, "null", "a-b/c", [1, "x y"])] == \
-        ["null", "true", "3", "1e-06", "'null'", "a-b/c", "[1,'x y']"]
+    assert [hydra_value(v) for v in (None, True, 3, 1e-06, "null", "a-b/c", [1, "x y"])] == [
+        "null",
+        "true",
+        "3",
+        "1e-06",
+        "'null'",
+        "a-b/c",
+        "[1,'x y']",
+    ]
 
 
 def test_dry_run_prints_a_composable_command_and_writes_nothing(tmp_path: Path, capsys, monkeypatch) -> None:
@@ -166,9 +180,18 @@ def pipeline_files(tmp_path_factory: pytest.TempPathFactory) -> dict:
         records = []
         for row in split_rows:
             for role in ("ACT", "REHEARSE"):
-                records.append({"uuid": row["uuid"], "role": role, "turn": 0, "index": len(records), "n_tokens": 5,
-                                "split": split, "tools": row["tools"] if role == "ACT" else None,
-                                "messages": [{"role": "user", "content": "x"}]})
+                records.append(
+                    {
+                        "uuid": row["uuid"],
+                        "role": role,
+                        "turn": 0,
+                        "index": len(records),
+                        "n_tokens": 5,
+                        "split": split,
+                        "tools": row["tools"] if role == "ACT" else None,
+                        "messages": [{"role": "user", "content": "x"}],
+                    }
+                )
         write_parquet(root / "prompts" / f"{split}.parquet", records, "toolworld")
     paths = {"prepared": str(root / "prepared"), "prompts": str(root / "prompts")}
     return {"root": root, "rows": rows, "paths": paths}
@@ -227,8 +250,9 @@ def test_engine_is_registered_and_reads_step_metrics(tmp_path: Path) -> None:
     assert isinstance(get_engine("verl"), VerlEngine)
     (tmp_path / "metrics").mkdir()
     (tmp_path / "metrics" / "a.jsonl").write_text('{"step": 1, "data": {"actor/loss": 0.5, "x": "s"}}\n')
-    (tmp_path / "metrics" / "b.jsonl").write_text('{"step": 1, "data": {"actor/loss": 0.25}}\n'
-                                                  '{"step": 2, "data": {"actor/loss": 0.125}}\n')
+    (tmp_path / "metrics" / "b.jsonl").write_text(
+        '{"step": 1, "data": {"actor/loss": 0.25}}\n{"step": 2, "data": {"actor/loss": 0.125}}\n'
+    )
     assert read_step_metrics(tmp_path / "metrics") == {1: {"actor/loss": 0.25}, 2: {"actor/loss": 0.125}}
     for step in (5, 10, 15):
         hf = tmp_path / "checkpoints" / f"global_step_{step}" / "actor" / "huggingface"
@@ -259,20 +283,38 @@ def test_cli_dry_run_and_multinode_scripts(pipeline_files: dict, tmp_path: Path,
     from envace.engines.verl.engine import VerlEngine, VerlEngineConfig
     from envace.engines.verl.launcher import main
 
-    cfg = plain_cfg("profile=smoke", "model.kind=path", f"model.path={tmp_path / 'model'}", "tracking=none",
-                    "rollout.prompts_per_step=2")
+    cfg = plain_cfg(
+        "profile=smoke",
+        "model.kind=path",
+        f"model.path={tmp_path / 'model'}",
+        "tracking=none",
+        "rollout.prompts_per_step=2",
+    )
     cfg["paths"].update(pipeline_files["paths"])
     params = tmp_path / "params.yaml"
     OmegaConf.save(OmegaConf.create(cfg), params)
-    assert main(["--params", str(params), "--dry-run", "--output-dir", str(tmp_path / "dry"),
-                 "actor_rollout_ref.rollout.gpu_memory_utilization=0.5"]) == 0
+    assert (
+        main(
+            [
+                "--params",
+                str(params),
+                "--dry-run",
+                "--output-dir",
+                str(tmp_path / "dry"),
+                "actor_rollout_ref.rollout.gpu_memory_utilization=0.5",
+            ]
+        )
+        == 0
+    )
     assert "gpu_memory_utilization=0.5" in capsys.readouterr().out.strip().split(" ")[-1]
     assert main(["--params", str(params), "--multinode", "10.0.0.1", "--output-dir", str(tmp_path / "mn")]) == 0
     assert (tmp_path / "mn" / "data" / "train.parquet").is_file()
     submit = (tmp_path / "mn" / "submit.sh").read_text()
     assert "ray job submit --address=http://10.0.0.1:8265" in submit and "trainer.v1.trainer_mode=envace" in submit
-    result = VerlEngine().train(VerlEngineConfig(cfg=cfg, output_dir=str(tmp_path / "engine"), dry_run=True),
-                                [spec_from_row(r, "toolworld") for r in pipeline_files["rows"]["train"]])
+    result = VerlEngine().train(
+        VerlEngineConfig(cfg=cfg, output_dir=str(tmp_path / "engine"), dry_run=True),
+        [spec_from_row(r, "toolworld") for r in pipeline_files["rows"]["train"]],
+    )
     assert result.steps_done == 0 and result.checkpoint_dir == str((tmp_path / "engine" / "checkpoints").resolve())
 
 
@@ -287,8 +329,9 @@ def test_lora_maps_to_verl_fsdp_model_keys(tmp_path: Path) -> None:
     """Composes in verl's struct config (verl's validate_config checks a LoRA rank against vLLM's, which needs vllm)."""
     full = compose_verl_config(overrides_for(plain_cfg("profile=paper"), tmp_path)).actor_rollout_ref.model
     assert full.lora_rank == 0 and full.target_modules == "all-linear"  # full fine-tuning: verl's defaults
-    cfg = plain_cfg("profile=paper", "algo.lora_rank=32", "algo.lora_alpha=64",
-                    "algo.lora_target_modules=[q_proj,v_proj]")
+    cfg = plain_cfg(
+        "profile=paper", "algo.lora_rank=32", "algo.lora_alpha=64", "algo.lora_target_modules=[q_proj,v_proj]"
+    )
     model = compose_verl_config(overrides_for(cfg, tmp_path)).actor_rollout_ref.model
     assert (model.lora_rank, model.lora_alpha, list(model.target_modules)) == (32, 64, ["q_proj", "v_proj"])
     with pytest.raises(VerlConfigError, match="algo.lora_dropout"):

@@ -33,8 +33,10 @@ assert not heavy, heavy
 def plugin_entry_point():
     found = [ep for ep in entry_points(group="verl.plugins") if ep.name == "envace"]
     if not found:
-        pytest.fail("no 'envace' entry point in group verl.plugins: reinstall the metadata with "
-                    "`pip install --no-deps -e .` (pyproject declares it)")
+        pytest.fail(
+            "no 'envace' entry point in group verl.plugins: reinstall the metadata with "
+            "`pip install --no-deps -e .` (pyproject declares it)"
+        )
     return found[0]
 
 
@@ -43,8 +45,12 @@ def test_entry_point_names_the_plugin_module_and_loads() -> None:
     assert ep.value == "envace.engines.verl.plugin"
     module = ep.load()  # what verl's __init__ does
     assert module is sys.modules["envace.engines.verl.plugin"]
-    assert set(module.REGISTERED) == {"estimator 'envace_rolewise'", "estimator 'envace_grpo'",
-                                      "trainer mode 'envace'", "agent loop 'envace_act_rehearse'"}
+    assert set(module.REGISTERED) == {
+        "estimator 'envace_rolewise'",
+        "estimator 'envace_grpo'",
+        "trainer mode 'envace'",
+        "agent loop 'envace_act_rehearse'",
+    }
 
 
 def test_every_registration_is_found_after_import_verl() -> None:
@@ -75,13 +81,15 @@ def test_registration_is_idempotent() -> None:
 
 
 def test_launcher_side_modules_import_neither_verl_nor_ray() -> None:
-    result = subprocess.run([sys.executable, "-c", SCRIPT_LIGHT_IMPORTS], capture_output=True, check=False,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT_LIGHT_IMPORTS], capture_output=True, check=False, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-2000:]
 
 
 @pytest.mark.slow
 def test_a_fresh_process_registers_on_import_verl() -> None:
-    result = subprocess.run([sys.executable, "-c", SCRIPT_FRESH_PROCESS], capture_output=True, check=False,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT_FRESH_PROCESS], capture_output=True, check=False, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-2000:]

@@ -25,10 +25,17 @@ def _one_thread() -> None:
 @pytest.fixture(scope="module")
 def batch() -> dict:
     """6 rows, 2 prompt groups, mixed roles; rewards on the last generated token, role ids on generated tokens."""
-    mask = torch.tensor([
-        [1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1],
-        [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0],
-    ], dtype=torch.float32)
+    mask = torch.tensor(
+        [
+            [1, 1, 1, 0],
+            [1, 1, 0, 0],
+            [1, 1, 1, 1],
+            [1, 0, 0, 0],
+            [1, 1, 0, 0],
+            [1, 1, 1, 0],
+        ],
+        dtype=torch.float32,
+    )
     rewards = torch.tensor([1.0, 1.0, 0.0, 0.4, 0.6, 0.6])
     roles = [0, 1, 0, 0, 0, 1]
     token_rewards = torch.zeros_like(mask)
@@ -36,8 +43,15 @@ def batch() -> dict:
     token_rewards[torch.arange(6), last] = rewards
     role_ids = torch.where(mask.bool(), torch.tensor(roles)[:, None].expand_as(mask), torch.tensor(NO_ROLE))
     index = np.array(["a", "a", "a", "b", "b", "b"], dtype=object)
-    return {"token_level_rewards": token_rewards, "response_mask": mask, "index": index,
-            "role_ids": role_ids, "rewards": rewards, "roles": roles, "trajs": ["a0", "a0", "a1", "b0", "b1", "b1"]}
+    return {
+        "token_level_rewards": token_rewards,
+        "response_mask": mask,
+        "index": index,
+        "role_ids": role_ids,
+        "rewards": rewards,
+        "roles": roles,
+        "trajs": ["a0", "a0", "a1", "b0", "b1", "b1"],
+    }
 
 
 def test_register_is_idempotent_and_resolvable() -> None:
@@ -58,8 +72,13 @@ def test_registered_estimator_matches_direct_call(batch: dict) -> None:
     fn = core_algos.get_adv_estimator_fn("envace_rolewise")
     config = AlgoConfig(adv_estimator="envace_rolewise", norm_adv_by_std_in_grpo=False)
     # the kwargs verl's compute_advantage passes, plus the role ids envace adds
-    adv, returns = fn(token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"],
-                      index=batch["index"], config=config, role_ids=batch["role_ids"])
+    adv, returns = fn(
+        token_level_rewards=batch["token_level_rewards"],
+        response_mask=batch["response_mask"],
+        index=batch["index"],
+        config=config,
+        role_ids=batch["role_ids"],
+    )
     direct = compute_rolewise_advantages(batch["rewards"], list(batch["index"]), batch["roles"])
     # (a,ACT): {1, 0} μ=.5; (a,REH): singleton; (b,ACT): {.4, .6} μ=.5; (b,REH): singleton
     assert direct.tolist() == pytest.approx([0.5, 0.0, -0.5, -0.1, 0.1, 0.0], abs=1e-6)
@@ -70,22 +89,34 @@ def test_registered_estimator_matches_direct_call(batch: dict) -> None:
 def test_config_and_kwargs_select_options(batch: dict) -> None:
     from verl.trainer.config import AlgoConfig
 
-    common = {"token_level_rewards": batch["token_level_rewards"], "response_mask": batch["response_mask"],
-              "index": batch["index"], "role_ids": batch["role_ids"]}
+    common = {
+        "token_level_rewards": batch["token_level_rewards"],
+        "response_mask": batch["response_mask"],
+        "index": batch["index"],
+        "role_ids": batch["role_ids"],
+    }
     normed, _ = verl_rolewise_advantage(config=AlgoConfig(norm_adv_by_std_in_grpo=True), **common)
     direct = compute_rolewise_advantages(batch["rewards"], list(batch["index"]), batch["roles"], norm_by_std=True)
     assert torch.allclose(normed, token_advantages(direct, batch["response_mask"]))
-    by_traj, _ = verl_rolewise_advantage(baseline="trajectory_mean", trajectory_ids=batch["trajs"],
-                                         norm_adv_by_std_in_grpo=False, **common)
-    direct = compute_rolewise_advantages(batch["rewards"], list(batch["index"]), batch["roles"],
-                                         baseline="trajectory_mean", trajectory_ids=batch["trajs"])
+    by_traj, _ = verl_rolewise_advantage(
+        baseline="trajectory_mean", trajectory_ids=batch["trajs"], norm_adv_by_std_in_grpo=False, **common
+    )
+    direct = compute_rolewise_advantages(
+        batch["rewards"],
+        list(batch["index"]),
+        batch["roles"],
+        baseline="trajectory_mean",
+        trajectory_ids=batch["trajs"],
+    )
     assert torch.allclose(by_traj, token_advantages(direct, batch["response_mask"]))
 
 
 def test_batch_dict_fallbacks_and_exclusion(batch: dict) -> None:
     exclude = torch.tensor([False, False, True, False, False, False])
     adv, _ = verl_rolewise_advantage(
-        batch["token_level_rewards"], batch["response_mask"], config=None,
+        batch["token_level_rewards"],
+        batch["response_mask"],
+        config=None,
         batch={"role_ids": batch["role_ids"], "exclude_from_loss": exclude},
         non_tensor_batch={"uid": batch["index"]},
     )
@@ -118,8 +149,9 @@ def test_packed_rows_count_every_output() -> None:
 
 
 def test_grpo_estimator_ignores_roles(batch: dict) -> None:
-    adv, _ = verl_grpo_advantage(batch["token_level_rewards"], batch["response_mask"], batch["index"],
-                                 role_ids=batch["role_ids"])
+    adv, _ = verl_grpo_advantage(
+        batch["token_level_rewards"], batch["response_mask"], batch["index"], role_ids=batch["role_ids"]
+    )
     direct = compute_grpo_advantages(batch["rewards"], list(batch["index"]))
     assert torch.allclose(adv, token_advantages(direct, batch["response_mask"]))
 

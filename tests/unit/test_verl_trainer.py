@@ -66,8 +66,13 @@ def store_rows(kv: MemoryKV, uid: str, session: int, outputs: list) -> list[str]
 def add_padding_row(kv: MemoryKV, like: str) -> str:
     """What verl's upsampling appends: a copy of a real row with a 1-token, mask-0 response."""
     row = dict(kv.rows[like])
-    row.update(responses=torch.tensor([0]), response_mask=torch.tensor([0]), rm_scores=torch.tensor([0.0]),
-               rollout_log_probs=torch.tensor([0.0]), old_log_probs=torch.tensor([0.0]))
+    row.update(
+        responses=torch.tensor([0]),
+        response_mask=torch.tensor([0]),
+        rm_scores=torch.tensor([0.0]),
+        rollout_log_probs=torch.tensor([0.0]),
+        old_log_probs=torch.tensor([0.0]),
+    )
     kv.rows["padding_0_0"] = row
     return "padding_0_0"
 
@@ -112,8 +117,9 @@ def expected_advantages(batch: dict, baseline: str) -> dict[tuple[str, int, int]
 
 
 @pytest.mark.parametrize("baseline", ["output_mean", "trajectory_mean"])
-def test_compute_advantage_uses_roles_from_the_rows(world: dict, batch: dict, baseline: str,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compute_advantage_uses_roles_from_the_rows(
+    world: dict, batch: dict, baseline: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     kv = batch["kv"]
     trainer = trainer_with(world, kv, monkeypatch, baseline=baseline)
     metrics: dict = {}

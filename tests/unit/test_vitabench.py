@@ -47,8 +47,15 @@ def executor(task_id: str = "9001", domain: str = "delivery") -> VitaExecutor:
 
 
 def order_call(**overrides) -> ToolCall:
-    args = {"user_id": "U100", "store_id": "ST_NOODLE", "product_ids": ["P_SOUP"], "product_cnts": [2],
-            "address": OFFICE, "dispatch_time": "2031-05-09 11:15:00", **overrides}
+    args = {
+        "user_id": "U100",
+        "store_id": "ST_NOODLE",
+        "product_ids": ["P_SOUP"],
+        "product_cnts": [2],
+        "address": OFFICE,
+        "dispatch_time": "2031-05-09 11:15:00",
+        **overrides,
+    }
     return ToolCall("create_delivery_order", args)
 
 
@@ -90,8 +97,10 @@ class ScriptedJudge:
                 out.append(ChatOutput('All rubrics look fine: {"answer": "yes"}'))
             elif "<current_rubrics>" in user:
                 current = json.loads(user.split("<current_rubrics>\n")[1].split("\n</current_rubrics>")[0])
-                verdicts = [{"rubric_idx": c["rubric_idx"], "justification": "[3] ok", "meetExpectation": self.met}
-                            for c in current]
+                verdicts = [
+                    {"rubric_idx": c["rubric_idx"], "justification": "[3] ok", "meetExpectation": self.met}
+                    for c in current
+                ]
                 out.append(ChatOutput("<think>checking</think>\n```json\n" + json.dumps(verdicts) + "\n```"))
             else:
                 out.append(ChatOutput(json.dumps({"analysis": "ok", "answer": self.met})))
@@ -132,8 +141,10 @@ def endpoints():
     def start(user: ScriptedUser, judge: ScriptedJudge) -> tuple[dict, dict]:
         for backend, name in ((user, "user-sim"), (judge, "judge")):
             servers.append(ChatCompletionServer(backend, name).start())
-        return ({"base_url": servers[-2].base_url, "model": "user-sim", "timeout": 5},
-                {"base_url": servers[-1].base_url, "model": "judge", "timeout": 5})
+        return (
+            {"base_url": servers[-2].base_url, "model": "user-sim", "timeout": 5},
+            {"base_url": servers[-1].base_url, "model": "judge", "timeout": 5},
+        )
 
     yield start
     for server in servers:
@@ -148,8 +159,11 @@ def test_loader_reads_the_checkout_layout() -> None:
     tasks = load_tasks(CHECKOUT, ("delivery", "instore"))
     assert [(t.domain, t.task_id) for t in tasks] == [("delivery", "9001"), ("delivery", "9002"), ("instore", "9101")]
     first = tasks[0]
-    assert first.rubrics == ("The order must contain exactly one Mild chicken noodle soup",
-                             "The order must be delivered to the office address", "The order must be paid")
+    assert first.rubrics == (
+        "The order must contain exactly one Mild chicken noodle soup",
+        "The order must be delivered to the office address",
+        "The order must be paid",
+    )
     assert first.tool_domains == ("delivery",) and first.reproduced and first.time == "2031-05-09 11:00:00"
     assert tasks[2].raw_domain == "in-store consumption" and tasks[2].tool_domains == ("instore",)
     assert [t.task_id for t in load_tasks(DELIVERY)] == ["9001", "9002"]  # a tasks file works too
@@ -199,8 +213,10 @@ def test_delivery_order_lifecycle_and_numbers() -> None:
     assert ex.execute(ToolCall("pay_delivery_order", {"order_id": "OD0001"}))["message"] == "Payment successful"
     assert "unpaid" in ex.execute(ToolCall("pay_delivery_order", {"order_id": "OD0001"}))["error"]
     assert ex.execute(ToolCall("get_delivery_order_status", {"order_id": "OD0001"}))["status"] == "paid"
-    assert ex.execute(ToolCall("search_delivery_orders", {"user_id": "U100", "status": "paid"}))["orders"][0][
-        "order_id"] == "OD0001"
+    assert (
+        ex.execute(ToolCall("search_delivery_orders", {"user_id": "U100", "status": "paid"}))["orders"][0]["order_id"]
+        == "OD0001"
+    )
     assert ex.execute(ToolCall("cancel_delivery_order", {"order_id": "OD0001"}))["message"].endswith("cancelled.")
     assert ex.state()["orders"]["OD0001"]["status"] == "cancelled" and ex.failures == 0
 
@@ -224,19 +240,28 @@ def test_delivery_order_checks(overrides: dict, needle: str, counted: bool) -> N
 
 def test_general_tools_and_search_ranking() -> None:
     ex = executor()
-    assert ex.execute(ToolCall("weather", {"address": OFFICE, "date_start": "2031-05-10", "date_end": "2031-05-12"}))[
-        "weather"][0]["category"] == "cloudy"
+    assert (
+        ex.execute(ToolCall("weather", {"address": OFFICE, "date_start": "2031-05-10", "date_end": "2031-05-12"}))[
+            "weather"
+        ][0]["category"]
+        == "cloudy"
+    )
     assert ex.execute(ToolCall("address_to_longitude_latitude", {"address": "Lumen Tower, 18 Harbour Road"})) == [
-        120.1, 30.2]
+        120.1,
+        30.2,
+    ]
     ranked = ex.execute(ToolCall("delivery_product_search_recommand", {"keywords": ["mild noodle soup"]}))
     assert [p["product_id"] for p in ranked["products"]][0] == "P_SOUP"
     stores = ex.execute(ToolCall("delivery_store_search_recommand", {"keywords": ["Salad"]}))["stores"]
     assert stores[0]["store_id"] == "ST_SALAD" and "products" not in stores[0]
     nearby = ex.execute(ToolCall("get_nearby", {"longitude": 120.1, "latitude": 30.2, "range": 1500}))
     assert [s["store_id"] for s in nearby["results"]] == ["ST_NOODLE"]
-    assert ex.execute(ToolCall("longitude_latitude_to_distance", {"longitude1": 120.1, "latitude1": 30.2,
-                                                                  "longitude2": 120.1, "latitude2": 30.21})) == {
-        "distance_m": 1112.0}
+    assert ex.execute(
+        ToolCall(
+            "longitude_latitude_to_distance",
+            {"longitude1": 120.1, "latitude1": 30.2, "longitude2": 120.1, "latitude2": 30.21},
+        )
+    ) == {"distance_m": 1112.0}
     assert ex.execute(ToolCall("get_user_historical_behaviors", {}))["user id"] == "U100"
 
 
@@ -244,11 +269,14 @@ def test_unavailable_tools_and_bad_arguments_are_structured_errors() -> None:
     ex = executor()
     assert ex.execute(ToolCall("create_hotel_order", {}))["error"].startswith("NOT_REPRODUCED")
     assert ex.execute(ToolCall("get_holiday_date", {"year": "2031", "holiday_name": "x"}))["error"].startswith(
-        "NOT_REPRODUCED")
+        "NOT_REPRODUCED"
+    )
     assert ex.execute(ToolCall("instore_book", {}))["error"].startswith("UNKNOWN_TOOL")  # not a delivery tool
     assert "missing arguments ['order_id']" in ex.execute(ToolCall("pay_delivery_order", {}))["error"]
-    assert "unexpected arguments ['extra']" in ex.execute(
-        ToolCall("get_delivery_order_status", {"order_id": "x", "extra": 1}))["error"]
+    assert (
+        "unexpected arguments ['extra']"
+        in ex.execute(ToolCall("get_delivery_order_status", {"order_id": "x", "extra": 1}))["error"]
+    )
     assert ex.failures == 5 and ex.calls == 5
 
 
@@ -256,23 +284,39 @@ def test_existing_orders_and_instore_tools() -> None:
     ex = executor("9002")
     assert ex.execute(ToolCall("cancel_delivery_order", {"order_id": "9002O01"}))["message"].startswith("Order 9002O01")
     ins = executor("9101", "instore")
-    book = ins.execute(ToolCall("instore_book", {"user_id": "U200", "shop_id": "SH_BISTRO",
-                                                 "time": "2031-06-01 19:00:00", "customer_count": 2}))
+    book = ins.execute(
+        ToolCall(
+            "instore_book",
+            {"user_id": "U200", "shop_id": "SH_BISTRO", "time": "2031-06-01 19:00:00", "customer_count": 2},
+        )
+    )
     assert book["status"] == "unpaid" and book["book_price"] == 20.0
     assert ins.execute(ToolCall("pay_instore_book", {"book_id": book["book_id"]}))["message"] == "Payment successful"
-    assert "does not support" in ins.execute(ToolCall("instore_book", {"user_id": "U200", "shop_id": "SH_YOGA",
-                                                                       "time": "2031-06-01 19:00:00"}))["error"]
-    order = ins.execute(ToolCall("create_instore_product_order", {"user_id": "U200", "shop_id": "SH_BISTRO",
-                                                                  "product_id": "P_SET2"}))
+    assert (
+        "does not support"
+        in ins.execute(
+            ToolCall("instore_book", {"user_id": "U200", "shop_id": "SH_YOGA", "time": "2031-06-01 19:00:00"})
+        )["error"]
+    )
+    order = ins.execute(
+        ToolCall("create_instore_product_order", {"user_id": "U200", "shop_id": "SH_BISTRO", "product_id": "P_SET2"})
+    )
     assert order["total_price"] == 168.0 and order["products"][0]["quantity"] == 1
-    res = ins.execute(ToolCall("instore_reservation", {"user_id": "U200", "shop_id": "SH_YOGA",
-                                                       "time": "2031-06-02 08:00:00", "customer_count": 1}))
+    res = ins.execute(
+        ToolCall(
+            "instore_reservation",
+            {"user_id": "U200", "shop_id": "SH_YOGA", "time": "2031-06-02 08:00:00", "customer_count": 1},
+        )
+    )
     assert res["status"] == "unconsumed"
-    moved = ins.execute(ToolCall("instore_modify_reservation", {"reservation_id": res["reservation_id"],
-                                                                "time": "2031-06-02 09:00:00"}))
+    moved = ins.execute(
+        ToolCall("instore_modify_reservation", {"reservation_id": res["reservation_id"], "time": "2031-06-02 09:00:00"})
+    )
     assert moved["reservation_time"] == "2031-06-02 09:00:00" and moved["customer_count"] == 1
-    assert ins.execute(ToolCall("search_instore_reservation", {"user_id": "U200"}))["reservations"][0]["status"] == \
-        "unconsumed"
+    assert (
+        ins.execute(ToolCall("search_instore_reservation", {"user_id": "U200"}))["reservations"][0]["status"]
+        == "unconsumed"
+    )
     state = ins.state()
     assert set(state["created"]) == {"OB0001", "OI0002", "OR0003"} and state["books"]["OB0001"]["status"] == "paid"
 
@@ -282,14 +326,26 @@ def test_window_states_are_parsed_strictly() -> None:
     keys = ["rubric_0", "rubric_1"]
     ok = '```json\n[{"rubric_idx": "rubric_1", "justification": "x", "meetExpectation": true}]\n```'
     assert parse_window_states(ok, keys) == {"rubric_1": (True, "x")}
-    for bad in ('[{"rubric_idx": "rubric_9", "meetExpectation": true}]',
-                '[{"rubric_idx": "rubric_0", "meetExpectation": "true"}]',
-                'Sure! [{"rubric_idx": "rubric_0", "meetExpectation": true}]', '"fine"'):
+    for bad in (
+        '[{"rubric_idx": "rubric_9", "meetExpectation": true}]',
+        '[{"rubric_idx": "rubric_0", "meetExpectation": "true"}]',
+        'Sure! [{"rubric_idx": "rubric_0", "meetExpectation": true}]',
+        '"fine"',
+    ):
         with pytest.raises(MalformedJudgement):
             parse_window_states(bad, keys)
     assert sliding_windows(25, 10, 2) == [(0, 10), (8, 18), (16, 25)] and sliding_windows(4, 10, 2) == [(0, 4)]
-    text = render_transcript([{"role": "assistant", "content": "", "tool_calls": [
-        {"function": {"name": "pay", "arguments": '{"order_id": "A1"}'}}]}, {"role": "user", "content": "ok"}], 5)
+    text = render_transcript(
+        [
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"function": {"name": "pay", "arguments": '{"order_id": "A1"}'}}],
+            },
+            {"role": "user", "content": "ok"},
+        ],
+        5,
+    )
     assert text == "[6] assistant: pay(order_id='A1')\n[7] user: ok"
 
 
@@ -302,8 +358,11 @@ def test_judge_keeps_state_across_windows_and_retries() -> None:
 
         def generate(self, requests: Sequence[ChatRequest]) -> list[ChatOutput]:
             self.calls += 1
-            answers = ["not json", '[{"rubric_idx": "rubric_0", "justification": "[2] done", "meetExpectation": true}]',
-                       '[{"rubric_idx": "rubric_1", "justification": "[12] no", "meetExpectation": false}]']
+            answers = [
+                "not json",
+                '[{"rubric_idx": "rubric_0", "justification": "[2] done", "meetExpectation": true}]',
+                '[{"rubric_idx": "rubric_1", "justification": "[12] no", "meetExpectation": false}]',
+            ]
             return [ChatOutput(answers[self.calls - 1])]
 
     backend = TwoWindows()
@@ -346,8 +405,9 @@ def test_episode_with_simulated_user_and_judge_over_http(endpoints) -> None:
 
 def test_failed_judge_and_premature_ends(endpoints) -> None:
     user_cfg, judge_cfg = endpoints(ScriptedUser(USER_LINES), ScriptedJudge(bad=10_000))
-    adapter = VitaBenchAdapter(CHECKOUT, user_simulator=user_cfg, judge=judge_cfg,
-                               judge_config={**FAST, "max_retries": 1})
+    adapter = VitaBenchAdapter(
+        CHECKOUT, user_simulator=user_cfg, judge=judge_cfg, judge_config={**FAST, "max_retries": 1}
+    )
     failed = adapter.run_episode(ScriptedAgent(), adapter.tasks("delivery")[0])
     assert failed.error.startswith("JudgeFailed") and failed.info["vitabench"]["judge_status"] == "failed"
     report = vitabench_report([failed])
@@ -377,8 +437,12 @@ def test_failed_judge_and_premature_ends(endpoints) -> None:
 def test_per_rubric_mode_and_refused_rehearsal(endpoints) -> None:
     judge = ScriptedJudge(met=False)
     user_cfg, judge_cfg = endpoints(ScriptedUser(USER_LINES), judge)
-    adapter = VitaBenchAdapter(CHECKOUT, user_simulator=user_cfg, judge=judge_cfg,
-                               judge_config={**FAST, "mode": "per_rubric", "concurrency": 2})
+    adapter = VitaBenchAdapter(
+        CHECKOUT,
+        user_simulator=user_cfg,
+        judge=judge_cfg,
+        judge_config={**FAST, "mode": "per_rubric", "concurrency": 2},
+    )
     record = adapter.run_episode(ScriptedAgent(), adapter.tasks("delivery")[0])
     assert record.score == 0.0 and record.info["vitabench"]["judge_requests"] == 3 and judge.calls == 3
     assert all("<rubric>" in p for p in judge.prompts)

@@ -225,14 +225,39 @@ def test_render_rehearsal() -> None:
 
 # ---- properties ---------------------------------------------------------------------------------
 TAG_PIECES = st.sampled_from(
-    ["<tool_call>", "</tool_call>", "<think>", "</think>", "<execution_result>", "</execution_result>",
-     "{", "}", "[", "]", '"', ":", ",", "\n", '"name"', '"arguments"', '"parameters"', "null", "1e999",
-     "NaN", "[" * 50, "é", "\u2028", "\ud800", "💥"]
+    [
+        "<tool_call>",
+        "</tool_call>",
+        "<think>",
+        "</think>",
+        "<execution_result>",
+        "</execution_result>",
+        "{",
+        "}",
+        "[",
+        "]",
+        '"',
+        ":",
+        ",",
+        "\n",
+        '"name"',
+        '"arguments"',
+        '"parameters"',
+        "null",
+        "1e999",
+        "NaN",
+        "[" * 50,
+        "é",
+        "\u2028",
+        "\ud800",
+        "💥",
+    ]
 )
 MESSY_TEXT = st.lists(st.one_of(st.text(max_size=12), TAG_PIECES), max_size=25).map("".join)
 JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
 JSON_VALUES = st.recursive(
-    JSON_SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    JSON_SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
     max_leaves=15,
 )
 JSON_OBJECTS = st.dictionaries(st.text(), JSON_VALUES, max_size=5)

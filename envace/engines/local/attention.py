@@ -52,7 +52,13 @@ def gqa_sdpa_attention(
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(query.shape[2] > 1 and attention_mask is None and causal)
     out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal,
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=causal,
         enable_gqa=key.shape[1] != query.shape[1],
     )
     return out.transpose(1, 2).contiguous(), None
@@ -63,13 +69,14 @@ def gqa_sdpa_attention(
 DECODE_QUERY_TOKENS = 4
 
 
-def _decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                      scaling: float | None) -> torch.Tensor:
+def _decode_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scaling: float | None
+) -> torch.Tensor:
     """softmax(q kᵀ · scale + mask) v with grouped heads; returns [B, q, H, D] like ``gqa_sdpa_attention``."""
     b, h, q, d = query.shape
     kv_heads = key.shape[1]
     group = h // kv_heads
-    scale = scaling if scaling is not None else d ** -0.5
+    scale = scaling if scaling is not None else d**-0.5
     grouped = query.reshape(b, kv_heads, group * q, d)
     if key.dtype == torch.float32:
         scores = torch.matmul(grouped, key.transpose(-1, -2))
@@ -116,8 +123,9 @@ class PackLayout:
         return self._blocked[key]
 
 
-def segment_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: PackLayout,
-                      scaling: float | None) -> torch.Tensor:
+def segment_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: PackLayout, scaling: float | None
+) -> torch.Tensor:
     """Attention of packed rows, segment by segment; returns [B, L, H, D] (zeros at padding positions).
 
     Per row: the prefix attends causally to itself; each suffix attends to the prefix and causally to
@@ -145,8 +153,9 @@ def segment_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return torch.cat(rows, dim=0).transpose(1, 2).contiguous()
 
 
-def masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, blocked: torch.Tensor,
-                     scaling: float | None) -> torch.Tensor:
+def masked_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, blocked: torch.Tensor, scaling: float | None
+) -> torch.Tensor:
     """softmax(q kᵀ · scale, except where ``blocked``) v for one row, grouped query heads; [1, H, S, D].
 
     query ``[1, H, S, D]``, key/value ``[1, Hkv, T, D]``; ``blocked`` ``[G*S, T]`` bool (True = may not
@@ -156,7 +165,7 @@ def masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     """
     _, heads, s, d = query.shape
     kv_heads = key.shape[1]
-    scale = scaling if scaling is not None else d ** -0.5
+    scale = scaling if scaling is not None else d**-0.5
     grouped = (query * scale).reshape(1, kv_heads, (heads // kv_heads) * s, d)
     scores = torch.matmul(grouped, key.transpose(-1, -2)).masked_fill_(blocked, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)

@@ -161,7 +161,10 @@ def collate(rows: Sequence[TrainRow], pad_id: int = 0, device: str | torch.devic
         for name, tensor in values.items():
             tensor[b, cols] = getattr(r, name)
     return MicroBatch(
-        input_ids=ids.to(device), attention_mask=attn.to(device), keep=keep.to(device), mask=mask.to(device),
+        input_ids=ids.to(device),
+        attention_mask=attn.to(device),
+        keep=keep.to(device),
+        mask=mask.to(device),
         values={k: v.to(device) for k, v in values.items()},
     )
 
@@ -170,9 +173,7 @@ def token_logprobs(model: Any, batch: MicroBatch) -> torch.Tensor:
     """log π(target | prefix) at temperature T for every kept position: ``[B, P]`` (0 off-mask)."""
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=batch.keep)
     logits = out.logits.float() / batch.values["temperatures"].unsqueeze(-1)
-    flat = F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), batch.values["targets"].reshape(-1), reduction="none"
-    )
+    flat = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.values["targets"].reshape(-1), reduction="none")
     return (-flat).view(logits.shape[:2]) * batch.mask
 
 

@@ -220,29 +220,40 @@ class RunCheckpoints:
         """Refuse a checkpoint written by another variant or LoRA setting (actionable error)."""
         cfg = self.cfg
         if ckpt.state.get("variant") != cfg.variant:
-            raise ValueError(f"checkpoint {ckpt.path} is for variant {ckpt.state.get('variant')!r}, config asks "
-                             f"{cfg.variant!r}; use another output_dir or set resume=False")
+            raise ValueError(
+                f"checkpoint {ckpt.path} is for variant {ckpt.state.get('variant')!r}, config asks "
+                f"{cfg.variant!r}; use another output_dir or set resume=False"
+            )
         if ckpt.state.get("lora") != lora_record(cfg.lora):
-            raise ValueError(f"checkpoint {ckpt.path} was written with lora={ckpt.state.get('lora')}, config asks "
-                             f"lora={lora_record(cfg.lora)} (algo.lora_*); use another output_dir or set resume=False")
+            raise ValueError(
+                f"checkpoint {ckpt.path} was written with lora={ckpt.state.get('lora')}, config asks "
+                f"lora={lora_record(cfg.lora)} (algo.lora_*); use another output_dir or set resume=False"
+            )
 
     def latest(self) -> Checkpoint | None:
         """The GRPO checkpoint a resume would continue from (None: none, or resume off)."""
         return load_latest(self.root) if self.root is not None and self.cfg.resume else None
 
-    def save(self, step: int, models: Mapping[str, torch.nn.Module], optimizers: Mapping[str, torch.optim.Optimizer],
-             history: Sequence[Mapping[str, Any]]) -> str | None:
+    def save(
+        self,
+        step: int,
+        models: Mapping[str, torch.nn.Module],
+        optimizers: Mapping[str, torch.optim.Optimizer],
+        history: Sequence[Mapping[str, Any]],
+    ) -> str | None:
         """GRPO checkpoint ``step`` (trained and frozen models, optimisers, history); removes the SFT ones."""
         if self.root is None:
             return None
         state = {"data_position": step * self.cfg.prompts_per_step, **self.identity()}
-        path = save_checkpoint(self.root, step, models, optimizers, state, keep=self.cfg.keep_checkpoints,
-                               history=history)
+        path = save_checkpoint(
+            self.root, step, models, optimizers, state, keep=self.cfg.keep_checkpoints, history=history
+        )
         shutil.rmtree(self.root / SFT_DIR, ignore_errors=True)  # superseded
         return str(path)
 
-    def resume(self, models: Mapping[str, torch.nn.Module],
-               optimizers: Mapping[str, torch.optim.Optimizer]) -> tuple[int, list[dict[str, float]]]:
+    def resume(
+        self, models: Mapping[str, torch.nn.Module], optimizers: Mapping[str, torch.optim.Optimizer]
+    ) -> tuple[int, list[dict[str, float]]]:
         """(step, metrics history) of the latest checkpoint, restored into models/optimisers/RNG; (0, [])."""
         ckpt = self.latest()
         if ckpt is None:
@@ -256,14 +267,28 @@ class RunCheckpoints:
         logger.info("resumed from %s (step %d)", ckpt.path, ckpt.step)
         return ckpt.step, ckpt.history()
 
-    def save_sft(self, index: int, name: str, epoch: int, models: Mapping[str, torch.nn.Module],
-                 optimizer: torch.optim.Optimizer, history: Sequence[Mapping[str, Any]]) -> None:
+    def save_sft(
+        self,
+        index: int,
+        name: str,
+        epoch: int,
+        models: Mapping[str, torch.nn.Module],
+        optimizer: torch.optim.Optimizer,
+        history: Sequence[Mapping[str, Any]],
+    ) -> None:
         """The SFT checkpoint after ``epoch`` of the ``index``-th model (``name``) when ``checkpoint_every``."""
         if self.root is None or not self.cfg.checkpoint_every:
             return
         state = {"model_index": index, "model": name, "epoch": epoch, **self.identity()}
-        save_checkpoint(self.root / SFT_DIR, index * self.cfg.sft.epochs + epoch + 1, models, {name: optimizer},
-                        state, keep=self.cfg.keep_checkpoints, history=history)
+        save_checkpoint(
+            self.root / SFT_DIR,
+            index * self.cfg.sft.epochs + epoch + 1,
+            models,
+            {name: optimizer},
+            state,
+            keep=self.cfg.keep_checkpoints,
+            history=history,
+        )
 
     def resume_sft(self, models: Mapping[str, torch.nn.Module]) -> Checkpoint | None:
         """The latest SFT checkpoint restored into the models and RNG (None: none, or resume off)."""
@@ -274,6 +299,10 @@ class RunCheckpoints:
         for name, model in models.items():
             ckpt.restore_model(name, model)
         ckpt.restore_rng()
-        logger.info("resumed the SFT warm-up from %s (model %s, epoch %d done)", ckpt.path, ckpt.state["model"],
-                    int(ckpt.state["epoch"]) + 1)
+        logger.info(
+            "resumed the SFT warm-up from %s (model %s, epoch %d done)",
+            ckpt.path,
+            ckpt.state["model"],
+            int(ckpt.state["epoch"]) + 1,
+        )
         return ckpt

@@ -73,8 +73,9 @@ class DecodeRequest:
     finished: bool = False  # saw an end-of-turn token (kept as the output's last token)
 
 
-def sample_next_tokens(logits: torch.Tensor, temperatures: Sequence[float],
-                       generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+def sample_next_tokens(
+    logits: torch.Tensor, temperatures: Sequence[float], generators: Sequence[torch.Generator | None]
+) -> torch.Tensor:
     """Next token per row: argmax where temperature <= 0, else an inverse-CDF draw from softmax(logits / T).
 
     One softmax and one cumulative sum for all sampled rows together; each sampled row draws a single
@@ -131,9 +132,7 @@ def pick_tokens(
     return tokens.tolist(), logp[torch.arange(len(requests)), tokens].tolist()
 
 
-def pick_token(
-    logits: torch.Tensor, request: DecodeRequest, guide: DecodeGuide | None
-) -> tuple[int, float]:
+def pick_token(logits: torch.Tensor, request: DecodeRequest, guide: DecodeGuide | None) -> tuple[int, float]:
     """``pick_tokens`` for one row (``logits``: ``(V,)``)."""
     tokens, logprobs = pick_tokens(logits.unsqueeze(0), [request], guide)
     return tokens[0], logprobs[0]
@@ -156,8 +155,9 @@ def decode(
     feed = {row: r.stream[streams.fed_count(row) :] for row, r in live.items()}
     empty = [row for row, piece in feed.items() if not piece]
     if empty:
-        raise ValueError(f"decode: rows {empty} have no unfed prompt tokens; "
-                         "a stream must end with a generation prompt")
+        raise ValueError(
+            f"decode: rows {empty} have no unfed prompt tokens; a stream must end with a generation prompt"
+        )
     for row, r in list(live.items()) if guide is not None and guide.replay else ():
         tokens = _replayed(r, guide, stop_ids)
         if tokens is not None:

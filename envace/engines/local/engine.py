@@ -169,8 +169,10 @@ class LocalEngine(Engine):
         if not self.variant.rehearse_by_policy and cfg.grpo_responses not in ("executor", "simulator"):
             raise ValueError(f"grpo_responses={cfg.grpo_responses!r}; valid: 'executor', 'simulator'")
         if not self.variant.rehearse_by_policy and cfg.grpo_responses == "executor" and self.executor_factory is None:
-            raise ValueError("variant 'grpo' with grpo_responses='executor' needs LocalEngine(executor_factory=...); "
-                             "pass one (e.g. the tool world's make_executor) or set grpo_responses='simulator'")
+            raise ValueError(
+                "variant 'grpo' with grpo_responses='executor' needs LocalEngine(executor_factory=...); "
+                "pass one (e.g. the tool world's make_executor) or set grpo_responses='simulator'"
+            )
 
     def _make_slots(self, cfg: LocalEngineConfig) -> None:
         """Trained models with their roles, optimisers, references; frozen simulator for grpo."""
@@ -180,9 +182,15 @@ class LocalEngine(Engine):
         else:
             wanted = {"policy": roles}
         self.slots = {
-            name: Slot(name, self.models[name], r, make_optimizer(self.models[name], cfg.optim),
-                       _frozen(self.models[name]) if cfg.optim.kl_coef > 0 else None)
-            for name, r in wanted.items() if r
+            name: Slot(
+                name,
+                self.models[name],
+                r,
+                make_optimizer(self.models[name], cfg.optim),
+                _frozen(self.models[name]) if cfg.optim.kl_coef > 0 else None,
+            )
+            for name, r in wanted.items()
+            if r
         }
         self.frozen = {f"ref_{n}": s.ref for n, s in self.slots.items() if s.ref is not None}
         if not self.variant.rehearse_by_policy and cfg.grpo_responses == "simulator":
@@ -201,8 +209,9 @@ class LocalEngine(Engine):
         return ResponseSource(executor_factory=self.executor_factory)
 
     # ---- one RL step ---------------------------------------------------------------------------
-    def _score(self, specs: Sequence[EpisodeSpec], trajs: Sequence[Trajectory],
-               enforce: bool = True) -> list[Trajectory]:
+    def _score(
+        self, specs: Sequence[EpisodeSpec], trajs: Sequence[Trajectory], enforce: bool = True
+    ) -> list[Trajectory]:
         """Rewards; with ``enforce``, a judge's ``terminated_after`` (a required item that failed in a turn
         the rollout's rule gate could not decide) drops the later turns' outputs (``truncate_after_turn``)."""
         scored = []
@@ -221,13 +230,15 @@ class LocalEngine(Engine):
         chosen, names = [specs[i] for i in idx], step_names(idx)
         guide = _guide_by_index(self.guide, names, idx)
         gate = required_items_gate() if cfg.rollout.enforce_required_items else None
-        runner = RolloutRunner(self.formatter, cfg.rollout, self.role_prompts, guide, precision=self.precision,
-                               turn_gate=gate)
+        runner = RolloutRunner(
+            self.formatter, cfg.rollout, self.role_prompts, guide, precision=self.precision, turn_gate=gate
+        )
         act_model = self.models.get("act", self.models.get("policy"))
         batch = runner.run(chosen, act_model, self._response_source(), seed=cfg.seed, step=step, examples=names)
         k = cfg.rollout.samples_per_prompt
-        trajs = self._score([s for s in chosen for _ in range(k)], batch.trajectories,
-                            cfg.rollout.enforce_required_items)
+        trajs = self._score(
+            [s for s in chosen for _ in range(k)], batch.trajectories, cfg.rollout.enforce_required_items
+        )
         groups = [j // k for j in range(len(trajs))]
         adv = compute_output_advantages(trajs, groups, self.variant, cfg.optim)
         metrics = rollout_metrics(batch, trajs, adv)
@@ -240,8 +251,9 @@ class LocalEngine(Engine):
         for name, slot in self.slots.items():
             rows = build_rows(trajs, adv.values.tolist(), slot.roles, temps, adv.excluded)
             stream_tokens += sum(int(r.input_ids.numel()) for r in rows)
-            updater = PolicyUpdater(slot, cfg.optim, derive_seed(cfg.seed, name), self.pad_id, cfg.device,
-                                    precision=self.precision)
+            updater = PolicyUpdater(
+                slot, cfg.optim, derive_seed(cfg.seed, name), self.pad_id, cfg.device, precision=self.precision
+            )
             diff = updater.prepare(rows)
             prefix = "" if name == "policy" else f"{name}/"
             metrics.update({f"{prefix}{k2}": v for k2, v in updater.update(rows, step).items()})
@@ -249,8 +261,14 @@ class LocalEngine(Engine):
                 metrics[f"{prefix}rollout/logprob_diff"] = diff
             trim_heap()
         t2 = time.perf_counter()
-        metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1, "time/step": t2 - t0,
-                        "engine/bf16": float(self.precision == "bf16")})
+        metrics.update(
+            {
+                "time/rollout": t1 - t0,
+                "time/update": t2 - t1,
+                "time/step": t2 - t0,
+                "engine/bf16": float(self.precision == "bf16"),
+            }
+        )
         metrics["tokens_per_s"] = sum(batch.generated_tokens.values()) / max(batch.seconds, 1e-9)
         metrics["update/stream_tokens"] = float(stream_tokens)
         metrics["update/tokens_per_s"] = stream_tokens * cfg.optim.ppo_epochs / max(t2 - t1, 1e-9)
@@ -268,9 +286,23 @@ class LocalEngine(Engine):
         self._load(cfg)
         checkpoints = RunCheckpoints(cfg)
         has_checkpoint = checkpoints.latest() is not None
-        history: list[dict[str, float]] = [] if has_checkpoint else list(warm_up(
-            self.models, self.formatter, specs, cfg, role_prompts=self.role_prompts, precision=self.precision,
-            pad_id=self.pad_id, checkpoints=checkpoints, callbacks=callbacks))
+        history: list[dict[str, float]] = (
+            []
+            if has_checkpoint
+            else list(
+                warm_up(
+                    self.models,
+                    self.formatter,
+                    specs,
+                    cfg,
+                    role_prompts=self.role_prompts,
+                    precision=self.precision,
+                    pad_id=self.pad_id,
+                    checkpoints=checkpoints,
+                    callbacks=callbacks,
+                )
+            )
+        )
         self._make_slots(cfg)
         probe = make_probe(cfg, self.fidelity_probe_set, self.precision)
         ckpt_models = {**self.models, **self.frozen}  # what a GRPO checkpoint holds
@@ -283,10 +315,14 @@ class LocalEngine(Engine):
                 cb(0, history[-1])
         end = cfg.steps if cfg.stop_after_steps is None else min(cfg.steps, start + cfg.stop_after_steps)
         last_ckpt = None
-        for step in tqdm(range(start, end), desc=f"train[{cfg.variant}]", disable=not cfg.progress,
-                         initial=start, total=cfg.steps):
-            metrics = {"step": float(step + 1), **self._rl_step(cfg, specs, step),
-                       **probe_at(probe, cfg, step + 1, self.models, self.tokenizer, self.formatter)}
+        for step in tqdm(
+            range(start, end), desc=f"train[{cfg.variant}]", disable=not cfg.progress, initial=start, total=cfg.steps
+        ):
+            metrics = {
+                "step": float(step + 1),
+                **self._rl_step(cfg, specs, step),
+                **probe_at(probe, cfg, step + 1, self.models, self.tokenizer, self.formatter),
+            }
             history.append(metrics)
             for cb in callbacks:
                 cb(step + 1, metrics)
@@ -295,8 +331,13 @@ class LocalEngine(Engine):
         if end > start and (not cfg.checkpoint_every or end % cfg.checkpoint_every):
             last_ckpt = checkpoints.save(end, ckpt_models, optimizers, history)
         artifacts = self._export(cfg) if end == cfg.steps else {}
-        return TrainResult(steps_done=end, history=tuple(history), checkpoint_dir=last_ckpt,
-                           artifacts=artifacts, models=dict(self.models))
+        return TrainResult(
+            steps_done=end,
+            history=tuple(history),
+            checkpoint_dir=last_ckpt,
+            artifacts=artifacts,
+            models=dict(self.models),
+        )
 
     def _export(self, cfg: LocalEngineConfig) -> dict[str, str]:
         """Final weights + tokenizer as HF directories (what evaluation loads with kind='path'); with LoRA,

@@ -52,11 +52,22 @@ def probe_due(step: int, every: int, total_steps: int) -> bool:
 class FidelityProbe:
     """Scores a REHEARSE model on a fixed ``ProbeSet`` (see the module docstring)."""
 
-    def __init__(self, probe_set: ProbeSet, *, max_new_tokens: int, seed: int, batch_size: int = 8,
-                 progress: bool = False, precision: str = "fp32", context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> None:
+    def __init__(
+        self,
+        probe_set: ProbeSet,
+        *,
+        max_new_tokens: int,
+        seed: int,
+        batch_size: int = 8,
+        progress: bool = False,
+        precision: str = "fp32",
+        context_tokens: int = DEFAULT_CONTEXT_TOKENS,
+    ) -> None:
         if probe_set.n_calls == 0:
-            raise ValueError("FidelityProbe: the probe set has no real calls; build it with "
-                             "envace.evaluation.oracle_probe_set on tasks with gold calls")
+            raise ValueError(
+                "FidelityProbe: the probe set has no real calls; build it with "
+                "envace.evaluation.oracle_probe_set on tasks with gold calls"
+            )
         self.probe_set = probe_set
         self.max_new_tokens = max_new_tokens
         self.seed = seed
@@ -72,12 +83,24 @@ class FidelityProbe:
         model.eval()
         try:
             with torch.no_grad():
-                backend = local_inference.LocalHFBackend(model, tokenizer, name="rehearse@train",
-                                                         batch_size=self.batch_size, formatter=formatter,
-                                                         precision=self.precision)
-                report = measure_fidelity(backend, self.probe_set.records, self.probe_set.tasks,
-                                          max_new_tokens=self.max_new_tokens, temperature=0.0, seed=self.seed,
-                                          progress=self.progress, context_tokens=self.context_tokens)
+                backend = local_inference.LocalHFBackend(
+                    model,
+                    tokenizer,
+                    name="rehearse@train",
+                    batch_size=self.batch_size,
+                    formatter=formatter,
+                    precision=self.precision,
+                )
+                report = measure_fidelity(
+                    backend,
+                    self.probe_set.records,
+                    self.probe_set.tasks,
+                    max_new_tokens=self.max_new_tokens,
+                    temperature=0.0,
+                    seed=self.seed,
+                    progress=self.progress,
+                    context_tokens=self.context_tokens,
+                )
         finally:
             model.train(was_training)
             set_rng_state(saved_rng)
@@ -90,8 +113,14 @@ class FidelityProbe:
             f"{FIDELITY_PREFIX}n_calls": float(stats.n),
             "time/fidelity": time.perf_counter() - started,
         }
-        logger.info("fidelity probe: %d calls, exact %.3f, field F1 %.3f, error agreement %.3f in %.1f s",
-                    stats.n, stats.exact_match, stats.field_f1, stats.error_agreement, metrics["time/fidelity"])
+        logger.info(
+            "fidelity probe: %d calls, exact %.3f, field F1 %.3f, error agreement %.3f in %.1f s",
+            stats.n,
+            stats.exact_match,
+            stats.field_f1,
+            stats.error_agreement,
+            metrics["time/fidelity"],
+        )
         return metrics
 
 
@@ -100,14 +129,28 @@ def make_probe(cfg: LocalEngineConfig, probe_set: ProbeSet | None, precision: st
     if cfg.fidelity_every <= 0:
         return None
     if probe_set is None:
-        raise ValueError(f"fidelity_every={cfg.fidelity_every} needs LocalEngine(fidelity_probe_set=...) (e.g. "
-                         "envace.evaluation.oracle_probe_set on validation tasks); or set fidelity_every=0")
-    return FidelityProbe(probe_set, max_new_tokens=cfg.rollout.max_rehearse_tokens, seed=cfg.seed,
-                         progress=cfg.progress, precision=precision, context_tokens=cfg.rollout.rehearse_context_tokens)
+        raise ValueError(
+            f"fidelity_every={cfg.fidelity_every} needs LocalEngine(fidelity_probe_set=...) (e.g. "
+            "envace.evaluation.oracle_probe_set on validation tasks); or set fidelity_every=0"
+        )
+    return FidelityProbe(
+        probe_set,
+        max_new_tokens=cfg.rollout.max_rehearse_tokens,
+        seed=cfg.seed,
+        progress=cfg.progress,
+        precision=precision,
+        context_tokens=cfg.rollout.rehearse_context_tokens,
+    )
 
 
-def probe_at(probe: FidelityProbe | None, cfg: LocalEngineConfig, step: int, models: Mapping[str, Any],
-             tokenizer: Any, formatter: ChatFormatter) -> dict[str, float]:
+def probe_at(
+    probe: FidelityProbe | None,
+    cfg: LocalEngineConfig,
+    step: int,
+    models: Mapping[str, Any],
+    tokenizer: Any,
+    formatter: ChatFormatter,
+) -> dict[str, float]:
     """``fidelity/*`` metrics of the REHEARSE model in ``models`` after ``step`` updates when a probe is due,
     else {}."""
     if probe is None or not probe_due(step, cfg.fidelity_every, cfg.steps):

@@ -57,8 +57,9 @@ class GrowingLayer(DynamicLayer):
         n = key_states.shape[-2]
         if self._len + n > self._k.shape[-2]:
             capacity = max(2 * (self._len + n), 64)
-            grow = lambda buf: torch.cat([buf[..., : self._len, :], buf.new_empty(
-                *buf.shape[:-2], capacity - self._len, buf.shape[-1])], dim=-2)
+            grow = lambda buf: torch.cat(
+                [buf[..., : self._len, :], buf.new_empty(*buf.shape[:-2], capacity - self._len, buf.shape[-1])], dim=-2
+            )
             self._k, self._v = grow(self._k), grow(self._v)
         self._k[..., self._len : self._len + n, :] = key_states
         self._v[..., self._len : self._len + n, :] = value_states

@@ -31,18 +31,32 @@ logger = logging.getLogger(__name__)
 
 def add_lora(model: torch.nn.Module, spec: LoraSpec) -> peft.PeftModel:
     """Inject ``spec``'s adapters into ``model`` (in place) and return peft's wrapper around it."""
-    config = peft.LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=list(spec.target_modules),
-                             lora_dropout=spec.dropout, bias="none", task_type=peft.TaskType.CAUSAL_LM)
+    config = peft.LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.alpha,
+        target_modules=list(spec.target_modules),
+        lora_dropout=spec.dropout,
+        bias="none",
+        task_type=peft.TaskType.CAUSAL_LM,
+    )
     try:
         wrapped = peft.get_peft_model(model, config)
     except ValueError as exc:  # peft: "Target modules {...} not found in the base model"
         names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
-        raise ValueError(f"algo.lora_target_modules={list(spec.target_modules)}: {exc}; this model's linear "
-                         f"layers are named {names}") from exc
+        raise ValueError(
+            f"algo.lora_target_modules={list(spec.target_modules)}: {exc}; this model's linear layers are named {names}"
+        ) from exc
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
-    logger.info("LoRA r=%d alpha=%d on %s: %d trainable of %d parameters (%.2f%%)", spec.rank, spec.alpha,
-                list(spec.target_modules), trainable, total, 100 * trainable / max(total, 1))
+    logger.info(
+        "LoRA r=%d alpha=%d on %s: %d trainable of %d parameters (%.2f%%)",
+        spec.rank,
+        spec.alpha,
+        list(spec.target_modules),
+        trainable,
+        total,
+        100 * trainable / max(total, 1),
+    )
     return wrapped
 
 
@@ -71,10 +85,12 @@ def load_adapter_state(model: torch.nn.Module, state: dict[str, torch.Tensor], s
     """Load ``adapter_state`` output into ``model``; the key sets must match exactly."""
     keys = adapter_keys(model)
     if set(state) != keys:
-        raise ValueError(f"{source} holds {len(state)} tensors but the model has {len(keys)} LoRA adapter tensors "
-                         f"(e.g. missing {sorted(keys - set(state))[:2]}, unexpected {sorted(set(state) - keys)[:2]}): "
-                         "it was written with other algo.lora_* settings or without LoRA; use another output_dir "
-                         "or set train.resume=false")
+        raise ValueError(
+            f"{source} holds {len(state)} tensors but the model has {len(keys)} LoRA adapter tensors "
+            f"(e.g. missing {sorted(keys - set(state))[:2]}, unexpected {sorted(set(state) - keys)[:2]}): "
+            "it was written with other algo.lora_* settings or without LoRA; use another output_dir "
+            "or set train.resume=false"
+        )
     model.load_state_dict(state, strict=False)
 
 
@@ -87,5 +103,9 @@ def lora_record(spec: LoraSpec | None) -> dict[str, Any] | None:
     """``spec`` as JSON-able values (checkpoints store it; resuming compares it); None for full fine-tuning."""
     if spec is None:
         return None
-    return {"rank": spec.rank, "alpha": spec.alpha, "target_modules": list(spec.target_modules),
-            "dropout": spec.dropout}
+    return {
+        "rank": spec.rank,
+        "alpha": spec.alpha,
+        "target_modules": list(spec.target_modules),
+        "dropout": spec.dropout,
+    }

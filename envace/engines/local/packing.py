@@ -85,8 +85,14 @@ def sequence_cost(length: int, pair_cost: float, causal: bool = False) -> float:
     return length + pair_cost * length * length * (0.5 if causal else 1.0)
 
 
-def plan_packs(rows: Sequence[TrainRow], *, share: bool = True, min_shared: int = 16,
-               max_tokens: int = 8192, pair_cost: float = 0.0) -> list[Pack]:
+def plan_packs(
+    rows: Sequence[TrainRow],
+    *,
+    share: bool = True,
+    min_shared: int = 16,
+    max_tokens: int = 8192,
+    pair_cost: float = 0.0,
+) -> list[Pack]:
     """Group rows sharing a ≥ ``min_shared``-token prefix into packs of at most ``max_tokens`` tokens.
 
     A row joins the current pack only when that is cheaper than encoding it alone: with
@@ -105,7 +111,8 @@ def plan_packs(rows: Sequence[TrainRow], *, share: bool = True, min_shared: int 
             length = shared + sum(int(rows[j].input_ids.numel()) - shared for j in [*members, i])
             current = _pack(rows, members, prefix).length
             cheaper = sequence_cost(length, pair_cost) <= (
-                sequence_cost(current, pair_cost) + sequence_cost(int(rows[i].input_ids.numel()), pair_cost))
+                sequence_cost(current, pair_cost) + sequence_cost(int(rows[i].input_ids.numel()), pair_cost)
+            )
             if shared >= min_shared and length <= max_tokens and cheaper:
                 members.append(i)
                 prefix = shared
@@ -204,8 +211,9 @@ def _pack_tensors(rows: Sequence[TrainRow], pack: Pack, width: int, pad_id: int)
     return ids, pos, seg, starts
 
 
-def collate_packs(rows: Sequence[TrainRow], packs: Sequence[Pack], pad_id: int = 0,
-                  device: str | torch.device = "cpu") -> PackedBatch:
+def collate_packs(
+    rows: Sequence[TrainRow], packs: Sequence[Pack], pad_id: int = 0, device: str | torch.device = "cpu"
+) -> PackedBatch:
     """Tensors for ``packs`` (one micro-batch), right-padded to the longest pack."""
     width = max(p.length for p in packs)
     ids, pos, masks = [], [], []
@@ -239,21 +247,29 @@ def collate_packs(rows: Sequence[TrainRow], packs: Sequence[Pack], pad_id: int =
     # the layout rides on the mask: ``gqa_sdpa_attention`` then attends segment by segment (same result)
     setattr(attention_mask, PACK_LAYOUT_ATTR, PackLayout(width, tuple(layout)))
     return PackedBatch(
-        rows=tuple(order), input_ids=to(torch.stack(ids)), position_ids=to(torch.stack(pos)),
-        attention_mask=attention_mask, pack_index=to(torch.cat(pack_idx)),
-        token_index=to(torch.cat(tok_idx)), row_index=to(torch.cat(row_idx)), col_index=to(torch.cat(col_idx)),
-        mask=to(mask), values={k: to(v) for k, v in values.items()},
+        rows=tuple(order),
+        input_ids=to(torch.stack(ids)),
+        position_ids=to(torch.stack(pos)),
+        attention_mask=attention_mask,
+        pack_index=to(torch.cat(pack_idx)),
+        token_index=to(torch.cat(tok_idx)),
+        row_index=to(torch.cat(row_idx)),
+        col_index=to(torch.cat(col_idx)),
+        mask=to(mask),
+        values={k: to(v) for k, v in values.items()},
     )
 
 
-def _chunk_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
-                    temperatures: torch.Tensor) -> torch.Tensor:
+def _chunk_logprobs(
+    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperatures: torch.Tensor
+) -> torch.Tensor:
     logits = head(hidden).float() / temperatures.unsqueeze(-1)
     return -F.cross_entropy(logits, targets, reduction="none")
 
 
-def head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
-                  temperatures: torch.Tensor, chunk: int = 512) -> torch.Tensor:
+def head_logprobs(
+    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperatures: torch.Tensor, chunk: int = 512
+) -> torch.Tensor:
     """log softmax(head(h) / T)[target] for ``(N, H)`` hidden states, ``chunk`` rows of logits at a time.
 
     With gradient, each chunk's logits are recomputed in backward (activation checkpointing), so at
@@ -282,12 +298,12 @@ def decoder_and_head(model: Any) -> tuple[Any, torch.nn.Module]:
 def packed_logprobs(model: Any, batch: PackedBatch) -> torch.Tensor:
     """``[R, P]`` log-probs of every row's targets at its temperatures (0 off ``batch.mask``)."""
     decoder, head = decoder_and_head(model)
-    out = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                  position_ids=batch.position_ids, use_cache=False)
+    out = decoder(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, use_cache=False
+    )
     hidden = out.last_hidden_state[batch.pack_index, batch.token_index]
     targets = batch.values["targets"][batch.row_index, batch.col_index]
     temps = batch.values["temperatures"][batch.row_index, batch.col_index]
     flat = head_logprobs(head, hidden, targets, temps)
     logp = flat.new_zeros(batch.mask.shape)
     return logp.index_put((batch.row_index, batch.col_index), flat)
-

@@ -136,7 +136,8 @@ def autocast(precision: str, device: str | torch.device = "cpu") -> contextlib.A
 # the bf16 copy of each model used for no-grad forwards (rollouts, evaluation), with the parameter
 # versions it was cast from: refreshed in place when an optimiser step (or a load) changed a weight
 _SHADOWS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[int, ...], torch.nn.Module]] = (
-    weakref.WeakKeyDictionary())
+    weakref.WeakKeyDictionary()
+)
 
 
 # optimiser steps per model (``mark_weights_changed``): a fused AdamW updates the weights in place
@@ -265,13 +266,19 @@ def auto_threads() -> int:
         torch.set_num_threads(before)
     speedup = one / many
     chosen = cores if speedup >= AUTO_MIN_SPEEDUP else 1
-    logger.info("threads auto -> %d (%d cores: measured %.2fx with all of them; other processes %s cores)",
-                chosen, cores, speedup, "?" if foreign is None else f"{foreign:.2f}")
+    logger.info(
+        "threads auto -> %d (%d cores: measured %.2fx with all of them; other processes %s cores)",
+        chosen,
+        cores,
+        speedup,
+        "?" if foreign is None else f"{foreign:.2f}",
+    )
     return chosen
 
 
 def foreign_cpu_cores(seconds: float) -> float | None:
     """Cores' worth of CPU that other processes used over the next ``seconds`` (None without /proc/stat)."""
+
     def busy() -> float | None:
         try:
             fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]

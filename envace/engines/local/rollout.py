@@ -226,8 +226,9 @@ class RolloutRunner:
             if not self.cfg.reuse_kv:
                 caches[role] = model  # naive baseline: a fresh cache before every generation
                 continue
-            cache = BatchedStreams(model, [("prompt", i) for i in range(len(specs))], self.pad_id,
-                                   precision=self.precision)
+            cache = BatchedStreams(
+                model, [("prompt", i) for i in range(len(specs))], self.pad_id, precision=self.precision
+            )
             # all but the last prompt token: each sample feeds that one itself to get its own logits
             first = {("prompt", i): self._stream(episodes[i * k], role)[:-1] for i in range(len(specs))}
             cache.append(first)
@@ -250,11 +251,16 @@ class RolloutRunner:
         requests = []
         for ep in episodes:
             room = self.cfg.max_stream_tokens - len(self._stream(ep, role))
-            requests.append(DecodeRequest(
-                row=ep.key, stream=self._stream(ep, role), max_new_tokens=min(budget, room),
-                temperature=self.cfg.temperature(role), generator=ep.generator,
-                output_key=OutputKey(ep.example, ep.sample, role, ep.outputs[role]),
-            ))
+            requests.append(
+                DecodeRequest(
+                    row=ep.key,
+                    stream=self._stream(ep, role),
+                    max_new_tokens=min(budget, room),
+                    temperature=self.cfg.temperature(role),
+                    generator=ep.generator,
+                    output_key=OutputKey(ep.example, ep.sample, role, ep.outputs[role]),
+                )
+            )
         runnable = [r for r in requests if r.max_new_tokens > 0]
         if runnable:
             cache = caches[role]
@@ -277,10 +283,14 @@ class RolloutRunner:
         ep.outputs[role] += 1
         text = self.fmt.decode(req.tokens[:-1] if req.finished else req.tokens)
         stream.extend(req.tokens)
-        segments.append(Segment(
-            tuple(req.tokens), role=role if trainable else None,
-            logprobs=tuple(req.logprobs) if trainable else None, text=text,
-        ))
+        segments.append(
+            Segment(
+                tuple(req.tokens),
+                role=role if trainable else None,
+                logprobs=tuple(req.logprobs) if trainable else None,
+                text=text,
+            )
+        )
         if not req.finished:
             ep.termination = Termination.MAX_TOKENS
             return None
@@ -347,8 +357,11 @@ class RolloutRunner:
                 if ep.steps_in_turn >= self.cfg.max_steps_per_turn:
                     ep.termination = Termination.MAX_STEPS
                 else:
-                    self._append(ep, Role.ACT, self.fmt.continuation(
-                        act_observation_messages(ep.calls, ep.responses), ep.spec.tools))
+                    self._append(
+                        ep,
+                        Role.ACT,
+                        self.fmt.continuation(act_observation_messages(ep.calls, ep.responses), ep.spec.tools),
+                    )
                 ep.calls, ep.responses = (), []
                 continue
             ep.turns.append(Turn(ep.act_text, user_turn=ep.user_turn))
@@ -383,6 +396,10 @@ class RolloutRunner:
         if ep.executor is not None:
             info["final_state"] = ep.executor.state()
         return Trajectory(
-            prompt_id=ep.spec.task_id, sample_index=ep.sample, streams=tuple(streams), turns=tuple(ep.turns),
-            termination=ep.termination or Termination.ERROR, info=info,
+            prompt_id=ep.spec.task_id,
+            sample_index=ep.sample,
+            streams=tuple(streams),
+            turns=tuple(ep.turns),
+            termination=ep.termination or Termination.ERROR,
+            info=info,
         )

@@ -56,8 +56,9 @@ def gold_targets(spec: EpisodeSpec, fmt: ChatFormatter) -> dict[Role, list[list[
     return {Role.ACT: act, Role.REHEARSE: reh}
 
 
-def gold_guide(specs: Mapping[Any, EpisodeSpec], fmt: ChatFormatter, strength: float | None = None,
-               replay: bool = False) -> DecodeGuide:
+def gold_guide(
+    specs: Mapping[Any, EpisodeSpec], fmt: ChatFormatter, strength: float | None = None, replay: bool = False
+) -> DecodeGuide:
     """A guide steering each example's outputs toward its gold targets (keys: the rollout's example names).
 
     ``strength=None`` replays gold exactly (teacher forcing); a finite strength only biases sampling.
@@ -76,29 +77,41 @@ def gold_guide(specs: Mapping[Any, EpisodeSpec], fmt: ChatFormatter, strength: f
 
 
 def gold_trajectories(
-    specs: Sequence[EpisodeSpec], model: Any, fmt: ChatFormatter, rollout: RolloutConfig, prompts: Any,
+    specs: Sequence[EpisodeSpec],
+    model: Any,
+    fmt: ChatFormatter,
+    rollout: RolloutConfig,
+    prompts: Any,
     precision: str = "fp32",
 ) -> list[Trajectory]:
     """Teacher-forced gold trajectories (one per spec with gold responses) in the RL stream format."""
     usable = [(s, gold_targets(s, fmt)) for s in specs]
     usable = [(s, g) for s, g in usable if g is not None]
     if len(usable) < len(specs):
-        logger.warning("SFT: %d of %d specs have no recorded gold responses and are skipped",
-                       len(specs) - len(usable), len(specs))
+        logger.warning(
+            "SFT: %d of %d specs have no recorded gold responses and are skipped", len(specs) - len(usable), len(specs)
+        )
     if not usable:
         return []
     longest = max((len(x) for _, g in usable for outs in g.values() for x in outs), default=1)
     steps = max((len(s.gold[t]) for s, _ in usable for t in range(len(s.gold))), default=0) + 1
-    forced = replace(rollout, samples_per_prompt=1, max_act_tokens=longest, max_rehearse_tokens=longest,
-                     max_steps_per_turn=max(steps, rollout.max_steps_per_turn), max_stream_tokens=1 << 30)
+    forced = replace(
+        rollout,
+        samples_per_prompt=1,
+        max_act_tokens=longest,
+        max_rehearse_tokens=longest,
+        max_steps_per_turn=max(steps, rollout.max_steps_per_turn),
+        max_stream_tokens=1 << 30,
+    )
     # replay: each gold output is fed in one forward (its log-probs are not needed for the NLL)
     guide = gold_guide({i: s for i, (s, _) in enumerate(usable)}, fmt, replay=True)
     runner = RolloutRunner(fmt, forced, prompts, guide=guide, precision=precision)
     batch = runner.run([s for s, _ in usable], model, ResponseSource(model=model))
     good = [t for t in batch.trajectories if t.termination is Termination.FINAL_REPLY]
     if len(good) < len(batch.trajectories):
-        logger.warning("SFT: %d gold trajectories did not replay to a final reply (dropped)",
-                       len(batch.trajectories) - len(good))
+        logger.warning(
+            "SFT: %d gold trajectories did not replay to a final reply (dropped)", len(batch.trajectories) - len(good)
+        )
     return good
 
 
@@ -108,8 +121,16 @@ def sft_rows(trajectories: Sequence[Trajectory], roles: Sequence[Role]) -> list[
 
 
 def sft_epoch(
-    model: Any, optimizer: torch.optim.Optimizer, rows: Sequence[TrainRow], cfg: SFTConfig, *,
-    epoch: int, seed: int, pad_id: int, device: Any = "cpu", optim: OptimConfig | None = None,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    rows: Sequence[TrainRow],
+    cfg: SFTConfig,
+    *,
+    epoch: int,
+    seed: int,
+    pad_id: int,
+    device: Any = "cpu",
+    optim: OptimConfig | None = None,
     precision: str = "fp32",
 ) -> dict[str, float]:
     """One pass of NLL on target tokens over shuffled batches; returns mean losses (all and per role).
@@ -154,8 +175,15 @@ def _add_losses(sums: dict[str, float], counts: dict[str, int], logp: torch.Tens
 
 
 def warm_up(
-    models: Mapping[str, torch.nn.Module], formatter: ChatFormatter, specs: Sequence[EpisodeSpec],
-    cfg: LocalEngineConfig, *, role_prompts: Any, precision: str, pad_id: int, checkpoints: RunCheckpoints,
+    models: Mapping[str, torch.nn.Module],
+    formatter: ChatFormatter,
+    specs: Sequence[EpisodeSpec],
+    cfg: LocalEngineConfig,
+    *,
+    role_prompts: Any,
+    precision: str,
+    pad_id: int,
+    checkpoints: RunCheckpoints,
     callbacks: Sequence[StepCallback] = (),
 ) -> list[dict]:
     """The SFT warm-up of ``models`` (see the module docstring); returns its metrics history, one row per
@@ -176,10 +204,25 @@ def warm_up(
         opt = make_optimizer(model, cfg.optim, lr=cfg.sft.lr)
         if ckpt is not None and first > 0:
             opt.load_state_dict(ckpt.optimizer_state(name))
-        for epoch in tqdm(range(first, cfg.sft.epochs), desc=f"sft[{name}]", disable=not cfg.progress,
-                          initial=first, total=cfg.sft.epochs):
-            metrics = sft_epoch(model, opt, rows, cfg.sft, epoch=epoch, seed=derive_seed(cfg.seed, name),
-                                pad_id=pad_id, device=cfg.device, optim=cfg.optim, precision=precision)
+        for epoch in tqdm(
+            range(first, cfg.sft.epochs),
+            desc=f"sft[{name}]",
+            disable=not cfg.progress,
+            initial=first,
+            total=cfg.sft.epochs,
+        ):
+            metrics = sft_epoch(
+                model,
+                opt,
+                rows,
+                cfg.sft,
+                epoch=epoch,
+                seed=derive_seed(cfg.seed, name),
+                pad_id=pad_id,
+                device=cfg.device,
+                optim=cfg.optim,
+                precision=precision,
+            )
             metrics = {**metrics, "sft/epoch": float(epoch), "sft/gold_trajectories": float(len(trajs))}
             metrics = {k if name == "policy" else f"{k}/{name}": v for k, v in metrics.items()}
             history.append(metrics)

@@ -79,10 +79,15 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, lr: float | None = 
     that way vs 0.3-0.8 s fused (1 thread, AMD EPYC), with no extra state or temporaries.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    fused = bool(params) and all(p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.bfloat16)
-                                 for p in params)
+    fused = bool(params) and all(
+        p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.bfloat16) for p in params
+    )
     opt = torch.optim.AdamW(
-        params, lr=cfg.lr if lr is None else lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+        params,
+        lr=cfg.lr if lr is None else lr,
+        betas=cfg.betas,
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
         fused=fused or None,
     )
     opt.register_step_post_hook(lambda *_: mark_weights_changed(model))  # the bf16 decoding copy is stale now
@@ -202,8 +207,15 @@ class PolicyUpdater:
     bf16 autocast, weights, gradients and optimiser state stay float32.
     """
 
-    def __init__(self, slot: Slot, cfg: OptimConfig, seed: int, pad_id: int, device: str | torch.device = "cpu",
-                 precision: str = "fp32"):
+    def __init__(
+        self,
+        slot: Slot,
+        cfg: OptimConfig,
+        seed: int,
+        pad_id: int,
+        device: str | torch.device = "cpu",
+        precision: str = "fp32",
+    ):
         self.slot, self.cfg, self.seed, self.pad_id, self.device = slot, cfg, seed, pad_id, device
         self.precision = precision
         self._old_from_forward = False  # old log-probs = the update forward's own (detached) values
@@ -217,8 +229,11 @@ class PolicyUpdater:
             # our attention runs a pack segment by segment: packing never adds attention pairs there; other
             # attention implementations run the masked pack as one L x L attention (packing can cost more)
             segmented = getattr(self.slot.model.config, "_attn_implementation", None) == GQA_SDPA
-            packs = plan_packs(rows, max_tokens=self.cfg.micro_batch_tokens,
-                               pair_cost=0.0 if segmented else attention_cost_ratio(self.slot.model))
+            packs = plan_packs(
+                rows,
+                max_tokens=self.cfg.micro_batch_tokens,
+                pair_cost=0.0 if segmented else attention_cost_ratio(self.slot.model),
+            )
             # segment-wise, putting packs side by side saves only Python calls: past SEGMENTED_BATCH_TOKENS a
             # pack runs alone (no padding, half the activations; SmolLM2 update: peak RSS -260 MB, no slower)
             budget = self.cfg.micro_batch_tokens
@@ -239,8 +254,9 @@ class PolicyUpdater:
     def grad_logprobs(self, batch: Any) -> torch.Tensor:
         """``logprobs`` of the trained model for a backward pass, checkpointed where it pays."""
         model = self.slot.model
-        set_checkpointing(model, needs_checkpointing(model, batch.padded_tokens, self.precision,
-                                                     self.cfg.grad_checkpointing))
+        set_checkpointing(
+            model, needs_checkpointing(model, batch.padded_tokens, self.precision, self.cfg.grad_checkpointing)
+        )
         return self.logprobs(model, batch)
 
     def single_pass(self, rows: Sequence[TrainRow]) -> bool:
@@ -322,9 +338,14 @@ class PolicyUpdater:
             if not bool(mask.any()):
                 continue
             out[role] = compute_policy_loss(
-                log_probs, old, batch.values["advantages"] * mask, mask,
-                clip_ratio=self.cfg.clip_ratio, kl_coef=self.cfg.kl_coef,
-                ref_log_probs=batch.values.get("ref_logprobs"), loss_agg_mode=self.cfg.loss_agg_mode,
+                log_probs,
+                old,
+                batch.values["advantages"] * mask,
+                mask,
+                clip_ratio=self.cfg.clip_ratio,
+                kl_coef=self.cfg.kl_coef,
+                ref_log_probs=batch.values.get("ref_logprobs"),
+                loss_agg_mode=self.cfg.loss_agg_mode,
                 global_batch_info=info,
             )
         return out
@@ -356,8 +377,12 @@ class PolicyUpdater:
             for role, lo in losses.items():  # micro-batch losses are partial sums of the mini-batch mean
                 tag = role.name.lower()
                 for key, value in (
-                    (f"loss/{tag}", lo.loss), (f"tokens_in_loss/{tag}", lo.n_tokens), ("loss", lo.loss),
-                    ("pg_loss", lo.pg_loss), ("kl", lo.kl), ("clipfrac", lo.clipfrac * lo.n_tokens / n_tokens),
+                    (f"loss/{tag}", lo.loss),
+                    (f"tokens_in_loss/{tag}", lo.n_tokens),
+                    ("loss", lo.loss),
+                    ("pg_loss", lo.pg_loss),
+                    ("kl", lo.kl),
+                    ("clipfrac", lo.clipfrac * lo.n_tokens / n_tokens),
                 ):
                     acc[key] = acc.get(key, 0.0) + float(value.detach() if torch.is_tensor(value) else value)
         for key, value in acc.items():

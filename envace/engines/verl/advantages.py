@@ -77,8 +77,17 @@ class _Rows:
 
 
 def _resolve_rows(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, *, need_roles: bool,
-    role_ids: Any, trajectory_ids: Any, exclude: Any, outputs_per_row: Any, batch: Any, non_tensor_batch: Any,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any,
+    *,
+    need_roles: bool,
+    role_ids: Any,
+    trajectory_ids: Any,
+    exclude: Any,
+    outputs_per_row: Any,
+    batch: Any,
+    non_tensor_batch: Any,
 ) -> _Rows:
     """Gather group ids, roles, exclusions and trajectory ids from kwargs, else from verl's batch dicts."""
     index = index if index is not None else _lookup(non_tensor_batch, "uid")
@@ -86,8 +95,10 @@ def _resolve_rows(
         raise ValueError("envace advantage: per-row group ids missing; pass index= (verl's non_tensor_batch['uid'])")
     role_ids = role_ids if role_ids is not None else _lookup(batch, ROLE_IDS_KEY)
     if role_ids is None and need_roles:
-        raise ValueError(f"{VERL_ROLEWISE_NAME}: pass role_ids= (bs, L) per-token role ids, or put them in "
-                         f"batch[{ROLE_IDS_KEY!r}]; role ids are {[f'{r.name}={int(r)}' for r in Role]}")
+        raise ValueError(
+            f"{VERL_ROLEWISE_NAME}: pass role_ids= (bs, L) per-token role ids, or put them in "
+            f"batch[{ROLE_IDS_KEY!r}]; role ids are {[f'{r.name}={int(r)}' for r in Role]}"
+        )
     if role_ids is None:
         role_ids = torch.full(response_mask.shape[:1], int(Role.ACT))
     roles, empty = _row_roles(role_ids, response_mask)
@@ -97,8 +108,9 @@ def _resolve_rows(
     counts = outputs_per_row if outputs_per_row is not None else _lookup(batch, "outputs_per_row")
     counts = [1] * len(roles) if counts is None else [max(1, int(c)) for c in torch.as_tensor(counts).tolist()]
     if not (len(index) == len(flags) == len(counts) == len(roles)):
-        raise ValueError(f"{len(roles)} rows but {len(index)} group ids, {len(flags)} exclude flags and "
-                         f"{len(counts)} output counts")
+        raise ValueError(
+            f"{len(roles)} rows but {len(index)} group ids, {len(flags)} exclude flags and {len(counts)} output counts"
+        )
     return _Rows(
         rewards=token_level_rewards.detach().sum(dim=-1).cpu(),
         groups=list(index),
@@ -167,9 +179,18 @@ def verl_rolewise_advantage(
     Returns:
         (advantages, returns), both (bs, L) float32 = row advantage * response_mask.
     """
-    rows = _resolve_rows(token_level_rewards, response_mask, index, need_roles=True, role_ids=role_ids,
-                         trajectory_ids=trajectory_ids, exclude=exclude, outputs_per_row=outputs_per_row,
-                         batch=batch, non_tensor_batch=non_tensor_batch)
+    rows = _resolve_rows(
+        token_level_rewards,
+        response_mask,
+        index,
+        need_roles=True,
+        role_ids=role_ids,
+        trajectory_ids=trajectory_ids,
+        exclude=exclude,
+        outputs_per_row=outputs_per_row,
+        batch=batch,
+        non_tensor_batch=non_tensor_batch,
+    )
     chosen, norm = _settings(config, baseline, norm_adv_by_std_in_grpo)
     per_row = _row_advantages(rows, baseline=chosen, norm_by_std=norm, epsilon=epsilon)
     advantages = token_advantages(per_row.float(), response_mask.cpu()).to(token_level_rewards.device)

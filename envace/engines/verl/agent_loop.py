@@ -67,8 +67,10 @@ def chat_formatter(tokenizer: Any, choice: str) -> ChatFormatter:
         except (TemplateNotAppendOnlyError, ValueError) as exc:
             if choice == "model":
                 raise
-            logger.warning("model chat template unusable for append-only streams (%s); using the ChatML tool "
-                           "template", str(exc)[:200])
+            logger.warning(
+                "model chat template unusable for append-only streams (%s); using the ChatML tool template",
+                str(exc)[:200],
+            )
             return ChatFormatter(tokenizer, template=CHATML_TOOL_TEMPLATE)
 
     return cached(("formatter", id(tokenizer), choice), build)
@@ -100,24 +102,42 @@ class ActRehearseAgentLoop(AgentLoopBase):
         session = int(kwargs.get("session_id", 0))
         trajectory_id = f"{kwargs.get('uid') or uuid4().hex}_{session}"
         settings = self.settings
-        executor = make_executor(settings.data_source, kwargs.get(ROW_COLUMN)) if settings.responses == "executor" \
-            else None
+        executor = (
+            make_executor(settings.data_source, kwargs.get(ROW_COLUMN)) if settings.responses == "executor" else None
+        )
         simulator = simulator_backend(settings.simulator) if settings.responses == "simulator" else None
 
         async def generate(role: Role, prompt_ids: list[int], max_new: int, temperature: float) -> Generation:
-            return await self._generate(role, prompt_ids, max_new, temperature, sampling_params,
-                                        f"{trajectory_id}-{role.name.lower()}", kwargs.get("priority"))
+            return await self._generate(
+                role,
+                prompt_ids,
+                max_new,
+                temperature,
+                sampling_params,
+                f"{trajectory_id}-{role.name.lower()}",
+                kwargs.get("priority"),
+            )
 
         gate = required_items_gate() if settings.enforce_required_items else None
-        runner = EpisodeRunner(spec, settings, self.formatter, DEFAULT_ROLE_PROMPTS, generate,
-                               sample_index=session, executor=executor, simulator=simulator, turn_gate=gate)
+        runner = EpisodeRunner(
+            spec,
+            settings,
+            self.formatter,
+            DEFAULT_ROLE_PROMPTS,
+            generate,
+            sample_index=session,
+            executor=executor,
+            simulator=simulator,
+            turn_gate=gate,
+        )
         timing: dict[str, float] = {}
         with simple_timer("generate_sequences", timing):
             outcome = await runner.run()
         reward_fn = reward_function(settings)
         with simple_timer("compute_score", timing):
             reward = await asyncio.get_running_loop().run_in_executor(
-                None, score_trajectory, reward_fn, spec, outcome.trajectory)
+                None, score_trajectory, reward_fn, spec, outcome.trajectory
+            )
         after = reward.info.get("terminated_after") if settings.enforce_required_items else None
         if after is not None:  # a required item failed where the online gate could not tell: later outputs out
             for role, n in outputs_through_turn(outcome.trajectory.turns, int(after)).items():
@@ -126,44 +146,76 @@ class ActRehearseAgentLoop(AgentLoopBase):
         fallback_step = int(kwargs.get("global_steps", 0) or 0)
         return self.rows(outcome, reward, trajectory_id, timing, fallback_step)
 
-    async def _generate(self, role: Role, prompt_ids: list[int], max_new: int, temperature: float,
-                        sampling_params: dict[str, Any], request_id: str, priority: Any) -> Generation:
+    async def _generate(
+        self,
+        role: Role,
+        prompt_ids: list[int],
+        max_new: int,
+        temperature: float,
+        sampling_params: dict[str, Any],
+        request_id: str,
+        priority: Any,
+    ) -> Generation:
         params = dict(sampling_params)
         if params.get("temperature") == self.rollout_config.get("temperature"):
             params["temperature"] = temperature  # training: per-role temperature; validation keeps its own
         params["max_tokens"] = int(max_new)
         params["stop_token_ids"] = list(self.formatter.end_of_turn_token_ids)
         extra = {"priority": int(priority)} if priority is not None else {}
-        out = await self.server_manager.generate(request_id=request_id, prompt_ids=list(prompt_ids),
-                                                 sampling_params=params, **extra)
+        out = await self.server_manager.generate(
+            request_id=request_id, prompt_ids=list(prompt_ids), sampling_params=params, **extra
+        )
         fields = out.extra_fields or {}
         step = fields.get("global_steps")
-        return Generation(tuple(out.token_ids), tuple(out.log_probs) if out.log_probs else None,
-                          fields.get("min_global_steps", step), fields.get("max_global_steps", step))
+        return Generation(
+            tuple(out.token_ids),
+            tuple(out.log_probs) if out.log_probs else None,
+            fields.get("min_global_steps", step),
+            fields.get("max_global_steps", step),
+        )
 
     # ---- outputs ---------------------------------------------------------------------------------
-    def rows(self, outcome: EpisodeOutcome, reward: RewardOutcome, trajectory_id: str, timing: dict[str, float],
-             fallback_step: int) -> list[AgentLoopOutput]:
+    def rows(
+        self,
+        outcome: EpisodeOutcome,
+        reward: RewardOutcome,
+        trajectory_id: str,
+        timing: dict[str, float],
+        fallback_step: int,
+    ) -> list[AgentLoopOutput]:
         """One output per emitted role stream, ACT last (see ``envace.engines.verl.rows``)."""
         excluded = reward.status is not TrajectoryStatus.OK
         streams = outcome.streams
         emit = [streams[Role.REHEARSE]] if self._emits_rehearse(streams) else []
         emit.append(streams[Role.ACT])
-        metrics = AgentLoopMetrics(generate_sequences=timing.get("generate_sequences", 0.0),
-                                   compute_score=timing.get("compute_score", 0.0))
-        steps = {"min_global_steps": outcome.min_global_step if outcome.min_global_step is not None else fallback_step,
-                 "max_global_steps": outcome.max_global_step if outcome.max_global_step is not None else fallback_step}
+        metrics = AgentLoopMetrics(
+            generate_sequences=timing.get("generate_sequences", 0.0), compute_score=timing.get("compute_score", 0.0)
+        )
+        steps = {
+            "min_global_steps": outcome.min_global_step if outcome.min_global_step is not None else fallback_step,
+            "max_global_steps": outcome.max_global_step if outcome.max_global_step is not None else fallback_step,
+        }
         summary = self._summary(outcome, reward)
-        return [self._row(s, reward.reward, excluded, trajectory_id, metrics, outcome.num_messages, steps, summary)
-                for s in emit]
+        return [
+            self._row(s, reward.reward, excluded, trajectory_id, metrics, outcome.num_messages, steps, summary)
+            for s in emit
+        ]
 
     def _emits_rehearse(self, streams: dict[Role, RoleStream]) -> bool:
         stream = streams.get(Role.REHEARSE)
         return stream is not None and Role.REHEARSE in self.settings.trainable_roles and stream.outputs > 0
 
-    def _row(self, stream: RoleStream, reward: float, excluded: bool, trajectory_id: str,
-             metrics: AgentLoopMetrics, num_turns: int, steps: dict[str, int], summary: dict[str, Any]
-             ) -> AgentLoopOutput:
+    def _row(
+        self,
+        stream: RoleStream,
+        reward: float,
+        excluded: bool,
+        trajectory_id: str,
+        metrics: AgentLoopMetrics,
+        num_turns: int,
+        steps: dict[str, int],
+        summary: dict[str, Any],
+    ) -> AgentLoopOutput:
         ids, mask = list(stream.response_ids), list(stream.mask)
         role_ids, lps = list(stream.role_ids), list(stream.logprobs)
         if not ids:  # verl writes the reward on the last response token: keep at least one (mask 0)
@@ -171,14 +223,26 @@ class ActRehearseAgentLoop(AgentLoopBase):
         if excluded:
             mask, role_ids = [0] * len(mask), [NO_ROLE] * len(role_ids)
         extra = {
-            ROLE_KEY: int(stream.role), ROLE_IDS_KEY: role_ids, TRAJECTORY_KEY: trajectory_id,
-            EXCLUDE_KEY: excluded, NUM_OUTPUTS_KEY: int(stream.outputs) if any(mask) else 0, INFO_KEY: summary,
-            "turn_scores": [], "tool_rewards": [], "reward_extra_info": dict(summary["numbers"]), **steps,
+            ROLE_KEY: int(stream.role),
+            ROLE_IDS_KEY: role_ids,
+            TRAJECTORY_KEY: trajectory_id,
+            EXCLUDE_KEY: excluded,
+            NUM_OUTPUTS_KEY: int(stream.outputs) if any(mask) else 0,
+            INFO_KEY: summary,
+            "turn_scores": [],
+            "tool_rewards": [],
+            "reward_extra_info": dict(summary["numbers"]),
+            **steps,
         }
         return AgentLoopOutput(
-            prompt_ids=list(stream.prompt_ids), response_ids=ids, response_mask=mask,
-            response_logprobs=lps if self.with_logprobs else None, reward_score=float(reward),
-            num_turns=num_turns, metrics=metrics.model_copy(), extra_fields=extra,
+            prompt_ids=list(stream.prompt_ids),
+            response_ids=ids,
+            response_mask=mask,
+            response_logprobs=lps if self.with_logprobs else None,
+            reward_score=float(reward),
+            num_turns=num_turns,
+            metrics=metrics.model_copy(),
+            extra_fields=extra,
         )
 
     @staticmethod
@@ -188,9 +252,15 @@ class ActRehearseAgentLoop(AgentLoopBase):
             "envace_judge_failed": float(reward.status is not TrajectoryStatus.OK),
             "envace_act_outputs": float(outcome.streams[Role.ACT].outputs),
             "envace_rehearse_outputs": float(outcome.streams[Role.REHEARSE].outputs)
-            if Role.REHEARSE in outcome.streams else 0.0,
+            if Role.REHEARSE in outcome.streams
+            else 0.0,
             "envace_parse_errors": float(len(traj.info.get("parse_errors", []))),
             "envace_steps": float(len(traj.turns)),
         }
-        return {"termination": traj.termination.value, "status": reward.status.value, "reward_info": reward.info,
-                "parse_errors": [f"{r}:{c}" for r, c in traj.info.get("parse_errors", [])], "numbers": numbers}
+        return {
+            "termination": traj.termination.value,
+            "status": reward.status.value,
+            "reward_info": reward.info,
+            "parse_errors": [f"{r}:{c}" for r, c in traj.info.get("parse_errors", [])],
+            "numbers": numbers,
+        }

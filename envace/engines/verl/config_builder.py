@@ -139,12 +139,16 @@ def check_supported(cfg: Mapping[str, Any]) -> None:
     """Refuse configurations the verl engine cannot run or would train wrongly, saying what to change."""
     variant = get_variant(plain(cfg["algo"]["name"]))
     if variant.separate_models:
-        raise VerlConfigError(f"algo.name={variant.name}: one model per role needs two actors; the verl engine "
-                              "trains one (shared weights). Run per_role with engine=local")
+        raise VerlConfigError(
+            f"algo.name={variant.name}: one model per role needs two actors; the verl engine "
+            "trains one (shared weights). Run per_role with engine=local"
+        )
     rollout = cfg["rollout"]
     if int(rollout["max_stream_tokens"]) <= int(rollout["max_prompt_tokens"]):
-        raise VerlConfigError(f"rollout.max_stream_tokens={rollout['max_stream_tokens']} must exceed "
-                              f"rollout.max_prompt_tokens={rollout['max_prompt_tokens']} (room for responses)")
+        raise VerlConfigError(
+            f"rollout.max_stream_tokens={rollout['max_stream_tokens']} must exceed "
+            f"rollout.max_prompt_tokens={rollout['max_prompt_tokens']} (room for responses)"
+        )
     if int(cfg["train"]["steps"]) < 1:
         raise VerlConfigError("train.steps must be >= 1 for engine=verl (0 = no RL: use engine=local)")
     act_t, rehearse_t = float(rollout["act_temperature"]), float(rollout["rehearse_temperature"])
@@ -154,31 +158,44 @@ def check_supported(cfg: Mapping[str, Any]) -> None:
             f"scores every row at one temperature (the ACT one), so algo.name={variant.name}'s REHEARSE rows "
             f"would be trained on log-probs of a temperature they were not sampled at. Set "
             f"rollout.rehearse_temperature={act_t} (equal to rollout.act_temperature), or run engine=local, "
-            "which scores each role at its own temperature")
+            "which scores each role at its own temperature"
+        )
 
 
 def loop_settings(cfg: Mapping[str, Any]) -> LoopSettings:
     """The agent-loop settings (``+envace.*``) implied by our config."""
     algo, rollout, judge = plain(cfg["algo"]), plain(cfg["rollout"]), plain(cfg.get("judge") or {})
     variant = get_variant(algo["name"])
-    sim = engine_options(cfg)["simulator"] or {"base_url": os.environ.get("ENVACE_SIMULATOR_URL"),
-                                                "model": os.environ.get("ENVACE_SIMULATOR_MODEL")}
+    sim = engine_options(cfg)["simulator"] or {
+        "base_url": os.environ.get("ENVACE_SIMULATOR_URL"),
+        "model": os.environ.get("ENVACE_SIMULATOR_MODEL"),
+    }
     return LoopSettings(
         variant=variant.name,
         responses="policy" if variant.rehearse_by_policy else str(algo.get("grpo_responses", "executor")),
-        data_source=str(plain(cfg["data"]["source"])), reward=str(judge.get("name", "verifiable")),
+        data_source=str(plain(cfg["data"]["source"])),
+        reward=str(judge.get("name", "verifiable")),
         baseline=str(algo.get("baseline", "output_mean")),
-        act_temperature=float(rollout["act_temperature"]), rehearse_temperature=float(rollout["rehearse_temperature"]),
-        max_steps_per_turn=int(rollout["max_steps_per_turn"]), max_act_tokens=int(rollout["max_act_tokens"]),
-        max_rehearse_tokens=int(rollout["max_rehearse_tokens"]), max_stream_tokens=int(rollout["max_stream_tokens"]),
+        act_temperature=float(rollout["act_temperature"]),
+        rehearse_temperature=float(rollout["rehearse_temperature"]),
+        max_steps_per_turn=int(rollout["max_steps_per_turn"]),
+        max_act_tokens=int(rollout["max_act_tokens"]),
+        max_rehearse_tokens=int(rollout["max_rehearse_tokens"]),
+        max_stream_tokens=int(rollout["max_stream_tokens"]),
         rehearse_context_tokens=int(rollout.get("rehearse_context_tokens", 512)),
         enforce_required_items=bool(rollout.get("enforce_required_items", True)),
-        chat_template=str(engine_options(cfg)["chat_template"]), seed=int(cfg.get("seed", 0)),
-        judge=EndpointSettings(base_url=judge.get("base_url"), model=judge.get("model"),
-                               api_key_env=judge.get("api_key_env"), max_retries=int(judge.get("max_retries", 3)),
-                               timeout_s=float(judge.get("timeout_s", 60.0))),
-        simulator=EndpointSettings(base_url=sim.get("base_url"), model=sim.get("model"),
-                                   api_key_env=sim.get("api_key_env")),
+        chat_template=str(engine_options(cfg)["chat_template"]),
+        seed=int(cfg.get("seed", 0)),
+        judge=EndpointSettings(
+            base_url=judge.get("base_url"),
+            model=judge.get("model"),
+            api_key_env=judge.get("api_key_env"),
+            max_retries=int(judge.get("max_retries", 3)),
+            timeout_s=float(judge.get("timeout_s", 60.0)),
+        ),
+        simulator=EndpointSettings(
+            base_url=sim.get("base_url"), model=sim.get("model"), api_key_env=sim.get("api_key_env")
+        ),
     )
 
 
@@ -201,14 +218,22 @@ def _actor(cfg: Mapping[str, Any], model_path: str) -> dict[str, Any]:
         "actor_rollout_ref.model.path": model_path,
         "actor_rollout_ref.model.enable_gradient_checkpointing": True,
         "actor_rollout_ref.model.use_remove_padding": True,
-        prefix + "optim.lr": float(algo["lr"]), prefix + "optim.weight_decay": 0.0,
-        prefix + "optim.clip_grad": float(algo["grad_clip"]), prefix + "grad_clip": float(algo["grad_clip"]),
-        prefix + "optim.lr_scheduler_type": "constant", prefix + "optim.lr_warmup_steps": 0,
-        prefix + "clip_ratio": float(algo["clip_ratio"]), prefix + "ppo_epochs": int(algo["ppo_epochs"]),
-        prefix + "loss_agg_mode": "token-mean", prefix + "entropy_coeff": 0.0,
+        prefix + "optim.lr": float(algo["lr"]),
+        prefix + "optim.weight_decay": 0.0,
+        prefix + "optim.clip_grad": float(algo["grad_clip"]),
+        prefix + "grad_clip": float(algo["grad_clip"]),
+        prefix + "optim.lr_scheduler_type": "constant",
+        prefix + "optim.lr_warmup_steps": 0,
+        prefix + "clip_ratio": float(algo["clip_ratio"]),
+        prefix + "ppo_epochs": int(algo["ppo_epochs"]),
+        prefix + "loss_agg_mode": "token-mean",
+        prefix + "entropy_coeff": 0.0,
         prefix + "policy_loss.loss_mode": "vanilla",
-        prefix + "use_kl_loss": kl > 0, prefix + "kl_loss_coef": kl, prefix + "kl_loss_type": "low_var_kl",
-        prefix + "use_dynamic_bsz": True, prefix + "ppo_max_token_len_per_gpu": int(max_tokens),
+        prefix + "use_kl_loss": kl > 0,
+        prefix + "kl_loss_coef": kl,
+        prefix + "kl_loss_type": "low_var_kl",
+        prefix + "use_dynamic_bsz": True,
+        prefix + "ppo_max_token_len_per_gpu": int(max_tokens),
         prefix + "ppo_mini_batch_size": int(rollout["prompts_per_step"]) * rows_per_trajectory(algo["name"]),
         prefix + "data_loader_seed": int(cfg.get("seed", 0)),
         prefix + "checkpoint.save_contents": ["model", "optimizer", "extra", "hf_model"],
@@ -226,10 +251,15 @@ def _lora(cfg: Mapping[str, Any]) -> dict[str, Any]:
     if spec is None:
         return {prefix + "lora_rank": 0}
     if spec.dropout:
-        raise VerlConfigError(f"algo.lora_dropout={spec.dropout}: verl's FSDP LoRA has no adapter dropout; set "
-                              "algo.lora_dropout=0.0 or use engine=local")
-    return {prefix + "lora_rank": spec.rank, prefix + "lora_alpha": spec.alpha,
-            prefix + "target_modules": list(spec.target_modules)}
+        raise VerlConfigError(
+            f"algo.lora_dropout={spec.dropout}: verl's FSDP LoRA has no adapter dropout; set "
+            "algo.lora_dropout=0.0 or use engine=local"
+        )
+    return {
+        prefix + "lora_rank": spec.rank,
+        prefix + "lora_alpha": spec.alpha,
+        prefix + "target_modules": list(spec.target_modules),
+    }
 
 
 def _rollout(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -237,10 +267,15 @@ def _rollout(cfg: Mapping[str, Any]) -> dict[str, Any]:
     stream, prompt = int(rollout["max_stream_tokens"]), int(rollout["max_prompt_tokens"])
     prefix = "actor_rollout_ref.rollout."
     return {
-        prefix + "name": options["rollout_name"], prefix + "n": int(rollout["samples_per_prompt"]),
-        prefix + "temperature": float(rollout["act_temperature"]), prefix + "top_p": 1.0, prefix + "top_k": -1,
-        prefix + "prompt_length": prompt, prefix + "response_length": stream - prompt,
-        prefix + "max_model_len": stream, prefix + "calculate_log_probs": True,
+        prefix + "name": options["rollout_name"],
+        prefix + "n": int(rollout["samples_per_prompt"]),
+        prefix + "temperature": float(rollout["act_temperature"]),
+        prefix + "top_p": 1.0,
+        prefix + "top_k": -1,
+        prefix + "prompt_length": prompt,
+        prefix + "response_length": stream - prompt,
+        prefix + "max_model_len": stream,
+        prefix + "calculate_log_probs": True,
         prefix + "tensor_model_parallel_size": int(options["tensor_parallel"]),
         prefix + "gpu_memory_utilization": float(options["gpu_memory_utilization"]),
         prefix + "seed": int(cfg.get("seed", 0)),
@@ -255,12 +290,17 @@ def _rollout(cfg: Mapping[str, Any]) -> dict[str, Any]:
 def _data(cfg: Mapping[str, Any], train_files: Sequence[str], val_files: Sequence[str]) -> dict[str, Any]:
     rollout = plain(cfg["rollout"])
     return {
-        "data.train_files": [str(f) for f in train_files], "data.val_files": [str(f) for f in val_files],
-        "data.prompt_key": "prompt", "data.train_batch_size": int(rollout["prompts_per_step"]),
+        "data.train_files": [str(f) for f in train_files],
+        "data.val_files": [str(f) for f in val_files],
+        "data.prompt_key": "prompt",
+        "data.train_batch_size": int(rollout["prompts_per_step"]),
         "data.max_prompt_length": int(rollout["max_prompt_tokens"]),
         "data.max_response_length": int(rollout["max_stream_tokens"]) - int(rollout["max_prompt_tokens"]),
-        "data.filter_overlong_prompts": False, "data.return_raw_chat": True, "data.shuffle": True,
-        "data.seed": int(cfg.get("seed", 0)), "data.dataloader_num_workers": 0,
+        "data.filter_overlong_prompts": False,
+        "data.return_raw_chat": True,
+        "data.shuffle": True,
+        "data.seed": int(cfg.get("seed", 0)),
+        "data.dataloader_num_workers": 0,
     }
 
 
@@ -275,30 +315,48 @@ def _trainer(cfg: Mapping[str, Any], output_dir: Path | str, extra_loggers: Sequ
     loggers = ["console", "mlflow"] if tracking.get("backend", "mlflow") == "mlflow" else ["console"]
     loggers += [name for name in extra_loggers if name not in loggers]
     return {
-        "trainer.use_v1": True, "trainer.v1.trainer_mode": TRAINER_MODE, "trainer.logger": loggers,
+        "trainer.use_v1": True,
+        "trainer.v1.trainer_mode": TRAINER_MODE,
+        "trainer.logger": loggers,
         "trainer.project_name": str(tracking.get("experiment", "envace")),
         "trainer.experiment_name": f"{plain(cfg.get('experiment_name', 'default'))}-{plain(cfg['algo']['name'])}",
         "trainer.nnodes": int(engine.get("nnodes", 1)),
         "trainer.n_gpus_per_node": int(engine.get("n_gpus_per_node", 1)),
-        "trainer.device": "cuda", "trainer.total_training_steps": steps, "trainer.total_epochs": steps,
+        "trainer.device": "cuda",
+        "trainer.total_training_steps": steps,
+        "trainer.total_epochs": steps,
         "trainer.save_freq": every if every > 0 else steps,
         "trainer.resume_mode": "auto" if train.get("resume", True) else "disable",
         "trainer.default_local_dir": str(checkpoint_dir(output_dir)),
         "trainer.max_actor_ckpt_to_keep": int(train.get("keep_checkpoints", 2)) or None,
-        "trainer.val_before_train": False, "trainer.test_freq": int(engine_options(cfg)["val_every"]),
+        "trainer.val_before_train": False,
+        "trainer.test_freq": int(engine_options(cfg)["val_every"]),
     }
 
 
-def build_overrides(cfg: Mapping[str, Any], *, train_files: Sequence[str], val_files: Sequence[str],
-                    output_dir: Path | str, model_path: str, env_vars: Mapping[str, str] | None = None,
-                    extra_loggers: Sequence[str] = ()) -> list[str]:
+def build_overrides(
+    cfg: Mapping[str, Any],
+    *,
+    train_files: Sequence[str],
+    val_files: Sequence[str],
+    output_dir: Path | str,
+    model_path: str,
+    env_vars: Mapping[str, str] | None = None,
+    extra_loggers: Sequence[str] = (),
+) -> list[str]:
     """``main_ppo`` overrides for our config (module docstring). ``cfg``: a plain dict (enums allowed), a
     ``DictConfig`` or the ``Config`` dataclass; ``extra_loggers`` adds verl backends (the launcher adds ``file``)."""
     cfg = plain(cfg)
     check_supported(cfg)
     values: dict[str, Any] = {}
-    for section in (_algorithm(cfg), _actor(cfg, model_path), _lora(cfg), _rollout(cfg),
-                    _data(cfg, train_files, val_files), _trainer(cfg, output_dir, extra_loggers)):
+    for section in (
+        _algorithm(cfg),
+        _actor(cfg, model_path),
+        _lora(cfg),
+        _rollout(cfg),
+        _data(cfg, train_files, val_files),
+        _trainer(cfg, output_dir, extra_loggers),
+    ):
         values.update(section)
     overrides = _overrides(values)
     overrides += _overrides(loop_settings(cfg).to_flat(), prefix=f"{SETTINGS_NODE}.", add=True)

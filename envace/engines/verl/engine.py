@@ -50,8 +50,11 @@ def read_step_metrics(metrics_dir: Path) -> dict[int, dict[str, float]]:
             if not line.strip():
                 continue
             entry = json.loads(line)
-            numbers = {k: float(v) for k, v in entry.get("data", {}).items()
-                       if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            numbers = {
+                k: float(v)
+                for k, v in entry.get("data", {}).items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
             steps.setdefault(int(entry["step"]), {}).update(numbers)
     return steps
 
@@ -80,15 +83,24 @@ class VerlEngine(Engine):
 
     def __init__(self, reward_fn: Any = None, executor_factory: Any = None, **_: Any) -> None:
         if reward_fn is not None or executor_factory is not None:
-            logger.info("verl engine: rewards and executors are rebuilt inside the Ray workers from the config "
-                        "(judge.name, data.source); the in-process ones passed to the engine are not used")
+            logger.info(
+                "verl engine: rewards and executors are rebuilt inside the Ray workers from the config "
+                "(judge.name, data.source); the in-process ones passed to the engine are not used"
+            )
 
-    def train(self, config: VerlEngineConfig, data: Sequence[EpisodeSpec],
-              callbacks: Sequence[StepCallback] = ()) -> TrainResult:
+    def train(
+        self, config: VerlEngineConfig, data: Sequence[EpisodeSpec], callbacks: Sequence[StepCallback] = ()
+    ) -> TrainResult:
         out = Path(config.output_dir).resolve()
-        code = launch_verl_training(config.cfg, dry_run=config.dry_run, output_dir=out,
-                                    uuids=[spec.task_id for spec in data], tracking_uri=config.tracking_uri,
-                                    parent_run_id=config.parent_run_id, extra_overrides=config.extra_overrides)
+        code = launch_verl_training(
+            config.cfg,
+            dry_run=config.dry_run,
+            output_dir=out,
+            uuids=[spec.task_id for spec in data],
+            tracking_uri=config.tracking_uri,
+            parent_run_id=config.parent_run_id,
+            extra_overrides=config.extra_overrides,
+        )
         if code != 0:
             raise RuntimeError(f"verl training failed with exit code {code}; the command is in {out / 'command.sh'}")
         history = []
@@ -97,17 +109,24 @@ class VerlEngine(Engine):
             history.append(row)
             for callback in callbacks:
                 callback(step, row)
-        return TrainResult(steps_done=int(history[-1]["step"]) if history else 0, history=tuple(history),
-                           checkpoint_dir=str(checkpoint_dir(out)), artifacts=self._export(out))
+        return TrainResult(
+            steps_done=int(history[-1]["step"]) if history else 0,
+            history=tuple(history),
+            checkpoint_dir=str(checkpoint_dir(out)),
+            artifacts=self._export(out),
+        )
 
     @staticmethod
     def _export(out: Path) -> dict[str, str]:
         """Copy the latest HF weights to ``<output_dir>/final/policy`` (the stage's export layout)."""
         hf = latest_hf_weights(out)
         if hf is None:
-            logger.warning("verl engine: no HF weights under %s; nothing exported. Merge a sharded checkpoint with "
-                           "`python -m verl.model_merger merge --backend fsdp --local_dir <global_step_N>/actor "
-                           "--target_dir <dir>`", checkpoint_dir(out))
+            logger.warning(
+                "verl engine: no HF weights under %s; nothing exported. Merge a sharded checkpoint with "
+                "`python -m verl.model_merger merge --backend fsdp --local_dir <global_step_N>/actor "
+                "--target_dir <dir>`",
+                checkpoint_dir(out),
+            )
             return {}
         target = out / "final" / "policy"
         if target.exists():

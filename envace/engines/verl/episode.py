@@ -63,8 +63,10 @@ class Generation:
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
-            raise ValueError(f"server returned {len(self.logprobs)} log-probs for {len(self.token_ids)} tokens; "
-                             "a row needs exactly one per generated token")
+            raise ValueError(
+                f"server returned {len(self.logprobs)} log-probs for {len(self.token_ids)} tokens; "
+                "a row needs exactly one per generated token"
+            )
 
 
 GenerateFn = Callable[[Role, list[int], int, float], Awaitable[Generation]]
@@ -104,8 +106,7 @@ class RoleStream:
             self.segments.append(Segment(tuple(ids), text=text))
         self.ends_with_generation = False
 
-    def add_generation(self, ids: Sequence[int], logprobs: Sequence[float] | None, text: str,
-                       trainable: bool) -> None:
+    def add_generation(self, ids: Sequence[int], logprobs: Sequence[float] | None, text: str, trainable: bool) -> None:
         lps = [float(x) for x in logprobs] if logprobs is not None else [0.0] * len(ids)
         self.response_ids.extend(ids)
         self.mask.extend([1 if trainable else 0] * len(ids))
@@ -113,8 +114,14 @@ class RoleStream:
         self.logprobs.extend(lps)
         if ids:
             self.outputs += 1
-            self.segments.append(Segment(tuple(ids), role=self.role if trainable else None,
-                                         logprobs=tuple(lps) if trainable else None, text=text))
+            self.segments.append(
+                Segment(
+                    tuple(ids),
+                    role=self.role if trainable else None,
+                    logprobs=tuple(lps) if trainable else None,
+                    text=text,
+                )
+            )
         self.ends_with_generation = True
 
     def drop_outputs_after(self, n: int) -> None:
@@ -172,9 +179,19 @@ RESPONDERS: dict[str, Responder] = {
 class EpisodeRunner:
     """Plays one trajectory of ``spec`` (see the module docstring)."""
 
-    def __init__(self, spec: EpisodeSpec, settings: LoopSettings, formatter: ChatFormatter, prompts: RolePrompts,
-                 generate: GenerateFn, *, sample_index: int = 0, executor: Any = None, simulator: Any = None,
-                 turn_gate: TurnGate | None = None):
+    def __init__(
+        self,
+        spec: EpisodeSpec,
+        settings: LoopSettings,
+        formatter: ChatFormatter,
+        prompts: RolePrompts,
+        generate: GenerateFn,
+        *,
+        sample_index: int = 0,
+        executor: Any = None,
+        simulator: Any = None,
+        turn_gate: TurnGate | None = None,
+    ):
         self.spec = spec
         self.settings = settings
         self.fmt = formatter
@@ -260,8 +277,10 @@ class EpisodeRunner:
         if not parsed.calls:
             self._final_reply(parsed.content)
             return
-        calls = tuple(ToolCall(c.name, c.arguments, id=f"call_{self.user_turn}_{self.steps_in_turn}_{j}")
-                      for j, c in enumerate(parsed.calls))
+        calls = tuple(
+            ToolCall(c.name, c.arguments, id=f"call_{self.user_turn}_{self.steps_in_turn}_{j}")
+            for j, c in enumerate(parsed.calls)
+        )
         responses = []
         for call in calls:
             response = await RESPONDERS[self.settings.responses](self, call)
@@ -294,8 +313,9 @@ class EpisodeRunner:
     async def rehearse(self, call: ToolCall) -> Any:
         """The policy's REHEARSE output for ``call`` (None and a termination when unusable)."""
         stream = self.streams[Role.REHEARSE]
-        message = next_call_message(self.prompts, self.spec.tools, self.history, call,
-                                    self.settings.rehearse_context_tokens)
+        message = next_call_message(
+            self.prompts, self.spec.tools, self.history, call, self.settings.rehearse_context_tokens
+        )
         text = stream_text(self.fmt, self.prompts, self.spec.tools, message, stream.ends_with_generation)
         if not self._append(Role.REHEARSE, text):
             return None
@@ -312,10 +332,14 @@ class EpisodeRunner:
         """A frozen simulator's answer for ``call`` (same REHEARSE prompt, through a chat endpoint)."""
         if self.simulator is None:
             raise ValueError("responses='simulator' but no simulator backend was given to EpisodeRunner")
-        messages = rehearse_context(self.prompts, self.spec.tools, self.history, call,
-                                    self.settings.rehearse_context_tokens)
-        request = ChatRequest(messages=tuple(messages), temperature=self.settings.rehearse_temperature,
-                              max_new_tokens=self.settings.max_rehearse_tokens)
+        messages = rehearse_context(
+            self.prompts, self.spec.tools, self.history, call, self.settings.rehearse_context_tokens
+        )
+        request = ChatRequest(
+            messages=tuple(messages),
+            temperature=self.settings.rehearse_temperature,
+            max_new_tokens=self.settings.max_rehearse_tokens,
+        )
         loop = asyncio.get_running_loop()
         output = (await loop.run_in_executor(None, self.simulator.generate, [request]))[0]
         return self._answered(call, output.text)
@@ -340,9 +364,19 @@ class EpisodeRunner:
         }
         if self.executor is not None and hasattr(self.executor, "state"):
             info["final_state"] = self.executor.state()
-        trajectory = Trajectory(prompt_id=self.spec.task_id, sample_index=self.sample_index, streams=streams,
-                                turns=tuple(self.turns), termination=self.termination or Termination.ERROR,
-                                info=info)
+        trajectory = Trajectory(
+            prompt_id=self.spec.task_id,
+            sample_index=self.sample_index,
+            streams=streams,
+            turns=tuple(self.turns),
+            termination=self.termination or Termination.ERROR,
+            info=info,
+        )
         messages = (self.user_turn + 1) + len(self.turns) + sum(len(t.responses) for t in self.turns)
-        return EpisodeOutcome(dict(self.streams), trajectory, messages,
-                              min(self.steps) if self.steps else None, max(self.steps) if self.steps else None)
+        return EpisodeOutcome(
+            dict(self.streams),
+            trajectory,
+            messages,
+            min(self.steps) if self.steps else None,
+            max(self.steps) if self.steps else None,
+        )

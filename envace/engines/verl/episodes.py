@@ -47,16 +47,28 @@ def _call_json(call: ToolCall) -> dict[str, Any]:
 def spec_to_json(spec: EpisodeSpec) -> dict[str, Any]:
     """A JSON-able dict holding every field of ``spec`` (values that are not JSON become strings)."""
     gold = [
-        [{"calls": [_call_json(c) for c in step.calls],
-          "responses": None if step.responses is None else list(step.responses)} for step in turn]
+        [
+            {
+                "calls": [_call_json(c) for c in step.calls],
+                "responses": None if step.responses is None else list(step.responses),
+            }
+            for step in turn
+        ]
         for turn in spec.gold
     ]
     data = {
-        "schema_version": EPISODE_SCHEMA_VERSION, "task_id": spec.task_id, "system_prompt": spec.system_prompt,
-        "tools": list(spec.tools), "user_turns": list(spec.user_turns),
-        "checklists": [list(items) for items in spec.checklists], "gold": gold,
-        "gold_answers": list(spec.gold_answers), "answer_values": [list(v) for v in spec.answer_values],
-        "domain": spec.domain, "source": spec.source, "meta": dict(spec.meta),
+        "schema_version": EPISODE_SCHEMA_VERSION,
+        "task_id": spec.task_id,
+        "system_prompt": spec.system_prompt,
+        "tools": list(spec.tools),
+        "user_turns": list(spec.user_turns),
+        "checklists": [list(items) for items in spec.checklists],
+        "gold": gold,
+        "gold_answers": list(spec.gold_answers),
+        "answer_values": [list(v) for v in spec.answer_values],
+        "domain": spec.domain,
+        "source": spec.source,
+        "meta": dict(spec.meta),
     }
     return json.loads(json.dumps(data, default=str))
 
@@ -67,20 +79,32 @@ def spec_from_json(data: Mapping[str, Any] | str) -> EpisodeSpec:
         data = json.loads(data)
     version = data.get("schema_version")
     if version != EPISODE_SCHEMA_VERSION:
-        raise ValueError(f"{EPISODE_COLUMN} has schema_version={version!r}, this envace reads "
-                         f"{EPISODE_SCHEMA_VERSION}; rebuild the verl dataset with this envace version")
+        raise ValueError(
+            f"{EPISODE_COLUMN} has schema_version={version!r}, this envace reads "
+            f"{EPISODE_SCHEMA_VERSION}; rebuild the verl dataset with this envace version"
+        )
     gold = tuple(
-        tuple(GoldStep(calls=tuple(ToolCall(**c) for c in step["calls"]),
-                       responses=None if step["responses"] is None else tuple(step["responses"]))
-              for step in turn)
+        tuple(
+            GoldStep(
+                calls=tuple(ToolCall(**c) for c in step["calls"]),
+                responses=None if step["responses"] is None else tuple(step["responses"]),
+            )
+            for step in turn
+        )
         for turn in data["gold"]
     )
     return EpisodeSpec(
-        task_id=data["task_id"], system_prompt=data["system_prompt"], tools=tuple(data["tools"]),
-        user_turns=tuple(data["user_turns"]), checklists=tuple(tuple(items) for items in data["checklists"]),
-        gold=gold, gold_answers=tuple(data["gold_answers"]),
-        answer_values=tuple(tuple(v) for v in data["answer_values"]), domain=data["domain"],
-        source=data["source"], meta=dict(data["meta"]),
+        task_id=data["task_id"],
+        system_prompt=data["system_prompt"],
+        tools=tuple(data["tools"]),
+        user_turns=tuple(data["user_turns"]),
+        checklists=tuple(tuple(items) for items in data["checklists"]),
+        gold=gold,
+        gold_answers=tuple(data["gold_answers"]),
+        answer_values=tuple(tuple(v) for v in data["answer_values"]),
+        domain=data["domain"],
+        source=data["source"],
+        meta=dict(data["meta"]),
     )
 
 
@@ -106,8 +130,9 @@ def spec_from_row(row: Mapping[str, Any], source: str) -> EpisodeSpec:
     return SPEC_FROM_ROW[source](row)
 
 
-def dataset_record(spec: EpisodeSpec, index: int, split: str, source: str,
-                   row: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def dataset_record(
+    spec: EpisodeSpec, index: int, split: str, source: str, row: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """One verl dataset row for ``spec`` (see the module docstring for the columns)."""
     return {
         "data_source": f"envace/{source}",
@@ -147,15 +172,18 @@ def act_prompt_uuids(parquet: Path) -> list[str]:
     return uuids
 
 
-def split_records(uuids: Iterable[str], rows: Sequence[Mapping[str, Any]], split: str, source: str
-                  ) -> list[dict[str, Any]]:
+def split_records(
+    uuids: Iterable[str], rows: Sequence[Mapping[str, Any]], split: str, source: str
+) -> list[dict[str, Any]]:
     """Dataset records for ``uuids`` (in that order), built from the prepared ``rows`` of the split."""
     by_uuid = {str(r["uuid"]): r for r in rows}
     records = []
     missing = [u for u in uuids if u not in by_uuid]
     if missing:
-        raise ValueError(f"{len(missing)} prompt uuids of split {split!r} have no prepared row (first: "
-                         f"{missing[0]!r}); re-run prepare_data and template_prompts together")
+        raise ValueError(
+            f"{len(missing)} prompt uuids of split {split!r} have no prepared row (first: "
+            f"{missing[0]!r}); re-run prepare_data and template_prompts together"
+        )
     for index, uuid in enumerate(uuids):
         row = by_uuid[uuid]
         records.append(dataset_record(spec_from_row(row, source), index, split, source, row))

@@ -53,8 +53,13 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_MODULE = "envace.engines.verl.plugin"
 MAIN_MODULE = "verl.trainer.main_ppo"
-TELEMETRY_OFF = {"DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1",
-                 "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+TELEMETRY_OFF = {
+    "DO_NOT_TRACK": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 SPLITS = ("train", "val")
 
 
@@ -86,12 +91,16 @@ def _smollm2_model(model: Mapping[str, Any]) -> str:
 
 
 def _tiny_model(model: Mapping[str, Any]) -> str:
-    raise VerlConfigError("model.kind=tiny is built in memory; verl loads models from a directory. Save it "
-                          "first (scripts/gpu_smoke.py does: build_tiny_model_dir) and use model.kind=path")
+    raise VerlConfigError(
+        "model.kind=tiny is built in memory; verl loads models from a directory. Save it "
+        "first (scripts/gpu_smoke.py does: build_tiny_model_dir) and use model.kind=path"
+    )
 
 
 MODEL_DIRS: dict[str, Callable[[Mapping[str, Any]], str]] = {
-    "path": _path_model, "smollm2": _smollm2_model, "tiny": _tiny_model,
+    "path": _path_model,
+    "smollm2": _smollm2_model,
+    "tiny": _tiny_model,
 }
 
 
@@ -108,8 +117,9 @@ def data_files(output_dir: Path) -> dict[str, Path]:
     return {split: output_dir / "data" / f"{split}.parquet" for split in SPLITS}
 
 
-def prepare_verl_data(cfg: Mapping[str, Any], output_dir: Path | str, *, uuids: Sequence[str] | None = None
-                      ) -> dict[str, Path]:
+def prepare_verl_data(
+    cfg: Mapping[str, Any], output_dir: Path | str, *, uuids: Sequence[str] | None = None
+) -> dict[str, Path]:
     """Write ``<output_dir>/data/{train,val}.parquet`` from the pipeline's files.
 
     Instructions are the ACT records of ``template_prompts``' ``{split}.parquet`` (rows whose prompts fit);
@@ -123,8 +133,9 @@ def prepare_verl_data(cfg: Mapping[str, Any], output_dir: Path | str, *, uuids: 
         parquet = Path(paths["prompts"]) / f"{split}.parquet"
         prepared = Path(paths["prepared"]) / f"{split}.jsonl"
         if not parquet.is_file() or not prepared.is_file():
-            raise FileNotFoundError(f"verl data: {parquet} or {prepared} is missing; run the prepare_data and "
-                                    "template_prompts stages first")
+            raise FileNotFoundError(
+                f"verl data: {parquet} or {prepared} is missing; run the prepare_data and template_prompts stages first"
+            )
         chosen = act_prompt_uuids(parquet)
         if split == "train" and uuids is not None:
             chosen = [u for u in chosen if u in set(uuids)]
@@ -144,8 +155,10 @@ def _check_batch(cfg: Mapping[str, Any], train_file: Path) -> None:
     n_rows = len(pd.read_parquet(train_file, columns=["agent_name"]))
     batch = int(plain(cfg["rollout"])["prompts_per_step"])
     if n_rows < batch:
-        raise VerlConfigError(f"rollout.prompts_per_step={batch} but only {n_rows} training instructions; verl "
-                              "drops incomplete batches, so lower prompts_per_step or add data")
+        raise VerlConfigError(
+            f"rollout.prompts_per_step={batch} but only {n_rows} training instructions; verl "
+            "drops incomplete batches, so lower prompts_per_step or add data"
+        )
 
 
 # ---- MLflow --------------------------------------------------------------------------------------
@@ -153,7 +166,7 @@ def absolute_tracking_uri(uri: str) -> str:
     """``sqlite:///rel.db`` → ``sqlite:////abs/rel.db`` (Ray workers do not share the driver's cwd)."""
     prefix = "sqlite:///"
     if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        return prefix + str(Path(uri[len(prefix):]).resolve())
+        return prefix + str(Path(uri[len(prefix) :]).resolve())
     if "://" not in uri:  # a bare directory
         return str(Path(uri).resolve())
     return uri
@@ -166,14 +179,17 @@ def create_child_run(tracking_uri: str, parent_run_id: str, name: str = "verl") 
 
     client = MlflowClient(tracking_uri)
     parent = client.get_run(parent_run_id)
-    run = client.create_run(parent.info.experiment_id, run_name=name,
-                            tags={"mlflow.parentRunId": parent_run_id, "envace.kind": "engine",
-                                  "envace.engine": "verl"})
+    run = client.create_run(
+        parent.info.experiment_id,
+        run_name=name,
+        tags={"mlflow.parentRunId": parent_run_id, "envace.kind": "engine", "envace.engine": "verl"},
+    )
     return run.info.run_id
 
 
-def mlflow_env(cfg: Mapping[str, Any], *, tracking_uri: str | None, parent_run_id: str | None, create: bool
-               ) -> tuple[dict[str, str], list[str]]:
+def mlflow_env(
+    cfg: Mapping[str, Any], *, tracking_uri: str | None, parent_run_id: str | None, create: bool
+) -> tuple[dict[str, str], list[str]]:
     """Env vars attaching verl's MLflow logger to a child of the parent run (and notes for the log)."""
     tracking = plain(cfg.get("tracking") or {})
     if tracking.get("backend", "mlflow") != "mlflow":
@@ -207,16 +223,19 @@ def verl_command(overrides: Sequence[str], python: str | None = None) -> list[st
     return [python or sys.executable, "-m", MAIN_MODULE, *overrides]
 
 
-def multinode_commands(overrides: Sequence[str], *, head: str = "$HEAD_IP", n_gpus_per_node: int = 8,
-                       python: str = "python") -> dict[str, str]:
+def multinode_commands(
+    overrides: Sequence[str], *, head: str = "$HEAD_IP", n_gpus_per_node: int = 8, python: str = "python"
+) -> dict[str, str]:
     """Shell lines for a Ray cluster: start the head, start each worker, submit the job from the head."""
     runtime_env = json.dumps({"env_vars": {"VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE, **TELEMETRY_OFF}})
     job = [python, "-m", MAIN_MODULE, *overrides]
     return {  # the dashboard (Ray's unauthenticated job API) listens on the cluster address, not on all interfaces
         "head": f"ray start --head --port=6379 --dashboard-host={head} --num-gpus={n_gpus_per_node}",
         "worker": f"ray start --address={head}:6379 --num-gpus={n_gpus_per_node}",
-        "submit": (f"ray job submit --address=http://{head}:8265 --runtime-env-json={shlex.quote(runtime_env)} -- "
-                   + shlex.join(job)),
+        "submit": (
+            f"ray job submit --address=http://{head}:8265 --runtime-env-json={shlex.quote(runtime_env)} -- "
+            + shlex.join(job)
+        ),
     }
 
 
@@ -225,10 +244,17 @@ def default_output_dir(cfg: Mapping[str, Any]) -> Path:
     return (Path(".envace") / "verl" / name).resolve()
 
 
-def plan_launch(cfg: Mapping[str, Any], *, output_dir: Path | str | None = None, dry_run: bool = False,
-                tracking_uri: str | None = None, parent_run_id: str | None = None,
-                extra_overrides: Sequence[str] = (), files: Mapping[str, Path] | None = None,
-                model_path: str | None = None) -> LaunchPlan:
+def plan_launch(
+    cfg: Mapping[str, Any],
+    *,
+    output_dir: Path | str | None = None,
+    dry_run: bool = False,
+    tracking_uri: str | None = None,
+    parent_run_id: str | None = None,
+    extra_overrides: Sequence[str] = (),
+    files: Mapping[str, Path] | None = None,
+    model_path: str | None = None,
+) -> LaunchPlan:
     """Compute the launch (data paths, env vars, overrides, command); creates the MLflow child run
     unless ``dry_run``. Does not write datasets (``prepare_verl_data`` does)."""
     cfg = plain(cfg)
@@ -238,17 +264,36 @@ def plan_launch(cfg: Mapping[str, Any], *, output_dir: Path | str | None = None,
     model = model_path or model_dir(cfg)
     env, notes = mlflow_env(cfg, tracking_uri=tracking_uri, parent_run_id=parent_run_id, create=not dry_run)
     launch_id = time.strftime("%Y%m%d-%H%M%S")
-    env.update({"VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE,
-                "VERL_FILE_LOGGER_PATH": str(out / "metrics" / f"{launch_id}.jsonl"), **TELEMETRY_OFF})
-    overrides = build_overrides(cfg, train_files=[str(files["train"])], val_files=[str(files["val"])],
-                                output_dir=out, model_path=model, env_vars=env, extra_loggers=["file"])
+    env.update(
+        {
+            "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE,
+            "VERL_FILE_LOGGER_PATH": str(out / "metrics" / f"{launch_id}.jsonl"),
+            **TELEMETRY_OFF,
+        }
+    )
+    overrides = build_overrides(
+        cfg,
+        train_files=[str(files["train"])],
+        val_files=[str(files["val"])],
+        output_dir=out,
+        model_path=model,
+        env_vars=env,
+        extra_loggers=["file"],
+    )
     overrides += list(extra_overrides)
     return LaunchPlan(verl_command(overrides), overrides, env, out, files, model, notes)
 
 
-def launch_verl_training(cfg_dict: Mapping[str, Any], *, dry_run: bool = False, output_dir: Path | str | None = None,
-                         uuids: Sequence[str] | None = None, tracking_uri: str | None = None,
-                         parent_run_id: str | None = None, extra_overrides: Sequence[str] = ()) -> int:
+def launch_verl_training(
+    cfg_dict: Mapping[str, Any],
+    *,
+    dry_run: bool = False,
+    output_dir: Path | str | None = None,
+    uuids: Sequence[str] | None = None,
+    tracking_uri: str | None = None,
+    parent_run_id: str | None = None,
+    extra_overrides: Sequence[str] = (),
+) -> int:
     """Train with verl on this node: prepare data, build and log the command, run it; returns its exit code.
 
     ``cfg_dict`` is our config as a plain dict (``OmegaConf.to_container(cfg, resolve=True)``). With
@@ -256,8 +301,14 @@ def launch_verl_training(cfg_dict: Mapping[str, Any], *, dry_run: bool = False, 
     installed) and the command is printed; returns 0.
     """
     cfg_dict = plain(cfg_dict)
-    plan = plan_launch(cfg_dict, output_dir=output_dir, dry_run=dry_run, tracking_uri=tracking_uri,
-                       parent_run_id=parent_run_id, extra_overrides=extra_overrides)
+    plan = plan_launch(
+        cfg_dict,
+        output_dir=output_dir,
+        dry_run=dry_run,
+        tracking_uri=tracking_uri,
+        parent_run_id=parent_run_id,
+        extra_overrides=extra_overrides,
+    )
     for note in plan.notes:
         logger.info("verl launch: %s", note)
     logger.info("verl command:\n%s", plan.shell())
@@ -304,8 +355,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = OmegaConf.to_container(OmegaConf.load(args.params), resolve=True)
     if not args.multinode:
-        return launch_verl_training(cfg, dry_run=args.dry_run, output_dir=args.output_dir,
-                                    extra_overrides=args.verl_overrides)
+        return launch_verl_training(
+            cfg, dry_run=args.dry_run, output_dir=args.output_dir, extra_overrides=args.verl_overrides
+        )
     plan = plan_launch(cfg, output_dir=args.output_dir, extra_overrides=args.verl_overrides)
     prepare_verl_data(cfg, plan.output_dir)
     gpus = int(plain(cfg["engine"]).get("n_gpus_per_node", 8))

@@ -69,8 +69,9 @@ def _row_role_ids(extra: Mapping[str, Any], mask_row: torch.Tensor) -> torch.Ten
     return torch.where(mask_row.bool(), ids, torch.full_like(ids, NO_ROLE))
 
 
-def row_inputs(extra_fields: Sequence[Mapping[str, Any] | None], keys: Sequence[str],
-               response_mask: torch.Tensor) -> RowInputs:
+def row_inputs(
+    extra_fields: Sequence[Mapping[str, Any] | None], keys: Sequence[str], response_mask: torch.Tensor
+) -> RowInputs:
     """Role ids, trajectory ids, exclusion flags and output counts of a padded verl batch.
 
     Args:

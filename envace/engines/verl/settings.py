@@ -68,11 +68,15 @@ class LoopSettings:
         if self.responses not in RESPONSE_SOURCES:
             raise ValueError(f"envace.responses={self.responses!r}; valid: {list(RESPONSE_SOURCES)}")
         if variant.rehearse_by_policy and self.responses != "policy":
-            raise ValueError(f"variant {self.variant!r} rehearses with the policy; envace.responses must be "
-                             f"'policy', got {self.responses!r} (only grpo takes executor/simulator responses)")
+            raise ValueError(
+                f"variant {self.variant!r} rehearses with the policy; envace.responses must be "
+                f"'policy', got {self.responses!r} (only grpo takes executor/simulator responses)"
+            )
         if not variant.rehearse_by_policy and self.responses == "policy":
-            raise ValueError(f"variant {self.variant!r} takes responses from outside the policy; set "
-                             "envace.responses to 'executor' or 'simulator'")
+            raise ValueError(
+                f"variant {self.variant!r} takes responses from outside the policy; set "
+                "envace.responses to 'executor' or 'simulator'"
+            )
         if self.chat_template not in CHAT_TEMPLATES:
             raise ValueError(f"envace.chat_template={self.chat_template!r}; valid: {list(CHAT_TEMPLATES)}")
         for name in ("max_steps_per_turn", "max_act_tokens", "max_rehearse_tokens", "max_stream_tokens"):

@@ -50,9 +50,16 @@ def _verifiable(settings: LoopSettings) -> Callable[..., Any]:
 
 def _judge(settings: LoopSettings) -> Callable[..., Any]:
     judge = settings.judge
-    return checklist_reward_fn(get_judge(settings.reward, base_url=judge.base_url, model=judge.model,
-                                         api_key_env=judge.api_key_env, max_retries=judge.max_retries,
-                                         timeout_s=judge.timeout_s))
+    return checklist_reward_fn(
+        get_judge(
+            settings.reward,
+            base_url=judge.base_url,
+            model=judge.model,
+            api_key_env=judge.api_key_env,
+            max_retries=judge.max_retries,
+            timeout_s=judge.timeout_s,
+        )
+    )
 
 
 REWARD_BUILDERS: dict[str, Callable[[LoopSettings], Callable[..., Any]]] = {
@@ -78,8 +85,9 @@ def score_trajectory(reward_fn: Callable[..., Any], spec: EpisodeSpec, trajector
     except JudgeFailureBudgetExceeded:
         raise  # too many judge failures: the run stops (envace.judges.budget) instead of excluding everything
     except Exception as exc:  # noqa: BLE001 - any other judge/scorer crash must not kill the rollout worker
-        logger.warning("reward for %s sample %d failed: %s: %s", spec.task_id, trajectory.sample_index,
-                       type(exc).__name__, exc)
+        logger.warning(
+            "reward for %s sample %d failed: %s: %s", spec.task_id, trajectory.sample_index, type(exc).__name__, exc
+        )
         return RewardOutcome(0.0, TrajectoryStatus.JUDGE_FAILED, {"error": f"{type(exc).__name__}: {exc}"[:500]})
     reward, status, info = result
     return RewardOutcome(float(reward), TrajectoryStatus(status), dict(info or {}))
@@ -102,8 +110,10 @@ def make_executor(source: str, row_json: str | None) -> Any:
             "endpoint instead"
         )
     if not row_json:
-        raise ValueError("responses='executor': the dataset row has no envace_row (raw row); rebuild the verl "
-                         "dataset with envace.engines.verl.episodes")
+        raise ValueError(
+            "responses='executor': the dataset row has no envace_row (raw row); rebuild the verl "
+            "dataset with envace.engines.verl.episodes"
+        )
     return EXECUTOR_BUILDERS[source](json.loads(row_json))
 
 
@@ -111,11 +121,18 @@ def make_executor(source: str, row_json: str | None) -> Any:
 def simulator_backend(endpoint: EndpointSettings) -> Any:
     """The (cached) chat backend of the frozen simulator endpoint."""
     if not endpoint.base_url or not endpoint.model:
-        raise ValueError("responses='simulator' needs envace.simulator.base_url and envace.simulator.model "
-                         "(an OpenAI-compatible endpoint serving the frozen simulator)")
+        raise ValueError(
+            "responses='simulator' needs envace.simulator.base_url and envace.simulator.model "
+            "(an OpenAI-compatible endpoint serving the frozen simulator)"
+        )
 
     def build() -> Any:
-        return OpenAIChatBackend(endpoint.base_url, endpoint.model, api_key_env=endpoint.api_key_env,
-                                 timeout=endpoint.timeout_s, max_retries=endpoint.max_retries)
+        return OpenAIChatBackend(
+            endpoint.base_url,
+            endpoint.model,
+            api_key_env=endpoint.api_key_env,
+            timeout=endpoint.timeout_s,
+            max_retries=endpoint.max_retries,
+        )
 
     return cached(("simulator", json.dumps(asdict(endpoint), sort_keys=True)), build)

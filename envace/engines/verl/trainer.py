@@ -40,8 +40,9 @@ ENVACE_ESTIMATORS = (VERL_ROLEWISE_NAME, VERL_GRPO_NAME)
 _FIELDS = ["uid", "response_mask", "rm_scores", "extra_fields", "rollout_log_probs", "old_log_probs"]
 
 
-def envace_advantages(data: DataProto, extra_fields: list[Any], keys: list[str], config: Any
-                      ) -> tuple[torch.Tensor, dict[str, float]]:
+def envace_advantages(
+    data: DataProto, extra_fields: list[Any], keys: list[str], config: Any
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Role-wise (or envace GRPO) advantages of a padded batch, with the inputs verl's stock path drops.
 
     Args:
@@ -58,9 +59,14 @@ def envace_advantages(data: DataProto, extra_fields: list[Any], keys: list[str],
     envace = config.get("envace") or {}
     estimator = core_algos.get_adv_estimator_fn(algorithm.adv_estimator)
     advantages, _ = estimator(
-        token_level_rewards=data.batch["token_level_rewards"], response_mask=mask,
-        index=data.non_tensor_batch["uid"], config=algorithm, role_ids=inputs.role_ids,
-        trajectory_ids=inputs.trajectory_ids, exclude=inputs.exclude, outputs_per_row=inputs.outputs_per_row,
+        token_level_rewards=data.batch["token_level_rewards"],
+        response_mask=mask,
+        index=data.non_tensor_batch["uid"],
+        config=algorithm,
+        role_ids=inputs.role_ids,
+        trajectory_ids=inputs.trajectory_ids,
+        exclude=inputs.exclude,
+        outputs_per_row=inputs.outputs_per_row,
         baseline=envace.get("baseline", None),
         norm_adv_by_std_in_grpo=bool(algorithm.get("norm_adv_by_std_in_grpo", False)),
     )
@@ -82,8 +88,10 @@ class EnvacePPOTrainer(PPOTrainerSync):
         if algorithm.adv_estimator not in ENVACE_ESTIMATORS:
             return super()._compute_advantage(batch, metrics)
         if algorithm.use_kl_in_reward:
-            raise ValueError("algorithm.use_kl_in_reward=True is not supported with the envace estimators; use "
-                             "actor_rollout_ref.actor.use_kl_loss=True (SPEC §3: KL as a loss term)")
+            raise ValueError(
+                "algorithm.use_kl_in_reward=True is not supported with the envace estimators; use "
+                "actor_rollout_ref.actor.use_kl_loss=True (SPEC §3: KL as a loss term)"
+            )
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=_FIELDS)
         nested_mask = data["response_mask"]
         padded = data.to_padded_tensor()
@@ -95,14 +103,17 @@ class EnvacePPOTrainer(PPOTrainerSync):
         proto, corrected = self._rollout_correction(proto, metrics)
         advantages, role_stats = envace_advantages(proto, extra_fields, list(batch.keys), self.config)
         metrics.update(role_stats)
-        output = {"advantages": response_to_nested(advantages, nested_mask),
-                  "returns": response_to_nested(advantages, nested_mask)}
+        output = {
+            "advantages": response_to_nested(advantages, nested_mask),
+            "returns": response_to_nested(advantages, nested_mask),
+        }
         if corrected:
             output["response_mask"] = response_to_nested(proto.batch["response_mask"], nested_mask)
             if "rollout_is_weights" in proto.batch:
                 output["rollout_is_weights"] = response_to_nested(proto.batch["rollout_is_weights"], nested_mask)
-        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
-                               fields=TensorDict(output, batch_size=len(batch)))
+        return tq.kv_batch_put(
+            keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(output, batch_size=len(batch))
+        )
 
     def _rollout_correction(self, proto: DataProto, metrics: dict) -> tuple[DataProto, bool]:
         """verl's decoupled-mode rollout correction (IS weights / rejection), when configured."""

@@ -34,7 +34,18 @@ if "bfcl" not in benchmark_names():
     register_benchmark("bfcl", BfclAdapter)
 
 __all__ = [
-    "CATEGORIES", "GROUPS", "BfclAdapter", "BfclConfig", "BfclExecutor", "BfclOracle", "BfclReport", "CategoryKind",
+    "CATEGORIES",
+    "GROUPS",
+    "BfclAdapter",
+    "BfclConfig",
+    "BfclExecutor",
+    "BfclOracle",
+    "BfclReport",
+    "CategoryKind",
     "PerturbedOracle",
-    "category_status", "entry_of", "resolve_categories", "run_bfcl", "with_trial",
+    "category_status",
+    "entry_of",
+    "resolve_categories",
+    "run_bfcl",
+    "with_trial",
 ]

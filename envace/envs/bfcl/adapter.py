@@ -107,6 +107,7 @@ def category_counts(records: list[EpisodeRecord]) -> dict[str, tuple[int, int]]:
         pair[1] += 1
     return {k: (v[0], v[1]) for k, v in counts.items()}
 
+
 def category_table(subset: str, records: list[EpisodeRecord]) -> dict[str, dict[str, Any]]:
     """Every category of ``subset`` with its status, and its accuracy when it ran."""
     counts = category_counts(records)
@@ -118,8 +119,13 @@ def category_table(subset: str, records: list[EpisodeRecord]) -> dict[str, dict[
         row: dict[str, Any] = dict(status)
         if name in counts:
             correct, total = counts[name]
-            row.update(status="ran", n=total, correct=correct, crashed=crashed.get(name, 0),
-                       accuracy=correct / total if total else 0.0)
+            row.update(
+                status="ran",
+                n=total,
+                correct=correct,
+                crashed=crashed.get(name, 0),
+                accuracy=correct / total if total else 0.0,
+            )
         elif status["status"] == "runnable":
             row["status"] = "no_tasks_selected"
         table[name] = row
@@ -132,8 +138,12 @@ class BfclAdapter(BenchmarkAdapter):
     name = "bfcl"
 
     def __init__(
-        self, config: BfclConfig | None = None, *, executor_wrapper: ExecutorWrapper | None = None,
-        work_dir: str | Path | None = None, **config_kwargs: Any,
+        self,
+        config: BfclConfig | None = None,
+        *,
+        executor_wrapper: ExecutorWrapper | None = None,
+        work_dir: str | Path | None = None,
+        **config_kwargs: Any,
     ) -> None:
         if config is not None and config_kwargs:
             raise ValueError(f"BfclAdapter: config given, so {sorted(config_kwargs)} cannot configure it")
@@ -195,8 +205,14 @@ class BfclAdapter(BenchmarkAdapter):
             try:
                 question = memory_question(entry, prereq_category, raw)
                 yield from conversation_program(
-                    question, openai_tools(entry["function"]), executor, self.config, ledger, (entry["id"], trial),
-                    purpose="memory_prereq")
+                    question,
+                    openai_tools(entry["function"]),
+                    executor,
+                    self.config,
+                    ledger,
+                    (entry["id"], trial),
+                    purpose="memory_prereq",
+                )
                 raw.instances[entry["involved_classes"][0]]._flush_memory_to_local_file()
             finally:
                 raw.close()
@@ -211,10 +227,14 @@ class BfclAdapter(BenchmarkAdapter):
 
     def prepare_program(self, tasks: Sequence[Task]) -> Program[None]:
         """Play the prerequisite conversations every memory task needs (batched across scenarios)."""
-        keys = sorted({
-            (e.category, e.prompt["scenario"], int(t.meta.get("trial", 0)))
-            for t in tasks if (e := entry_of(t)).spec.kind is CategoryKind.MEMORY
-        } - set(self._snapshots))
+        keys = sorted(
+            {
+                (e.category, e.prompt["scenario"], int(t.meta.get("trial", 0)))
+                for t in tasks
+                if (e := entry_of(t)).spec.kind is CategoryKind.MEMORY
+            }
+            - set(self._snapshots)
+        )
         roots = yield from gather((self._play_prereqs(*k, GenerationLedger()) for k in keys), isolate=True)
         for key, root in zip(keys, roots):
             if isinstance(root, Failed):
@@ -233,8 +253,9 @@ class BfclAdapter(BenchmarkAdapter):
         seed_tag = (task.task_id, trial)
         if entry.spec.kind in SINGLE_TURN_KINDS:
             ledger.count_real_execution()  # no executor: the one real answer
-            t = yield from single_turn_program(entry.prompt["question"], task.tools, self.config, ledger, seed_tag,
-                                               turn_hook)
+            t = yield from single_turn_program(
+                entry.prompt["question"], task.tools, self.config, ledger, seed_tag, turn_hook
+            )
             return self._record(task, entry, t, ledger, start, {}, {})
         extra: dict[str, Any] = {}
         root = None
@@ -246,30 +267,58 @@ class BfclAdapter(BenchmarkAdapter):
         try:
             question = memory_question(entry.prompt, entry.category, raw) if root else entry.prompt["question"]
             t = yield from conversation_program(
-                question, task.tools, executor, self.config, ledger, seed_tag,
-                holdout=entry.prompt.get("missed_function"), hook=turn_hook)
+                question,
+                task.tools,
+                executor,
+                self.config,
+                ledger,
+                seed_tag,
+                holdout=entry.prompt.get("missed_function"),
+                hook=turn_hook,
+            )
             state = executor.state()
         finally:
             raw.close()
         return self._record(task, entry, t, ledger, start, state, extra)
 
     def _record(
-        self, task: Task, entry: BfclEntry, t: Transcript, ledger: GenerationLedger, start: float,
-        state: dict[str, Any], extra: dict[str, Any],
+        self,
+        task: Task,
+        entry: BfclEntry,
+        t: Transcript,
+        ledger: GenerationLedger,
+        start: float,
+        state: dict[str, Any],
+        extra: dict[str, Any],
     ) -> EpisodeRecord:
         verdict = check_entry(entry, t.outputs)
         info = {
-            "bfcl_category": entry.category, "bfcl_outputs": t.outputs, "trial": int(task.meta.get("trial", 0)),
+            "bfcl_category": entry.category,
+            "bfcl_outputs": t.outputs,
+            "trial": int(task.meta.get("trial", 0)),
             "bfcl_result": result_entry(entry.id, entry.category, t.outputs),
-            "bfcl_verdict": {"valid": verdict.valid, "error_type": verdict.error_type}, **extra,
+            "bfcl_verdict": {"valid": verdict.valid, "error_type": verdict.error_type},
+            **extra,
         }
         return EpisodeRecord(
-            benchmark=self.name, task_id=task.task_id, domain=task.domain, split=task.split,
-            held_out=bool(task.meta.get("held_out", False)), score=1.0 if verdict.valid else 0.0,
-            success=verdict.valid, final_answers=tuple(t.answers), turns=tuple(t.turns), termination=t.termination,
-            act_generations=t.generations, parse_failures=t.parse_failures, parse_error_codes=tuple(t.codes),
-            real_calls=t.real_calls, final_state=state, costs=ledger.to_json(),
-            wall_s=time.perf_counter() - start, info=info,
+            benchmark=self.name,
+            task_id=task.task_id,
+            domain=task.domain,
+            split=task.split,
+            held_out=bool(task.meta.get("held_out", False)),
+            score=1.0 if verdict.valid else 0.0,
+            success=verdict.valid,
+            final_answers=tuple(t.answers),
+            turns=tuple(t.turns),
+            termination=t.termination,
+            act_generations=t.generations,
+            parse_failures=t.parse_failures,
+            parse_error_codes=tuple(t.codes),
+            real_calls=t.real_calls,
+            final_state=state,
+            costs=ledger.to_json(),
+            wall_s=time.perf_counter() - start,
+            info=info,
         )
 
     def score(self, task: Task, record: EpisodeRecord) -> float:

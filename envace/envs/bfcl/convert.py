@@ -103,8 +103,18 @@ def _concrete(value: Any) -> Any:
     return value
 
 
-_JAVA_ELEMENT = {"String": "String", "integer": "int", "int": "int", "long": "long", "double": "double",
-                 "float": "float", "boolean": "boolean", "char": "char", "byte": "byte", "short": "short"}
+_JAVA_ELEMENT = {
+    "String": "String",
+    "integer": "int",
+    "int": "int",
+    "long": "long",
+    "double": "double",
+    "float": "float",
+    "boolean": "boolean",
+    "char": "char",
+    "byte": "byte",
+    "short": "short",
+}
 
 
 def _java_literal(value: Any, kind: str, nested: str | None = None) -> str:
@@ -121,12 +131,15 @@ def _java_literal(value: Any, kind: str, nested: str | None = None) -> str:
         if kind == "Array":  # elements are converted with the nested type, unquoted
             body = ", ".join(_java_literal(v, nested or "String") for v in value)
             return f"new {_JAVA_ELEMENT.get(nested or 'String', 'Object')}[]{{{body}}}"
-        quoted = [f'"{v}"' if nested in ("String", None) and isinstance(v, str) else _java_literal(v, nested or "")
-                  for v in value]
+        quoted = [
+            f'"{v}"' if nested in ("String", None) and isinstance(v, str) else _java_literal(v, nested or "")
+            for v in value
+        ]
         return f"new ArrayList<>(Arrays.asList({', '.join(quoted)}))"
     if kind == "HashMap" and isinstance(value, dict):
-        puts = " ".join(f'put("{k}", {json.dumps(v) if isinstance(v, str) else _java_literal(v, "")});'
-                        for k, v in value.items())
+        puts = " ".join(
+            f'put("{k}", {json.dumps(v) if isinstance(v, str) else _java_literal(v, "")});' for k, v in value.items()
+        )
         return f"new HashMap<>() {{{{ {puts} }}}}"
     return str(value)
 
@@ -159,7 +172,8 @@ def _as_source(value: Any, language: str, schema: dict[str, Any]) -> Any:
 
 
 def oracle_calls(
-    possible_answer: Sequence[dict[str, dict[str, list[Any]]]], functions: Sequence[dict[str, Any]],
+    possible_answer: Sequence[dict[str, dict[str, list[Any]]]],
+    functions: Sequence[dict[str, Any]],
     language: str = "python",
 ) -> tuple[ToolCall, ...]:
     """One concrete call per function of a single-turn possible answer (``functions``: the un-hinted docs)."""
@@ -189,7 +203,7 @@ def decode_response(text: str) -> Any:
     if isinstance(value, (dict, list)):
         return value
     if text.startswith(EXECUTION_ERROR_PREFIX):
-        return {"error": text[len(EXECUTION_ERROR_PREFIX):]}
+        return {"error": text[len(EXECUTION_ERROR_PREFIX) :]}
     return text
 
 

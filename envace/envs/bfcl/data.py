@@ -78,9 +78,7 @@ def load_category(category: str) -> tuple[BfclEntry, ...]:
             f"bfcl data of {category!r} is inconsistent: {len(prompts)} prompts, {len(scoring)} scoring "
             f"prompts, {len(truths)} ground-truth entries; reinstall bfcl-eval"
         )
-    return tuple(
-        BfclEntry(p["id"], category, p, s, g) for p, s, g in zip(prompts, scoring, truths)
-    )
+    return tuple(BfclEntry(p["id"], category, p, s, g) for p, s, g in zip(prompts, scoring, truths))
 
 
 def _prereq_order(entry: dict[str, Any]) -> int:
@@ -123,7 +121,7 @@ def _gold(entry: BfclEntry, n_turns: int) -> tuple[tuple[tuple[tuple[ToolCall, .
         calls = oracle_calls(entry.ground_truth, entry.scoring_prompt["function"], language)
         return ((calls,),), ("",)
     if kind is CategoryKind.RELEVANCE:  # any call counts; take the first documented function
-        return ((( ToolCall(entry.prompt["function"][0]["name"], {}),),),), ("",)
+        return (((ToolCall(entry.prompt["function"][0]["name"], {}),),),), ("",)
     if kind is CategoryKind.IRRELEVANCE:
         return ((),), ("None of the available functions can answer this request.",)
     if kind is CategoryKind.MEMORY:
@@ -131,8 +129,7 @@ def _gold(entry: BfclEntry, n_turns: int) -> tuple[tuple[tuple[tuple[ToolCall, .
         return tuple(() for _ in range(n_turns)), (str(answers[0]),) * n_turns
     classes = entry.prompt["involved_classes"]
     steps = tuple(
-        ((tuple(parse_execution_string(s, classes) for s in turn),) if turn else ())
-        for turn in entry.ground_truth
+        ((tuple(parse_execution_string(s, classes) for s in turn),) if turn else ()) for turn in entry.ground_truth
     )
     return steps, ("Done.",) * len(steps)
 
@@ -143,9 +140,18 @@ def entry_to_task(entry: BfclEntry, split: str) -> Task:
     user_turns = turn_user_texts(question)
     gold_calls, gold_answers = _gold(entry, len(user_turns))
     return Task(
-        task_id=entry.id, domain=entry.category, split=split, system_prompt=_system_text(question),
-        tools=openai_tools(entry.prompt["function"]), user_turns=user_turns, gold_calls=gold_calls,
+        task_id=entry.id,
+        domain=entry.category,
+        split=split,
+        system_prompt=_system_text(question),
+        tools=openai_tools(entry.prompt["function"]),
+        user_turns=user_turns,
+        gold_calls=gold_calls,
         gold_answers=gold_answers,
-        meta={"benchmark": "bfcl", "bfcl_category": entry.category, "bfcl_kind": entry.spec.kind.value,
-              "bfcl_entry": entry},
+        meta={
+            "benchmark": "bfcl",
+            "bfcl_category": entry.category,
+            "bfcl_kind": entry.spec.kind.value,
+            "bfcl_entry": entry,
+        },
     )

@@ -122,12 +122,19 @@ def _hook_messages(hook: TurnHook | None, t: Transcript, turn: int) -> Program[t
 
 
 def _generate(
-    t: Transcript, config: BfclConfig, ledger: GenerationLedger, seed_parts: tuple[Any, ...], purpose: str = "act",
+    t: Transcript,
+    config: BfclConfig,
+    ledger: GenerationLedger,
+    seed_parts: tuple[Any, ...],
+    purpose: str = "act",
 ) -> Program[str]:
     """One ACT generation; ``seed_parts`` = (task id, trial, turn, step)."""
     request = ChatRequest(
-        messages=tuple(t.messages), tools=tuple(t.tools), temperature=config.temperature,
-        max_new_tokens=config.max_new_tokens, seed=generation_seed(config.seed, *seed_parts),
+        messages=tuple(t.messages),
+        tools=tuple(t.tools),
+        temperature=config.temperature,
+        max_new_tokens=config.max_new_tokens,
+        seed=generation_seed(config.seed, *seed_parts),
     )
     output = yield from generate_one(GenerationCall(ACTOR, purpose, request), ledger)
     t.generations += 1
@@ -143,8 +150,12 @@ def _note_parse(t: Transcript, text: str) -> Any:
 
 
 def single_turn_program(
-    question: list[list[Message]], tools: Sequence[dict[str, Any]], config: BfclConfig,
-    ledger: GenerationLedger, seed_tag: tuple[Any, ...], hook: TurnHook | None = None,
+    question: list[list[Message]],
+    tools: Sequence[dict[str, Any]],
+    config: BfclConfig,
+    ledger: GenerationLedger,
+    seed_tag: tuple[Any, ...],
+    hook: TurnHook | None = None,
 ) -> Program[Transcript]:
     """One generation on the entry's (single) turn."""
     t = Transcript(messages=[], tools=list(tools))
@@ -172,7 +183,12 @@ def _turn_messages(
 
 
 def _play_turn(
-    t: Transcript, turn: int, executor: Any, config: BfclConfig, ledger: GenerationLedger, seed_tag: tuple[Any, ...],
+    t: Transcript,
+    turn: int,
+    executor: Any,
+    config: BfclConfig,
+    ledger: GenerationLedger,
+    seed_tag: tuple[Any, ...],
     purpose: str,
 ) -> Program[None]:
     """ACT steps of one turn (see the module docstring)."""
@@ -187,13 +203,16 @@ def _play_turn(
             t.turns.append(Turn(act_text=text, rehearsed=False, user_turn=turn))
             answer = parse.content
             break
-        calls = tuple(ToolCall(c.name, c.arguments, f"call_{turn}_{len(outputs) - 1}_{i}")
-                      for i, c in enumerate(parse.calls))
+        calls = tuple(
+            ToolCall(c.name, c.arguments, f"call_{turn}_{len(outputs) - 1}_{i}") for i, c in enumerate(parse.calls)
+        )
         results = [_respond(executor, call) for call in calls]
         t.real_calls += len(calls)
         t.messages.append(_assistant(parse.content, calls))
-        t.messages.extend({"role": "tool", "name": c.name, "tool_call_id": c.id, "content": reply}
-                          for c, (reply, _) in zip(calls, results))
+        t.messages.extend(
+            {"role": "tool", "name": c.name, "tool_call_id": c.id, "content": reply}
+            for c, (reply, _) in zip(calls, results)
+        )
         t.turns.append(Turn(text, calls, tuple(v for _, v in results), rehearsed=False, user_turn=turn))
         executed += 1
         if executed > config.step_limit():
@@ -204,9 +223,16 @@ def _play_turn(
 
 
 def conversation_program(
-    question: list[list[Message]], tools: Sequence[dict[str, Any]], executor: Any, config: BfclConfig,
-    ledger: GenerationLedger, seed_tag: tuple[Any, ...], *, holdout: Mapping[str, list[dict[str, Any]]] | None = None,
-    hook: TurnHook | None = None, purpose: str = "act",
+    question: list[list[Message]],
+    tools: Sequence[dict[str, Any]],
+    executor: Any,
+    config: BfclConfig,
+    ledger: GenerationLedger,
+    seed_tag: tuple[Any, ...],
+    *,
+    holdout: Mapping[str, list[dict[str, Any]]] | None = None,
+    hook: TurnHook | None = None,
+    purpose: str = "act",
 ) -> Program[Transcript]:
     """Play every turn of a multi-turn (or memory) entry against ``executor``."""
     t = Transcript(messages=[], tools=list(tools))
@@ -216,7 +242,7 @@ def conversation_program(
             incoming = with_system_prefix(incoming, config.system_prefix)
             system = [m for m in incoming[:1] if m.get("role") == "system"]
             t.messages.extend(system)
-            incoming = incoming[len(system):]
+            incoming = incoming[len(system) :]
         t.messages.extend((yield from _hook_messages(hook, t, turn)))
         t.messages.extend(incoming)
         yield from _play_turn(t, turn, executor, config, ledger, seed_tag, purpose)

@@ -89,7 +89,11 @@ class BfclExecutor:
     """
 
     def __init__(
-        self, entry_id: str, category: str, initial_config: Mapping[str, Any], involved_classes: Sequence[str],
+        self,
+        entry_id: str,
+        category: str,
+        initial_config: Mapping[str, Any],
+        involved_classes: Sequence[str],
         namespace: str | None = None,
     ) -> None:
         self.entry_id = entry_id
@@ -103,8 +107,13 @@ class BfclExecutor:
 
     def _run(self, strings: list[str]) -> tuple[list[str], dict[str, Any]]:
         return bfcl().multi_turn_utils.execute_multi_turn_func_call(
-            strings, self._initial_config, list(self.involved_classes), self.namespace, self.entry_id,
-            long_context=self._long_context, is_evaL_run=False,
+            strings,
+            self._initial_config,
+            list(self.involved_classes),
+            self.namespace,
+            self.entry_id,
+            long_context=self._long_context,
+            is_evaL_run=False,
         )
 
     @property
@@ -137,7 +146,11 @@ class BfclExecutor:
 def memory_initial_config(entry: Mapping[str, Any], category: str, snapshot_root: Path) -> dict[str, Any]:
     """The ``initial_config`` bfcl's memory backends expect (snapshots live under ``snapshot_root``)."""
     classes = entry["involved_classes"]
-    return {classes[0]: {
-        "model_result_dir": Path(snapshot_root), "scenario": entry["scenario"], "test_id": entry["id"],
-        "test_category": category,
-    }}
+    return {
+        classes[0]: {
+            "model_result_dir": Path(snapshot_root),
+            "scenario": entry["scenario"],
+            "test_id": entry["id"],
+            "test_category": category,
+        }
+    }

@@ -46,12 +46,15 @@ def position(task: Task, messages: Sequence[Message]) -> tuple[int, int] | None:
     turn, last = -1, -1
     for i, message in enumerate(messages):
         nxt = turn + 1
-        if (message.get("role") == "user" and nxt < len(task.user_turns)
-                and message.get("content") == task.user_turns[nxt]):
+        if (
+            message.get("role") == "user"
+            and nxt < len(task.user_turns)
+            and message.get("content") == task.user_turns[nxt]
+        ):
             turn, last = nxt, i
     if turn < 0:
         return None
-    return turn, sum(1 for m in messages[last + 1:] if m.get("role") == "assistant")
+    return turn, sum(1 for m in messages[last + 1 :] if m.get("role") == "assistant")
 
 
 class BfclOracle:
@@ -82,8 +85,11 @@ class BfclOracle:
         """The task and position of a request (None when it belongs to no task)."""
         found = self._candidates(request)
         if len(found) > 1:
-            seeded = [(t, w) for t, w in found if request.seed in {
-                generation_seed(self.seed, t.task_id, trial, *w) for trial in range(self.trials)}]
+            seeded = [
+                (t, w)
+                for t, w in found
+                if request.seed in {generation_seed(self.seed, t.task_id, trial, *w) for trial in range(self.trials)}
+            ]
             found = seeded or found
         offered = _tool_names(request.tools)
         for narrow in (lambda t: _tool_names(t.tools) == offered, lambda t: _tool_names(t.tools) <= offered):

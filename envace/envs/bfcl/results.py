@@ -88,7 +88,11 @@ def _bfcl_cli() -> list[str]:
 
 
 def bfcl_evaluate(
-    result_dir: Path, score_dir: Path, categories: Sequence[str], model: str = REFERENCE_MODEL, timeout_s: float = 600,
+    result_dir: Path,
+    score_dir: Path,
+    categories: Sequence[str],
+    model: str = REFERENCE_MODEL,
+    timeout_s: float = 600,
 ) -> dict[str, Any]:
     """Run ``bfcl evaluate --partial-eval`` on ``result_dir``; per-category accuracies and section numbers.
 
@@ -97,9 +101,19 @@ def bfcl_evaluate(
     (section values as fractions, from bfcl's CSVs, where present and not "N/A").
     """
     env = {**os.environ, "BFCL_PROJECT_ROOT": str(Path(score_dir).parent), "DO_NOT_TRACK": "true"}
-    command = [*_bfcl_cli(), "evaluate", "--model", model, "--test-category", ",".join(categories),
-               "--result-dir", str(Path(result_dir).resolve()), "--score-dir", str(Path(score_dir).resolve()),
-               "--partial-eval"]
+    command = [
+        *_bfcl_cli(),
+        "evaluate",
+        "--model",
+        model,
+        "--test-category",
+        ",".join(categories),
+        "--result-dir",
+        str(Path(result_dir).resolve()),
+        "--score-dir",
+        str(Path(score_dir).resolve()),
+        "--partial-eval",
+    ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"bfcl evaluate failed ({done.returncode}): {done.stderr[-2000:] or done.stdout[-2000:]}")
@@ -128,4 +142,3 @@ def _read_sections(score_dir: Path) -> dict[str, float]:
         if value not in ("N/A", None):
             sections[key] = float(value.rstrip("%")) / 100
     return sections
-

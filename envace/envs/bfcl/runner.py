@@ -27,12 +27,12 @@ class BfclReport:
     summary: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"policy": self.run.policy, "categories": self.categories, "summary": self.summary,
-                "metrics": self.run.metrics.to_json()}
-
-
-
-
+        return {
+            "policy": self.run.policy,
+            "categories": self.categories,
+            "summary": self.summary,
+            "metrics": self.run.metrics.to_json(),
+        }
 
 
 def run_bfcl(

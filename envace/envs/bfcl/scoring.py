@@ -71,8 +71,12 @@ def check_single_turn(entry: BfclEntry, text: str) -> BfclVerdict:
     if kind is not CategoryKind.AST:
         raise ValueError(f"{entry.id}: category kind {kind.value} is not single-turn")
     result = bfcl().ast_checker(
-        entry.scoring_prompt["function"], ast_form(calls), entry.ground_truth, _language(entry.category),
-        entry.category, CHECKER_MODEL,
+        entry.scoring_prompt["function"],
+        ast_form(calls),
+        entry.ground_truth,
+        _language(entry.category),
+        entry.category,
+        CHECKER_MODEL,
     )
     return _verdict(result)
 
@@ -109,8 +113,11 @@ def check_multi_turn(entry: BfclEntry, outputs: Sequence[Sequence[str]]) -> Bfcl
     """Score a multi-turn episode from its raw generations (per turn, per step)."""
     truth = entry.ground_truth
     if len(outputs) != len(truth):
-        return BfclVerdict(False, "multi_turn:force_terminated", {
-            "error_message": f"{len(outputs)} turns played, the ground truth has {len(truth)}"})
+        return BfclVerdict(
+            False,
+            "multi_turn:force_terminated",
+            {"error_message": f"{len(outputs)} turns played, the ground truth has {len(truth)}"},
+        )
     decoded = [_decoded_steps(turn) for turn in outputs]
     namespace = unique_namespace("envace-check")
     classes = entry.scoring_prompt["involved_classes"]
@@ -170,6 +177,7 @@ def _combine(how: str, parts: Sequence[dict[str, Any] | None]) -> dict[str, Any]
 
 def bfcl_summary(counts: Mapping[str, tuple[int, int]]) -> dict[str, Any]:
     """Section and overall accuracies (bfcl's formulas) over categories that ran: ``{name: (correct, total)}``."""
+
     def cat(name: str) -> dict[str, Any] | None:
         if name not in counts or counts[name][1] == 0:
             return None
@@ -180,8 +188,9 @@ def bfcl_summary(counts: Mapping[str, tuple[int, int]]) -> dict[str, Any]:
     groups = {
         "non_live_simple": simple,
         "non_live": _combine("unweighted", [simple, cat("multiple"), cat("parallel"), cat("parallel_multiple")]),
-        "live": _combine("weighted", [cat(c) for c in ("live_simple", "live_multiple", "live_parallel",
-                                                          "live_parallel_multiple")]),
+        "live": _combine(
+            "weighted", [cat(c) for c in ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")]
+        ),
         "irrelevance": _combine("unweighted", [cat("irrelevance"), cat("live_irrelevance")]),
         "relevance": cat("live_relevance"),
         "multi_turn": _combine("unweighted", [cat(c) for c in CATEGORIES if c.startswith("multi_turn")]),
@@ -193,7 +202,8 @@ def bfcl_summary(counts: Mapping[str, tuple[int, int]]) -> dict[str, Any]:
     overall = None
     if ran:
         overall = bfcl().helper.calculate_percentage_weighted_accuracy(
-            [g for g, _ in ran], [w for _, w in ran], display_na_if_category_missing=False)
+            [g for g, _ in ran], [w for _, w in ran], display_na_if_category_missing=False
+        )
     out: dict[str, Any] = {k: (None if v is None else v["accuracy"]) for k, v in groups.items()}
     out["overall"] = None if overall is None else overall["accuracy"]
     out["covers_all"] = all(name in counts for name in CATEGORIES)

@@ -61,15 +61,23 @@ def _import_checkers() -> dict[str, Any]:
             from bfcl_eval.model_handler.local_inference.qwen_fc import QwenFCHandler
 
             real.MODEL_CONFIG_MAPPING[CHECKER_MODEL] = real.ModelConfig(
-                model_name=CHECKER_MODEL, display_name="envace (FC, Hermes tool calls)", url="", org="envace",
-                license="Apache-2.0", model_handler=QwenFCHandler, is_fc_model=True, underscore_to_dot=False)
+                model_name=CHECKER_MODEL,
+                display_name="envace (FC, Hermes tool calls)",
+                url="",
+                org="envace",
+                license="Apache-2.0",
+                model_handler=QwenFCHandler,
+                is_fc_model=True,
+                underscore_to_dot=False,
+            )
         return {k: importlib.import_module(v) for k, v in names.items()}
     # lazy: bfcl-eval loads on first use (see the module docstring)
     from bfcl_eval import constants
 
     stand_in = types.ModuleType(_MODEL_CONFIG)
     stand_in.MODEL_CONFIG_MAPPING = _RegistryWithFallback(
-        {CHECKER_MODEL: SimpleNamespace(model_name=CHECKER_MODEL, underscore_to_dot=False, is_fc_model=True)})
+        {CHECKER_MODEL: SimpleNamespace(model_name=CHECKER_MODEL, underscore_to_dot=False, is_fc_model=True)}
+    )
     sys.modules[_MODEL_CONFIG] = stand_in
     try:
         return {k: importlib.import_module(v) for k, v in names.items()}
@@ -101,9 +109,15 @@ def bfcl() -> SimpleNamespace:
             "`pip install --no-deps bfcl-eval` as scripts/install.sh does"
         ) from exc
     return SimpleNamespace(
-        utils=utils, prompts=default_prompts, enums=enums, backends=executable_backend_config,
-        types=type_mappings, helper=checkers["helper"], ast_checker=checkers["ast"].ast_checker,
+        utils=utils,
+        prompts=default_prompts,
+        enums=enums,
+        backends=executable_backend_config,
+        types=type_mappings,
+        helper=checkers["helper"],
+        ast_checker=checkers["ast"].ast_checker,
         multi_turn_checker=checkers["multi_turn"].multi_turn_checker,
-        agentic_checker=checkers["agentic"].agentic_checker, multi_turn_utils=multi_turn_utils,
+        agentic_checker=checkers["agentic"].agentic_checker,
+        multi_turn_utils=multi_turn_utils,
         handler_utils=handler_utils,
     )

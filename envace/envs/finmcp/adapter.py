@@ -100,12 +100,14 @@ class FinMCPAdapter(BenchmarkAdapter):
         self.history = _choice("history", history, HISTORY_MODES)
         self.tool_scope = _choice("tool_scope", tool_scope, TOOL_SCOPES)
         mode = UnrecordedMode(_choice("unrecorded", unrecorded, [m.value for m in UnrecordedMode]))
-        self.replay = ReplayConfig(mode, replay_max_new_tokens, self.config.temperature, self.config.seed,
-                                   self.config.role_prompts)
+        self.replay = ReplayConfig(
+            mode, replay_max_new_tokens, self.config.temperature, self.config.seed, self.config.role_prompts
+        )
         self.fallback_backend = _backend(simulator) if mode is UnrecordedMode.SIMULATE else fallback_backend
         if mode is UnrecordedMode.SIMULATE and self.fallback_backend is None:
-            raise ValueError("FinMCPAdapter: unrecorded='simulate' needs simulator=<ChatBackend or "
-                             "{'base_url': ..., 'model': ...}>")
+            raise ValueError(
+                "FinMCPAdapter: unrecorded='simulate' needs simulator=<ChatBackend or {'base_url': ..., 'model': ...}>"
+            )
         self.samples = load_samples(self.path)
         schemas = load_tool_schemas(tools_path) if tools_path else infer_tool_schemas(self.samples)
         self.tool_schemas = {s["function"]["name"]: s for s in schemas}
@@ -141,8 +143,10 @@ class FinMCPAdapter(BenchmarkAdapter):
         else:
             unknown = wanted - set(TASK_TYPES)
             if unknown:
-                raise ValueError(f"FinMCP-Bench subset {sorted(unknown)} unknown; valid: test, all, "
-                                 f"{', '.join(TASK_TYPES)} (or a comma list)")
+                raise ValueError(
+                    f"FinMCP-Bench subset {sorted(unknown)} unknown; valid: test, all, "
+                    f"{', '.join(TASK_TYPES)} (or a comma list)"
+                )
             chosen = [t for t in self._tasks if t.split in wanted]
         return sample_tasks(chosen, limit, seed)
 
@@ -154,17 +158,35 @@ class FinMCPAdapter(BenchmarkAdapter):
         return {"finmcp": finmcp_report(records, self.tasks(subset)), "status_info": self.status()}
 
     def status(self) -> dict[str, Any]:
-        return {"status": "runnable (offline replay)", "n_samples": len(self.samples), "path": str(self.path),
-                "tool_schemas": self.tool_schema_source, "unrecorded": self.replay.unrecorded.value}
+        return {
+            "status": "runnable (offline replay)",
+            "n_samples": len(self.samples),
+            "path": str(self.path),
+            "tool_schemas": self.tool_schema_source,
+            "unrecorded": self.replay.unrecorded.value,
+        }
 
     # ---- episodes ------------------------------------------------------------------------------
-    def _gold_mode(self, task: Task, sample: FinMCPSample, responder: ReplayResponder, ledger: GenerationLedger,
-                   turn_hook: TurnHook | None) -> Program[list[LoopResult]]:
+    def _gold_mode(
+        self,
+        task: Task,
+        sample: FinMCPSample,
+        responder: ReplayResponder,
+        ledger: GenerationLedger,
+        turn_hook: TurnHook | None,
+    ) -> Program[list[LoopResult]]:
         loops = []
         for turn, text in enumerate(task.user_turns):
             history = sample.history_before(turn)
-            dialogue = Dialogue(task.task_id, task.system_prompt, task.tools, (text,), first_turn_index=turn,
-                                history=history, history_events=tuple(events_from_messages(history)))
+            dialogue = Dialogue(
+                task.task_id,
+                task.system_prompt,
+                task.tools,
+                (text,),
+                first_turn_index=turn,
+                history=history,
+                history_events=tuple(events_from_messages(history)),
+            )
             loop = yield from run_act_loop(dialogue, responder, self.config, ledger, turn_hook=turn_hook)
             loops.append(loop)
         return loops
@@ -175,8 +197,15 @@ class FinMCPAdapter(BenchmarkAdapter):
         start = time.perf_counter()
         ledger = ledger if ledger is not None else GenerationLedger()
         sample = sample_of(task)
-        responder = ReplayResponder(task.task_id, sample.recorded, task.tools, self.replay, ledger,
-                                    self.fallback_backend, executor=self.real_executor(task))
+        responder = ReplayResponder(
+            task.task_id,
+            sample.recorded,
+            task.tools,
+            self.replay,
+            ledger,
+            self.fallback_backend,
+            executor=self.real_executor(task),
+        )
         ledger.count_real_execution()
         if self.history == "gold":
             loops = yield from self._gold_mode(task, sample, responder, ledger, turn_hook)
@@ -185,8 +214,13 @@ class FinMCPAdapter(BenchmarkAdapter):
             loops = [(yield from run_act_loop(dialogue, responder, self.config, ledger, turn_hook=turn_hook))]
         ends = [lp.termination for lp in loops if lp.termination is not Termination.FINAL_REPLY]
         record = EpisodeRecord(
-            benchmark=self.name, task_id=task.task_id, domain=task.domain, split=task.split, held_out=False,
-            score=0.0, success=False,
+            benchmark=self.name,
+            task_id=task.task_id,
+            domain=task.domain,
+            split=task.split,
+            held_out=False,
+            score=0.0,
+            success=False,
             final_answers=tuple(a for lp in loops for a in lp.final_answers),
             turns=tuple(t for lp in loops for t in lp.turns),
             termination=ends[0] if ends else Termination.FINAL_REPLY,
@@ -194,9 +228,12 @@ class FinMCPAdapter(BenchmarkAdapter):
             parse_failures=sum(lp.parse_failures for lp in loops),
             parse_error_codes=tuple(c for lp in loops for c in lp.parse_error_codes),
             real_calls=responder.stats["replayed"] + responder.stats["repeated"],
-            costs=ledger.to_json(), wall_s=time.perf_counter() - start,
-            info={"replay": {"stats": dict(responder.stats), "fallback_calls": responder.fallback_calls},
-                  "history": self.history},
+            costs=ledger.to_json(),
+            wall_s=time.perf_counter() - start,
+            info={
+                "replay": {"stats": dict(responder.stats), "fallback_calls": responder.fallback_calls},
+                "history": self.history,
+            },
         )
         return self.scored(task, record)
 
@@ -212,14 +249,20 @@ class FinMCPAdapter(BenchmarkAdapter):
         """The record with score = TF1, success = exact sequence match and ``info['finmcp']`` filled."""
         sample = sample_of(task)
         result = self.tool_score(task, record)
-        info = {**result.to_json(), "predicted": [c.name for t in record.turns for c in t.tool_calls],
-                "gold": list(sample.gold_tool_sequence), "category": sample.category,
-                "difficulty": sample.difficulty, "task_type": sample.task_type}
+        info = {
+            **result.to_json(),
+            "predicted": [c.name for t in record.turns for c in t.tool_calls],
+            "gold": list(sample.gold_tool_sequence),
+            "category": sample.category,
+            "difficulty": sample.difficulty,
+            "task_type": sample.task_type,
+        }
         return replace(record, score=result.f1, success=result.exact, info={**record.info, "finmcp": info})
 
 
-def finmcp_report(records: Sequence[EpisodeRecord], tasks: Sequence[Task], *, drop_errors: bool = False
-                  ) -> dict[str, Any]:
+def finmcp_report(
+    records: Sequence[EpisodeRecord], tasks: Sequence[Task], *, drop_errors: bool = False
+) -> dict[str, Any]:
     """Macro/micro tool P/R/F1 and exact-match rate, overall and per category / difficulty / task type.
 
     A crashed record counts as no predicted calls (all gold calls missed) unless ``drop_errors``.

@@ -97,13 +97,17 @@ def _rows_of_json(path: Path) -> list[Any]:
     try:
         data = json.loads(text)
     except ValueError as exc:
-        raise FinMCPFormatError(f"{path}: not valid JSON ({exc}); FinMCP-Bench files are a JSON list of samples "
-                                "or JSONL (one sample per line, use the .jsonl suffix)") from None
+        raise FinMCPFormatError(
+            f"{path}: not valid JSON ({exc}); FinMCP-Bench files are a JSON list of samples "
+            "or JSONL (one sample per line, use the .jsonl suffix)"
+        ) from None
     if isinstance(data, dict):
         key = next((k for k in _WRAPPER_KEYS if isinstance(data.get(k), list)), None)
         if key is None:
-            raise FinMCPFormatError(f"{path}: top level is an object without a sample list under "
-                                    f"{list(_WRAPPER_KEYS)}; expected a JSON list of samples")
+            raise FinMCPFormatError(
+                f"{path}: top level is an object without a sample list under "
+                f"{list(_WRAPPER_KEYS)}; expected a JSON list of samples"
+            )
         data = data[key]
     if not isinstance(data, list):
         raise FinMCPFormatError(f"{path}: top level is {type(data).__name__}; expected a JSON list of samples")
@@ -183,7 +187,7 @@ def _calls_of(message: Mapping[str, Any], where: _Where, path: str) -> list[tupl
         args_key = "arguments" if "arguments" in fn else "parameters"
         args = _decode_arguments(fn.get(args_key), where, f"{here}.function.{args_key}")
         call_id = entry.get("id") if isinstance(entry.get("id"), str) and entry.get("id") else None
-        out.append((call_id, ToolCall(name, args, call_id or f"gold_{path[len('messages['):-1]}_{k}")))
+        out.append((call_id, ToolCall(name, args, call_id or f"gold_{path[len('messages[') : -1]}_{k}")))
     return out
 
 
@@ -205,8 +209,14 @@ class _TurnBuilder:
     answer: str = ""
 
 
-def _assistant(message: Mapping[str, Any], where: _Where, path: str, turn: _TurnBuilder,
-               pending: list[tuple[str | None, ToolCall, int]], turn_index: int) -> None:
+def _assistant(
+    message: Mapping[str, Any],
+    where: _Where,
+    path: str,
+    turn: _TurnBuilder,
+    pending: list[tuple[str | None, ToolCall, int]],
+    turn_index: int,
+) -> None:
     calls = _calls_of(message, where, path)
     content = message.get("content")
     content = content if isinstance(content, str) else ""
@@ -220,8 +230,14 @@ def _assistant(message: Mapping[str, Any], where: _Where, path: str, turn: _Turn
     turn.messages.append(normalised)
 
 
-def _tool(message: Mapping[str, Any], where: _Where, path: str, turn: _TurnBuilder,
-          pending: list[tuple[str | None, ToolCall, int]], recorded: list[RecordedCall]) -> None:
+def _tool(
+    message: Mapping[str, Any],
+    where: _Where,
+    path: str,
+    turn: _TurnBuilder,
+    pending: list[tuple[str | None, ToolCall, int]],
+    recorded: list[RecordedCall],
+) -> None:
     if not pending:
         raise where.error(path, "tool message without a preceding unanswered assistant tool call")
     call_id = message.get("tool_call_id")
@@ -230,8 +246,7 @@ def _tool(message: Mapping[str, Any], where: _Where, path: str, turn: _TurnBuild
     content = message.get("content")
     text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
     recorded.append(RecordedCall(call_turn, call, decode_tool_content(content)))
-    turn.messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name,
-                          "content": text})
+    turn.messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": text})
 
 
 def _walk_messages(messages: Sequence[Any], where: _Where) -> tuple[str, list[_TurnBuilder], list[RecordedCall]]:
@@ -293,8 +308,11 @@ def sample_from_raw(raw: Any, file: str, row: int) -> FinMCPSample:
     where = _Where(file, row, sid)
     messages = raw.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise where.error("messages", "missing or empty; FinMCP-Bench samples carry the ground-truth "
-                          "conversation (user / assistant tool_calls / tool responses) under 'messages'")
+        raise where.error(
+            "messages",
+            "missing or empty; FinMCP-Bench samples carry the ground-truth "
+            "conversation (user / assistant tool_calls / tool responses) under 'messages'",
+        )
     system, turns, recorded = _walk_messages(messages, where)
     if not turns:
         raise where.error("messages", "no user message (before any ###STOP### marker)")
@@ -348,7 +366,10 @@ def normalise_tool_schema(entry: Any, where: str) -> dict[str, Any]:
     name = fn.get("name")
     if not isinstance(name, str) or not name:
         raise FinMCPFormatError(f"{where}: tool schema without a 'name': {json.dumps(entry)[:120]}")
-    params = fn.get("parameters") or fn.get("inputSchema") or fn.get("input_schema") or {"type": "object",
-                                                                                           "properties": {}}
-    return {"type": "function",
-            "function": {"name": name, "description": str(fn.get("description") or ""), "parameters": params}}
+    params = (
+        fn.get("parameters") or fn.get("inputSchema") or fn.get("input_schema") or {"type": "object", "properties": {}}
+    )
+    return {
+        "type": "function",
+        "function": {"name": name, "description": str(fn.get("description") or ""), "parameters": params},
+    }

@@ -78,8 +78,9 @@ def _canonical(value: Any) -> Any:
 
 def call_key(name: str, arguments: Mapping[str, Any]) -> str:
     """Matching key of a call: tool name + canonical JSON of its arguments."""
-    return name + "|" + json.dumps(_canonical(dict(arguments)), sort_keys=True, ensure_ascii=False,
-                                   separators=(",", ":"))
+    return (
+        name + "|" + json.dumps(_canonical(dict(arguments)), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    )
 
 
 def error_response(code: str, message: str, tool: str) -> dict[str, Any]:
@@ -135,8 +136,7 @@ class ReplayExecutor:
     def execute(self, call: ToolCall) -> Any:
         status, response = self.lookup(call)
         if status == "missing":
-            return error_response("NOT_RECORDED", "no recorded response for this tool with these arguments",
-                                  call.name)
+            return error_response("NOT_RECORDED", "no recorded response for this tool with these arguments", call.name)
         return response
 
     def state(self) -> dict[str, Any]:
@@ -170,8 +170,14 @@ class ReplayResponder:
         self._ledger = ledger
         self._backend = fallback_backend
         self._history: list[tuple[ToolCall, Any]] = []  # (call, response) served in this episode
-        self.stats = {"replayed": 0, "repeated": 0, "unrecorded": 0, "unknown_tool": 0, "fallback_ok": 0,
-                      "fallback_failed": 0}
+        self.stats = {
+            "replayed": 0,
+            "repeated": 0,
+            "unrecorded": 0,
+            "unknown_tool": 0,
+            "fallback_ok": 0,
+            "fallback_failed": 0,
+        }
         self.fallback_calls: list[dict[str, Any]] = []
 
     def _examples(self, turn: int) -> list[tuple[ToolCall, Any]]:
@@ -188,12 +194,21 @@ class ReplayResponder:
             tools = "\n".join(compact_json(dict(tool_function(t))) for t in self._tools.values())
             shown = "".join(f"Call {c.name} {compact_json(c.arguments)} -> {compact_json(r)}\n" for c, r in examples)
             system = SIMULATOR_SYSTEM_PROMPT.format(tools=tools, examples=("Earlier calls:\n" + shown) if shown else "")
-            messages = [{"role": "system", "content": system},
-                        {"role": "user", "content": f"User request: {user_text}\nCall {call.name} "
-                                                    f"{compact_json(call.arguments)}"}]
+            messages = [
+                {"role": "system", "content": system},
+                {
+                    "role": "user",
+                    "content": f"User request: {user_text}\nCall {call.name} {compact_json(call.arguments)}",
+                },
+            ]
         seed = derive_seed(cfg.seed, self._task_id, "unrecorded", turn, len(self.fallback_calls))
-        return ChatRequest(messages=tuple(messages), tools=None, temperature=cfg.temperature,
-                           max_new_tokens=cfg.max_new_tokens, seed=seed)
+        return ChatRequest(
+            messages=tuple(messages),
+            tools=None,
+            temperature=cfg.temperature,
+            max_new_tokens=cfg.max_new_tokens,
+            seed=seed,
+        )
 
     def _generate_direct(self, request: ChatRequest) -> Program[ChatOutput | None]:
         call = GenerationCall("fallback", f"unrecorded_{self._config.unrecorded.value}", request)
@@ -212,8 +227,11 @@ class ReplayResponder:
             output = yield from generate_one(GenerationCall(ACTOR, "rehearse_unrecorded", request), self._ledger)
         else:
             output = yield from self._generate_direct(request)
-        result = None if output is None else _parse_simulated(
-            output.text, lenient=self._config.unrecorded is UnrecordedMode.SIMULATE)
+        result = (
+            None
+            if output is None
+            else _parse_simulated(output.text, lenient=self._config.unrecorded is UnrecordedMode.SIMULATE)
+        )
         ok = result is not None
         self.stats["fallback_ok" if ok else "fallback_failed"] += 1
         self.fallback_calls.append({"turn": turn, "name": call.name, "arguments": call.arguments, "ok": ok})
@@ -226,8 +244,11 @@ class ReplayResponder:
         if hasattr(self._executor, "lookup"):
             return self._executor.lookup(call, turn)
         value = self._executor.execute(call)
-        missing = isinstance(value, dict) and isinstance(value.get("error"), dict) and \
-            value["error"].get("code") == "NOT_RECORDED"
+        missing = (
+            isinstance(value, dict)
+            and isinstance(value.get("error"), dict)
+            and value["error"].get("code") == "NOT_RECORDED"
+        )
         return ("missing", None) if missing else ("replayed", value)
 
     def respond(
@@ -239,8 +260,7 @@ class ReplayResponder:
             status = "unknown_tool"
             if call.name not in self._tools:
                 self.stats["unknown_tool"] += 1
-                response = error_response("UNKNOWN_TOOL", f"tool {call.name!r} is not offered in this task",
-                                          call.name)
+                response = error_response("UNKNOWN_TOOL", f"tool {call.name!r} is not offered in this task", call.name)
             else:
                 status, response = self._lookup(call, user_turn)
                 if status != "missing":
@@ -248,8 +268,11 @@ class ReplayResponder:
                 elif self._config.unrecorded is UnrecordedMode.ERROR:
                     self.stats["unrecorded"] += 1
                     response = error_response(
-                        "NOT_RECORDED", "no recorded response for this tool with these arguments; the benchmark "
-                        "replays recorded MCP responses only", call.name)
+                        "NOT_RECORDED",
+                        "no recorded response for this tool with these arguments; the benchmark "
+                        "replays recorded MCP responses only",
+                        call.name,
+                    )
                 else:
                     self.stats["unrecorded"] += 1
                     response = yield from self._fallback(call, user_turn, user_text, events)

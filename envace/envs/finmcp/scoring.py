@@ -45,8 +45,15 @@ class ToolCallScore:
         return _div(2 * p * r, p + r)
 
     def to_json(self) -> dict[str, Any]:
-        return {"tp": self.tp, "fp": self.fp, "fn": self.fn, "exact": self.exact, "precision": self.precision,
-                "recall": self.recall, "f1": self.f1}
+        return {
+            "tp": self.tp,
+            "fp": self.fp,
+            "fn": self.fn,
+            "exact": self.exact,
+            "precision": self.precision,
+            "recall": self.recall,
+            "f1": self.f1,
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> ToolCallScore:
@@ -61,8 +68,9 @@ def score_tool_names(predicted: Sequence[str], gold: Sequence[str]) -> ToolCallS
     """Multiset TP/FP/FN of tool names and ordered exact match."""
     pred, ref = Counter(predicted), Counter(gold)
     tp = sum((pred & ref).values())
-    return ToolCallScore(tp=tp, fp=sum(pred.values()) - tp, fn=sum(ref.values()) - tp,
-                         exact=list(predicted) == list(gold))
+    return ToolCallScore(
+        tp=tp, fp=sum(pred.values()) - tp, fn=sum(ref.values()) - tp, exact=list(predicted) == list(gold)
+    )
 
 
 @dataclass(frozen=True)
@@ -98,8 +106,8 @@ def aggregate(scores: Sequence[ToolCallScore]) -> ToolMetrics:
 
 
 def grouped_metrics(
-    rows: Iterable[tuple[ToolCallScore, Mapping[str, str]]], group_keys: Sequence[str] = ("category", "difficulty",
-                                                                                         "task_type"),
+    rows: Iterable[tuple[ToolCallScore, Mapping[str, str]]],
+    group_keys: Sequence[str] = ("category", "difficulty", "task_type"),
 ) -> dict[str, Any]:
     """``{"overall": …, "<key>": {"<value>": …}}`` from (score, labels) rows."""
     rows = list(rows)

@@ -33,8 +33,14 @@ def load_tool_schemas(path: str | Path) -> list[dict[str, Any]]:
     return [normalise_tool_schema(t, f"{file}: tools[{i}]") for i, t in enumerate(data)]
 
 
-_JSON_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (list, "array"),
-               (dict, "object"))
+_JSON_TYPES = (
+    (bool, "boolean"),
+    (int, "integer"),
+    (float, "number"),
+    (str, "string"),
+    (list, "array"),
+    (dict, "object"),
+)
 
 
 def _json_type(value: Any) -> str | None:
@@ -58,9 +64,18 @@ def infer_tool_schemas(samples: Iterable[FinMCPSample], names: Iterable[str] = (
                 if key not in props and kind:
                     props[key] = {"type": kind}
         required = sorted(k for k in props if calls and all(k in a for a in calls))
-        description = (f"Financial MCP tool '{name}' (schema inferred from recorded calls; pass the server's "
-                       "tool schema file for the real descriptions)")
-        out.append({"type": "function", "function": {
-            "name": name, "description": description,
-            "parameters": {"type": "object", "properties": props, "required": required}}})
+        description = (
+            f"Financial MCP tool '{name}' (schema inferred from recorded calls; pass the server's "
+            "tool schema file for the real descriptions)"
+        )
+        out.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "description": description,
+                    "parameters": {"type": "object", "properties": props, "required": required},
+                },
+            }
+        )
     return out

@@ -26,6 +26,15 @@ if "tau2" not in benchmark_names():
     register_benchmark("tau2", Tau2Adapter)
 
 __all__ = [
-    "DOMAINS", "Tau2Adapter", "Tau2Config", "Tau2Executor", "Tau2Mode", "Tau2NotRunnable", "Tau2Oracle", "Tau2Report",
-    "parse_subset", "run_tau2", "with_trials",
+    "DOMAINS",
+    "Tau2Adapter",
+    "Tau2Config",
+    "Tau2Executor",
+    "Tau2Mode",
+    "Tau2NotRunnable",
+    "Tau2Oracle",
+    "Tau2Report",
+    "parse_subset",
+    "run_tau2",
+    "with_trials",
 ]

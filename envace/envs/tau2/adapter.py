@@ -49,8 +49,9 @@ def tau2_task_of(task: Task) -> Any:
     """The tau2 task behind an envace task."""
     inner = task.meta.get("tau2_task")
     if inner is None:
-        raise KeyError(f"task {task.task_id!r} is not a τ² task (no meta['tau2_task']); "
-                       "build it with Tau2Adapter.tasks")
+        raise KeyError(
+            f"task {task.task_id!r} is not a τ² task (no meta['tau2_task']); build it with Tau2Adapter.tasks"
+        )
     return inner
 
 
@@ -65,6 +66,7 @@ def pass_hat_ks(records: Sequence[EpisodeRecord], trials: int) -> dict[str, floa
         out[f"pass^{k}"] = sum(values) / len(values) if values else 0.0
     return out
 
+
 def domain_table(
     subset: str, adapter: Tau2Adapter, records: Sequence[EpisodeRecord], trials: int
 ) -> dict[str, dict[str, Any]]:
@@ -78,8 +80,11 @@ def domain_table(
         mine = [r for r in records if r.domain == domain and r.split == split]
         rewards = [r.score for r in mine]
         table[key] = {
-            "status": "ran", "mode": adapter.config.mode.value, "n_tasks": len({r.task_id for r in mine}),
-            "trials": trials, "crashed": sum(r.crashed for r in mine),
+            "status": "ran",
+            "mode": adapter.config.mode.value,
+            "n_tasks": len({r.task_id for r in mine}),
+            "trials": trials,
+            "crashed": sum(r.crashed for r in mine),
             "avg_reward": sum(rewards) / len(rewards) if rewards else 0.0,
             "success_rate": sum(r.success for r in mine) / len(mine) if mine else 0.0,
             **pass_hat_ks(mine, trials),
@@ -93,8 +98,9 @@ class Tau2Adapter(BenchmarkAdapter):
 
     name = "tau2"
 
-    def __init__(self, config: Tau2Config | None = None, *, executor_wrapper: ExecutorWrapper | None = None,
-                 **config_kwargs: Any) -> None:
+    def __init__(
+        self, config: Tau2Config | None = None, *, executor_wrapper: ExecutorWrapper | None = None, **config_kwargs: Any
+    ) -> None:
         if config is not None and config_kwargs:
             raise ValueError(f"Tau2Adapter: config given, so {sorted(config_kwargs)} cannot configure it")
         self.config = config or Tau2Config(**config_kwargs)
@@ -110,8 +116,11 @@ class Tau2Adapter(BenchmarkAdapter):
                 self.skipped[f"{domain}:{split}"] = reason
                 logger.warning("τ² %s:%s skipped: %s", domain, split, reason)
                 continue
-            inner = [t for t in data.load_tau2_tasks(domain, split)
-                     if self.config.mode is not Tau2Mode.SOLO or data.solo_valid(t)]
+            inner = [
+                t
+                for t in data.load_tau2_tasks(domain, split)
+                if self.config.mode is not Tau2Mode.SOLO or data.solo_valid(t)
+            ]
             chosen = sample_tasks([_Stub(f"{domain}:{t.id}", t) for t in inner], limit, seed)
             out.extend(data.to_task(s.inner, domain, split, self.config.mode) for s in chosen)
         return out
@@ -148,9 +157,16 @@ class Tau2Adapter(BenchmarkAdapter):
         agent = data.make_agent(task.domain, mode, inner)
         user = agent_module.make_user(config, inner, data.user_tools(environment))
         orch = tau2().orchestrator.Orchestrator(
-            domain=task.domain, agent=agent, user=user, environment=EnvironmentProxy(environment, executor),
-            task=inner, max_steps=self.config.max_steps, max_errors=self.config.max_errors,
-            seed=derive_seed(self.config.seed, task.task_id, trial, "customer"), solo_mode=solo)
+            domain=task.domain,
+            agent=agent,
+            user=user,
+            environment=EnvironmentProxy(environment, executor),
+            task=inner,
+            max_steps=self.config.max_steps,
+            max_errors=self.config.max_errors,
+            seed=derive_seed(self.config.seed, task.task_id, trial, "customer"),
+            solo_mode=solo,
+        )
         stats = yield from ep.simulate(orch, agent, self.config, ledger, (task.task_id, trial), turn_hook)
         simulation = ep.finish(orch, stats, time.perf_counter() - start)
         simulation.trial = trial
@@ -165,17 +181,33 @@ class Tau2Adapter(BenchmarkAdapter):
         reward = float(simulation.reward_info.reward)
         agent_calls = sum(len(t.tool_calls) for t in turns)
         info = {
-            "tau2_domain": task.domain, "tau2_task_id": simulation.task_id, "mode": task.meta["tau2_mode"],
-            "trial": int(task.meta.get("trial", 0)), "termination_reason": str(simulation.termination_reason.value),
-            "customer_calls": raw.calls_made - agent_calls, "tau2_simulation": simulation.model_dump(mode="json"),
+            "tau2_domain": task.domain,
+            "tau2_task_id": simulation.task_id,
+            "mode": task.meta["tau2_mode"],
+            "trial": int(task.meta.get("trial", 0)),
+            "termination_reason": str(simulation.termination_reason.value),
+            "customer_calls": raw.calls_made - agent_calls,
+            "tau2_simulation": simulation.model_dump(mode="json"),
         }
         return EpisodeRecord(
-            benchmark=self.name, task_id=task.task_id, domain=task.domain, split=task.split,
-            held_out=bool(task.meta.get("held_out", False)), score=reward,
-            success=bool(tau2().metrics.is_successful(reward)), final_answers=tuple(answers), turns=tuple(turns),
-            termination=ep.termination_of(info["termination_reason"], stats), act_generations=stats.generations,
-            parse_failures=stats.parse_failures, parse_error_codes=tuple(stats.codes), real_calls=agent_calls,
-            final_state=raw.state(), costs=ledger.to_json(), wall_s=time.perf_counter() - start, info=info,
+            benchmark=self.name,
+            task_id=task.task_id,
+            domain=task.domain,
+            split=task.split,
+            held_out=bool(task.meta.get("held_out", False)),
+            score=reward,
+            success=bool(tau2().metrics.is_successful(reward)),
+            final_answers=tuple(answers),
+            turns=tuple(turns),
+            termination=ep.termination_of(info["termination_reason"], stats),
+            act_generations=stats.generations,
+            parse_failures=stats.parse_failures,
+            parse_error_codes=tuple(stats.codes),
+            real_calls=agent_calls,
+            final_state=raw.state(),
+            costs=ledger.to_json(),
+            wall_s=time.perf_counter() - start,
+            info=info,
         )
 
     def score(self, task: Task, record: EpisodeRecord) -> float:

@@ -63,16 +63,18 @@ class _Bridge:
         parse = parse_tool_calls(text)
         self.last_parse = parse
         calls = [
-            _msg.ToolCall(id=f"call_{len(state.messages)}_{i}", name=c.name, arguments=dict(c.arguments),
-                          requestor="assistant")
+            _msg.ToolCall(
+                id=f"call_{len(state.messages)}_{i}", name=c.name, arguments=dict(c.arguments), requestor="assistant"
+            )
             for i, c in enumerate(parse.calls)
         ]
         content = parse.content.strip()
         self.failed = bool(parse.errors) or not (calls or content)
         if not calls and not content:
             content = EMPTY_REPLY  # tau2 rejects empty messages; the episode ends on ``failed`` anyway
-        return _msg.AssistantMessage(role="assistant", content=content or None, tool_calls=calls or None,
-                                     raw_data={"text": text}, cost=0.0)
+        return _msg.AssistantMessage(
+            role="assistant", content=content or None, tool_calls=calls or None, raw_data={"text": text}, cost=0.0
+        )
 
 
 class BridgedAgent(_Bridge, _t.llm_agent.LLMAgent):
@@ -135,8 +137,10 @@ class ScriptedUser(_t.user_base.BaseUser):
     def generate_next_message(self, message: Any, state: Any) -> tuple[Any, Any]:
         state.messages.extend(incoming_messages(message))
         if self._actions:
-            calls = [_msg.ToolCall(id=f"user_{i}", name=a.name, arguments=dict(a.arguments), requestor="user")
-                     for i, a in enumerate(self._actions)]
+            calls = [
+                _msg.ToolCall(id=f"user_{i}", name=a.name, arguments=dict(a.arguments), requestor="user")
+                for i, a in enumerate(self._actions)
+            ]
             self._actions = []
             reply = _msg.UserMessage(role="user", tool_calls=calls, cost=0.0)
         else:
@@ -159,8 +163,9 @@ class BridgedUser(_t.user_simulator.UserSimulator):
 
     def request_messages(self, message: Any, state: Any) -> list[dict[str, Any]]:
         """What the customer's next generation sees (tau2's flipped view; the message is not absorbed)."""
-        view = _t.user_base.UserState(system_messages=state.system_messages,
-                                      messages=[*state.messages, *incoming_messages(message)])
+        view = _t.user_base.UserState(
+            system_messages=state.system_messages, messages=[*state.messages, *incoming_messages(message)]
+        )
         return tau2().llm_utils.to_litellm_messages([*view.system_messages, *view.flip_roles()])
 
     def _generate_next_message(self, message: Any, state: Any) -> tuple[Any, Any]:
@@ -169,11 +174,16 @@ class BridgedUser(_t.user_simulator.UserSimulator):
         if text is None:
             raise RuntimeError("bridged τ² customer asked to answer before a generation was prepared")
         parse = parse_tool_calls(text)
-        calls = [_msg.ToolCall(id=f"user_{len(state.messages)}_{i}", name=c.name, arguments=dict(c.arguments),
-                               requestor="user") for i, c in enumerate(parse.calls)]
+        calls = [
+            _msg.ToolCall(
+                id=f"user_{len(state.messages)}_{i}", name=c.name, arguments=dict(c.arguments), requestor="user"
+            )
+            for i, c in enumerate(parse.calls)
+        ]
         content = parse.content.strip() or (None if calls else _t.user_base.STOP)
-        reply = _msg.UserMessage(role="user", content=content, tool_calls=calls or None, cost=0.0,
-                                 raw_data={"text": text})
+        reply = _msg.UserMessage(
+            role="user", content=content, tool_calls=calls or None, cost=0.0, raw_data={"text": text}
+        )
         state.messages.append(reply)
         return reply, state
 
@@ -193,7 +203,11 @@ def make_user(config: Tau2Config, task: Any, user_tools: list[Any] | None) -> An
     if config.mode is Tau2Mode.USER_SEAT:
         return BridgedUser(tools=user_tools, instructions=str(task.user_scenario), llm=None, llm_args={})
     key = os.environ.get(config.user_api_key_env, "") if config.user_api_key_env else ""
-    llm_args = {"temperature": config.user_temperature,
-                "api_base": config.user_base_url.removesuffix("/chat/completions"), "api_key": key or "EMPTY"}
-    return sim.UserSimulator(tools=user_tools, instructions=str(task.user_scenario),
-                             llm=user_llm_name(config.user_model), llm_args=llm_args)
+    llm_args = {
+        "temperature": config.user_temperature,
+        "api_base": config.user_base_url.removesuffix("/chat/completions"),
+        "api_key": key or "EMPTY",
+    }
+    return sim.UserSimulator(
+        tools=user_tools, instructions=str(task.user_scenario), llm=user_llm_name(config.user_model), llm_args=llm_args
+    )

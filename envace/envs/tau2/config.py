@@ -63,11 +63,15 @@ class Tau2Config:
         if domain not in DOMAINS:
             return f"unknown τ² domain {domain!r}; valid: {', '.join(DOMAINS)}"
         if self.mode is Tau2Mode.SOLO and domain not in SOLO_DOMAINS:
-            return (f"τ² {domain} has no solo mode (its tasks need a customer); use mode='user_llm' with a "
-                    "user-simulator endpoint, or 'scripted_user' for an LLM-free plumbing check")
+            return (
+                f"τ² {domain} has no solo mode (its tasks need a customer); use mode='user_llm' with a "
+                "user-simulator endpoint, or 'scripted_user' for an LLM-free plumbing check"
+            )
         if self.mode is Tau2Mode.USER_LLM and not (self.user_base_url and self.user_model):
-            return ("τ² standard mode needs a user-simulator LLM behind an OpenAI-compatible endpoint: set "
-                    "user_base_url and user_model (and user_api_key_env if it needs a key)")
+            return (
+                "τ² standard mode needs a user-simulator LLM behind an OpenAI-compatible endpoint: set "
+                "user_base_url and user_model (and user_api_key_env if it needs a key)"
+            )
         return ""
 
 
@@ -84,8 +88,10 @@ def parse_subset(subset: str) -> list[tuple[str, str]]:
             continue
         domain, _, split = part.partition(":")
         if domain not in DOMAINS:
-            raise KeyError(f"unknown τ² domain {domain!r} in subset {subset!r}; valid: {', '.join(DOMAINS)}, "
-                           "all, test, train (optionally domain:split)")
+            raise KeyError(
+                f"unknown τ² domain {domain!r} in subset {subset!r}; valid: {', '.join(DOMAINS)}, "
+                "all, test, train (optionally domain:split)"
+            )
         out.append((domain, split or DEFAULT_SPLIT))
     if not out:
         raise KeyError(f"τ² subset {subset!r} names no domain; use e.g. 'telecom' or 'all'")

@@ -81,8 +81,13 @@ def to_task(task: Any, domain: str, split: str, mode: Tau2Mode) -> Task:
     steps, answer = _gold(task, mode)
     first_turn = str(task.ticket) if mode is Tau2Mode.SOLO else opening_text(task)
     return Task(
-        task_id=f"{domain}:{task.id}", domain=domain, split=split, system_prompt=agent.system_prompt,
-        tools=tuple(t.openai_schema for t in agent.tools), user_turns=(first_turn,), gold_calls=(steps,),
+        task_id=f"{domain}:{task.id}",
+        domain=domain,
+        split=split,
+        system_prompt=agent.system_prompt,
+        tools=tuple(t.openai_schema for t in agent.tools),
+        user_turns=(first_turn,),
+        gold_calls=(steps,),
         gold_answers=(answer,),
         meta={"benchmark": "tau2", "tau2_task": task, "tau2_domain": domain, "tau2_mode": mode.value},
     )

@@ -53,13 +53,22 @@ def generation_seed(seed: int, task_id: str, trial: int, index: int) -> int:
 
 
 def _prepare(
-    agent: Any, message: Any, state: Any, tools: tuple[dict[str, Any], ...], config: Tau2Config,
-    ledger: GenerationLedger, seed_tag: tuple[str, int], stats: SimulationStats,
+    agent: Any,
+    message: Any,
+    state: Any,
+    tools: tuple[dict[str, Any], ...],
+    config: Tau2Config,
+    ledger: GenerationLedger,
+    seed_tag: tuple[str, int],
+    stats: SimulationStats,
 ) -> Program[None]:
     """Generate the agent's next message and leave it with the agent."""
     request = ChatRequest(
-        messages=tuple(agent.request_messages(message, state)), tools=tools, temperature=config.temperature,
-        max_new_tokens=config.max_new_tokens, seed=generation_seed(config.seed, *seed_tag, stats.generations),
+        messages=tuple(agent.request_messages(message, state)),
+        tools=tools,
+        temperature=config.temperature,
+        max_new_tokens=config.max_new_tokens,
+        seed=generation_seed(config.seed, *seed_tag, stats.generations),
     )
     output = yield from generate_one(GenerationCall(ACTOR, "act", request), ledger)
     stats.generations += 1
@@ -73,7 +82,8 @@ def _prepare_customer(
     user = orch.user
     request = ChatRequest(
         messages=tuple(user.request_messages(orch.message, orch.user_state)),
-        tools=tuple(tool.openai_schema for tool in user.tools or ()) or None, temperature=config.user_temperature,
+        tools=tuple(tool.openai_schema for tool in user.tools or ()) or None,
+        temperature=config.user_temperature,
         max_new_tokens=config.user_max_new_tokens,
         seed=derive_seed(config.seed, *seed_tag, "customer", orch.step_count),
     )
@@ -105,12 +115,18 @@ def _hook_notes(hook: TurnHook | None, orch: Any, turn: int) -> Program[list[Any
     history = tau2().llm_utils.to_litellm_messages(list(orch.agent_state.messages)) if orch.agent_state else []
     notes = yield from hook(TurnView(turn, tuple(history), tuple(events_from_messages(history))))
     make = {"system": msg.SystemMessage, "assistant": msg.AssistantMessage}
-    return [make.get(n.get("role"), msg.UserMessage)(role=n.get("role", "user"), content=str(n.get("content", "")))
-            for n in notes]
+    return [
+        make.get(n.get("role"), msg.UserMessage)(role=n.get("role", "user"), content=str(n.get("content", "")))
+        for n in notes
+    ]
 
 
 def simulate(
-    orch: Any, agent: Any, config: Tau2Config, ledger: GenerationLedger, seed_tag: tuple[str, int],
+    orch: Any,
+    agent: Any,
+    config: Tau2Config,
+    ledger: GenerationLedger,
+    seed_tag: tuple[str, int],
     hook: TurnHook | None = None,
 ) -> Program[SimulationStats]:
     """Run ``orch`` to the end, answering agent turns through the ``ACTOR`` seat (and, with a bridged
@@ -164,24 +180,34 @@ def finish(orch: Any, stats: SimulationStats, duration: float) -> Any:
     costs = t.llm_utils.get_cost(messages)
     agent_cost, user_cost = costs if costs is not None else (None, None)
     return t.simulation.SimulationRun(
-        id=str(uuid.uuid4()), task_id=orch.task.id, start_time=stats.start_time, end_time=t.utils.get_now(),
-        duration=duration, termination_reason=orch.termination_reason.value, reward_info=None,
-        user_cost=user_cost, agent_cost=agent_cost, messages=messages, seed=orch.seed,
+        id=str(uuid.uuid4()),
+        task_id=orch.task.id,
+        start_time=stats.start_time,
+        end_time=t.utils.get_now(),
+        duration=duration,
+        termination_reason=orch.termination_reason.value,
+        reward_info=None,
+        user_cost=user_cost,
+        agent_cost=agent_cost,
+        messages=messages,
+        seed=orch.seed,
     )
 
 
 def evaluate(simulation: Any, task: Any, domain: str, solo: bool) -> Any:
     """tau2's reward for a simulation (DB / env assertions / actions / communicated info)."""
     ev = tau2().evaluator
-    return ev.evaluate_simulation(simulation=simulation, task=task, evaluation_type=ev.EvaluationType.ALL,
-                                  solo_mode=solo, domain=domain)
+    return ev.evaluate_simulation(
+        simulation=simulation, task=task, evaluation_type=ev.EvaluationType.ALL, solo_mode=solo, domain=domain
+    )
 
 
 def trajectory_turns(messages: list[Any]) -> tuple[list[Turn], list[str]]:
     """Agent generations as ``Turn`` records (real responses decoded) and the last reply of each user turn."""
     msg = tau2().message
-    responses = {m.id: decode_tool_message(m) for m in messages
-                 if isinstance(m, msg.ToolMessage) and m.requestor == "assistant"}
+    responses = {
+        m.id: decode_tool_message(m) for m in messages if isinstance(m, msg.ToolMessage) and m.requestor == "assistant"
+    }
     turns: list[Turn] = []
     answers: list[str] = []
     user_turn = -1

@@ -46,8 +46,11 @@ class Tau2Executor:
 
     def execute(self, call: ToolCall) -> Any:
         tau2_call = tau2().message.ToolCall(
-            id=call.id or f"real_{self.calls_made}", name=call.name, arguments=dict(call.arguments),
-            requestor="assistant")
+            id=call.id or f"real_{self.calls_made}",
+            name=call.name,
+            arguments=dict(call.arguments),
+            requestor="assistant",
+        )
         return decode_tool_message(self.tool_message(tau2_call))
 
     def state(self) -> dict[str, Any]:
@@ -73,5 +76,6 @@ class EnvironmentProxy:
         content = value if isinstance(value, str) else json.dumps(value)
         if error:
             content = ERROR_PREFIX + str(value["error"])
-        return tau2().message.ToolMessage(id=call.id, content=content, requestor=call.requestor, role="tool",
-                                          error=error)
+        return tau2().message.ToolMessage(
+            id=call.id, content=content, requestor=call.requestor, role="tool", error=error
+        )

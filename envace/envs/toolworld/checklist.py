@@ -69,8 +69,10 @@ def _describe_args(arguments: dict[str, Any]) -> str:
 
 
 def _call_item(call: ToolCall, item_id: str, turn: int, step: int, bound: dict[str, Any]) -> dict[str, Any]:
-    conditions = [f"arguments.{k} == {json.dumps(v)}" + (" (or the id returned earlier)" if k in bound else "")
-                  for k, v in call.arguments.items()]
+    conditions = [
+        f"arguments.{k} == {json.dumps(v)}" + (" (or the id returned earlier)" if k in bound else "")
+        for k, v in call.arguments.items()
+    ]
     first_arg = next(iter(call.arguments), None)
     return {
         "id": item_id,
@@ -80,8 +82,14 @@ def _call_item(call: ToolCall, item_id: str, turn: int, step: int, bound: dict[s
         + ", and its tool response is not an error.",
         "failure_examples": [f"No {call.name} call observed", "The call returned an error"]
         + ([f"{call.name} called with a wrong {first_arg}"] if first_arg else []),
-        "evidence": [{"turn": turn, "step": step, "from": "assistant.tool_calls",
-                      "snippet": json.dumps({"name": call.name, "arguments": call.arguments}, sort_keys=True)}],
+        "evidence": [
+            {
+                "turn": turn,
+                "step": step,
+                "from": "assistant.tool_calls",
+                "snippet": json.dumps({"name": call.name, "arguments": call.arguments}, sort_keys=True),
+            }
+        ],
         "weight": 0.0,
         "required_for_next_turn": True,
         "dependence": sorted({b["item"] for b in bound.values() if b["turn"] == turn}),
@@ -114,9 +122,11 @@ def build_turn_checklist(turn: int, realized: RealizedTurn, item_of_call: dict[s
         for call in step:
             if call.id in realized.expected_errors:
                 continue
-            bound = {arg: {"turn": item_of_call[src["call"]][0], "item": item_of_call[src["call"]][1],
-                           "path": src["path"]}
-                     for arg, src in realized.bindings.get(str(call.id), {}).items() if src["call"] in item_of_call}
+            bound = {
+                arg: {"turn": item_of_call[src["call"]][0], "item": item_of_call[src["call"]][1], "path": src["path"]}
+                for arg, src in realized.bindings.get(str(call.id), {}).items()
+                if src["call"] in item_of_call
+            }
             item_id = f"C{len(items)}"
             items.append(_call_item(call, item_id, turn, positions[step_index], bound))
             item_of_call[str(call.id)] = (turn, item_id)
@@ -164,8 +174,9 @@ def _arguments_pass(call: ToolCall, rule: dict[str, Any], matched: dict[tuple[in
     return True
 
 
-def rule_passes(rule: dict[str, Any], transcript: TurnTranscript, matched: dict[tuple[int, str], Any],
-                where: tuple[int, str]) -> bool:
+def rule_passes(
+    rule: dict[str, Any], transcript: TurnTranscript, matched: dict[tuple[int, str], Any], where: tuple[int, str]
+) -> bool:
     """Check one item's rule on one turn; a passing tool-call item records its response in ``matched``."""
     if rule["kind"] == "answer_contains":
         values = rule.get("values") or [rule.get("text", "")]

@@ -50,9 +50,18 @@ def to_cm2_row(task: Task, include_state: bool = False, include_system: bool = T
         "checklists": [[json.loads(json.dumps(list(items))) for items in task.checklists]],
     }
     if include_state:
-        row["toolworld"] = json.loads(json.dumps({
-            "task_id": task.task_id, "domain": task.domain, "split": task.split,
-            "initial_state": task.initial_state, "expected_state": task.expected_state, "meta": task.meta}))
+        row["toolworld"] = json.loads(
+            json.dumps(
+                {
+                    "task_id": task.task_id,
+                    "domain": task.domain,
+                    "split": task.split,
+                    "initial_state": task.initial_state,
+                    "expected_state": task.expected_state,
+                    "meta": task.meta,
+                }
+            )
+        )
     return row
 
 

@@ -77,8 +77,10 @@ class ToolWorldConfig:
         if min(self.n_train, self.n_val, self.n_test) < 0:
             raise ValueError("ToolWorldConfig: split sizes must be >= 0")
         if len(self.turn_weights) != self.max_turns or self.max_turns < 1 or min(self.turn_weights) < 0:
-            raise ValueError(f"ToolWorldConfig: turn_weights needs {self.max_turns} non-negative entries "
-                             f"(one per turn count 1..max_turns), got {self.turn_weights}")
+            raise ValueError(
+                f"ToolWorldConfig: turn_weights needs {self.max_turns} non-negative entries "
+                f"(one per turn count 1..max_turns), got {self.turn_weights}"
+            )
         if self.held_out_domain is not None:
             get_domain(self.held_out_domain)
         fractions = (self.val_composition_fraction, self.test_composition_fraction, self.test_domain_fraction)
@@ -96,12 +98,14 @@ def composition_domain(composition: str, held_out_domain: str | None = None) -> 
     """The one domain whose tools form ``composition``; raises a ValueError explaining the problem."""
     tools = composition.split("+")
     if len(tools) < 2 or composition != "+".join(sorted(set(tools))):
-        raise ValueError(f"held-out composition {composition!r} must be >= 2 distinct tool names, "
-                         "sorted, joined by '+'")
+        raise ValueError(
+            f"held-out composition {composition!r} must be >= 2 distinct tool names, sorted, joined by '+'"
+        )
     domains = {get_tool(t).domain for t in tools}
     if len(domains) != 1 or domains == {held_out_domain}:
-        raise ValueError(f"held-out composition {composition!r} must use tools of one non-held-out domain, "
-                         f"got {domains}")
+        raise ValueError(
+            f"held-out composition {composition!r} must use tools of one non-held-out domain, got {domains}"
+        )
     return domains.pop()
 
 
@@ -120,8 +124,12 @@ def domain_recipes(domain: str, max_turns: int) -> tuple[tuple[str, ...], ...]:
         out.extend(frontier)
         if len(frontier[0]) == max_turns:
             break
-        frontier = [r + (s.name,) for r in frontier for s in scenarios
-                    if s.name not in r and (s.requires is None or s.requires in by_name[r[-1]].provides)]
+        frontier = [
+            r + (s.name,)
+            for r in frontier
+            for s in scenarios
+            if s.name not in r and (s.requires is None or s.requires in by_name[r[-1]].provides)
+        ]
     return tuple(out)
 
 
@@ -213,8 +221,10 @@ def realize_recipe(rng: random.Random, domain: Domain, recipe: tuple[str, ...]) 
         if planned is None:
             return None
         if set(planned.provides) != set(scenario.provides):
-            raise GoldPlanError(f"scenario {domain.name}/{name} declares provides={scenario.provides} but its "
-                                f"turn provides {sorted(planned.provides)}")
+            raise GoldPlanError(
+                f"scenario {domain.name}/{name} declares provides={scenario.provides} but its "
+                f"turn provides {sorted(planned.provides)}"
+            )
         if turn > 0 and scenario.requires is None:
             planned = dataclasses.replace(planned, user=_continuation(rng, planned.user))
         turns.append(recorder.run_turn(planned))
@@ -223,8 +233,10 @@ def realize_recipe(rng: random.Random, domain: Domain, recipe: tuple[str, ...]) 
 
 
 def system_prompt(domain: Domain) -> str:
-    return (f"You are a helpful assistant for {domain.description}. Use the tools to do what the user asks, "
-            "then reply briefly with the result.")
+    return (
+        f"You are a helpful assistant for {domain.description}. Use the tools to do what the user asks, "
+        "then reply briefly with the result."
+    )
 
 
 def _json_clean(value: Any) -> Any:
@@ -232,8 +244,9 @@ def _json_clean(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-def assemble_task(task_id: str, split: str, domain: Domain, recipe: tuple[str, ...], slot: Slot,
-                  realized: Realized, seed: int) -> Task:
+def assemble_task(
+    task_id: str, split: str, domain: Domain, recipe: tuple[str, ...], slot: Slot, realized: Realized, seed: int
+) -> Task:
     initial, turns, final = realized
     tools_used = sorted({c.name for t in turns for step in t.steps for c in step})
     meta = {
@@ -274,8 +287,9 @@ def instruction_key(task: Task) -> str:
 
 def gold_calls_key(task: Task) -> str:
     """A task's gold-call sequence: per turn, per step, (name, arguments) of each call; ids left out."""
-    return json.dumps([[[[c.name, c.arguments] for c in step] for step in turn] for turn in task.gold_calls],
-                      sort_keys=True)
+    return json.dumps(
+        [[[[c.name, c.arguments] for c in step] for step in turn] for turn in task.gold_calls], sort_keys=True
+    )
 
 
 @dataclass
@@ -294,8 +308,9 @@ class _Reserved:
         return instruction_key(task) in self.instructions or gold_calls_key(task) in self.gold_calls
 
 
-def _make_task(config: ToolWorldConfig, split: str, index: int, slot: Slot, seen: set[str],
-               reserved: _Reserved | None = None) -> Task:
+def _make_task(
+    config: ToolWorldConfig, split: str, index: int, slot: Slot, seen: set[str], reserved: _Reserved | None = None
+) -> Task:
     domain = get_domain(slot.domain)
     for attempt in range(MAX_ATTEMPTS):
         rng = random.Random(zlib.crc32(f"toolworld|{config.seed}|{split}|{index}|{attempt}".encode()))
@@ -303,8 +318,9 @@ def _make_task(config: ToolWorldConfig, split: str, index: int, slot: Slot, seen
         realized = realize_recipe(rng, domain, recipe)
         if realized is None:
             continue
-        task = assemble_task(f"toolworld-s{config.seed}-{split}-{index:04d}", split, domain, recipe, slot, realized,
-                             config.seed)
+        task = assemble_task(
+            f"toolworld-s{config.seed}-{split}-{index:04d}", split, domain, recipe, slot, realized, config.seed
+        )
         fingerprint = _fingerprint(task)
         if fingerprint in seen:
             continue
@@ -313,8 +329,10 @@ def _make_task(config: ToolWorldConfig, split: str, index: int, slot: Slot, seen
             continue
         seen.add(fingerprint)
         return task
-    raise RuntimeError(f"toolworld: no new task for {split}[{index}] ({slot}) after {MAX_ATTEMPTS} attempts; "
-                       "lower the split sizes or add scenarios")
+    raise RuntimeError(
+        f"toolworld: no new task for {split}[{index}] ({slot}) after {MAX_ATTEMPTS} attempts; "
+        "lower the split sizes or add scenarios"
+    )
 
 
 def split_overlaps(splits: dict[str, list[Task]]) -> dict[str, dict[str, int]]:
@@ -328,8 +346,11 @@ def split_overlaps(splits: dict[str, list[Task]]) -> dict[str, dict[str, int]]:
             continue
         same_text = [instruction_key(t) in instructions for t in tasks]
         same_calls = [gold_calls_key(t) in gold for t in tasks]
-        out[split] = {"instruction": sum(same_text), "gold_calls": sum(same_calls),
-                      "either": sum(a or b for a, b in zip(same_text, same_calls))}
+        out[split] = {
+            "instruction": sum(same_text),
+            "gold_calls": sum(same_calls),
+            "either": sum(a or b for a, b in zip(same_text, same_calls)),
+        }
     return out
 
 
@@ -349,6 +370,11 @@ def generate_tasks(config: ToolWorldConfig | None = None, **overrides: Any) -> d
         if split != "train":
             for task in out[split]:
                 reserved.add(task)
-    logger.info("toolworld: generated %s tasks (seed %d); %d train draws redrawn for repeating a val/test "
-                "instruction or gold-call sequence", {s: len(out[s]) for s in SPLITS}, config.seed, reserved.rejected)
+    logger.info(
+        "toolworld: generated %s tasks (seed %d); %d train draws redrawn for repeating a val/test "
+        "instruction or gold-call sequence",
+        {s: len(out[s]) for s in SPLITS},
+        config.seed,
+        reserved.rejected,
+    )
     return {split: out[split] for split in SPLITS}

@@ -85,7 +85,9 @@ class GoldRecorder:
         for name, value in planned.arguments.items():
             if isinstance(value, Ref):
                 bindings.setdefault(call_id, {})[name] = {
-                    "call": self._call_ids[value.call], "path": path_to_json(value.path)}
+                    "call": self._call_ids[value.call],
+                    "path": path_to_json(value.path),
+                }
             arguments[name] = self._value(value)
         return ToolCall(name=planned.name, arguments=arguments, id=call_id)
 

@@ -48,12 +48,17 @@ def stats_markdown(tasks_by_split: Mapping[str, Sequence[Task]]) -> str:
     """A compact markdown table (split × domain, plus hold-out and structure counts)."""
     stats = split_stats(tasks_by_split)
     domains = list(DOMAINS)
-    header = ("| split | " + " | ".join(domains)
-              + " | held-out comp. | held-out domain | parallel steps | dependent calls |")
+    header = (
+        "| split | " + " | ".join(domains) + " | held-out comp. | held-out domain | parallel steps | dependent calls |"
+    )
     lines = [header, "|" + "---|" * (len(domains) + 5)]
     for split, s in stats.items():
         cells = [str(s["by_domain"].get(d, 0)) for d in domains]
-        cells += [str(s["by_held_out"].get("composition", 0)), str(s["by_held_out"].get("domain", 0)),
-                  str(s["n_parallel_steps"]), str(s["n_dependent_calls"])]
+        cells += [
+            str(s["by_held_out"].get("composition", 0)),
+            str(s["by_held_out"].get("domain", 0)),
+            str(s["n_parallel_steps"]),
+            str(s["n_dependent_calls"]),
+        ]
         lines.append(f"| {split} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -31,8 +31,15 @@ logger = logging.getLogger(__name__)
 DOMAINS = ("delivery", "instore", "ota", "cross_domain")
 LANGUAGES = {"english": "tasks_en.json", "chinese": "tasks.json"}
 OTA_TABLES = ("hotels", "attractions", "flights", "trains")
-_DOMAIN_ALIASES = {"in-store": "instore", "in-store consumption": "instore", "instore": "instore",
-                   "delivery": "delivery", "ota": "ota", "cross_domain": "cross_domain", "cross-domain": "cross_domain"}
+_DOMAIN_ALIASES = {
+    "in-store": "instore",
+    "in-store consumption": "instore",
+    "instore": "instore",
+    "delivery": "delivery",
+    "ota": "ota",
+    "cross_domain": "cross_domain",
+    "cross-domain": "cross_domain",
+}
 
 
 class VitaFormatError(ValueError):
@@ -83,8 +90,9 @@ def find_task_files(path: str | Path, domains: Sequence[str], language: str) -> 
         raise ValueError(f"VitaBench language {language!r} unknown; valid: {sorted(LANGUAGES)}")
     root = Path(path)
     if not root.exists():
-        raise FileNotFoundError(f"VitaBench data not found at {root}; clone github.com/meituan-longcat/vitabench "
-                                "and pass the checkout path")
+        raise FileNotFoundError(
+            f"VitaBench data not found at {root}; clone github.com/meituan-longcat/vitabench and pass the checkout path"
+        )
     if root.is_file():
         return [TaskFile(root.parent.name if root.parent.name in DOMAINS else "unknown", root)]
     for base in (root / "data" / "vita" / "domains", root):
@@ -93,14 +101,17 @@ def find_task_files(path: str | Path, domains: Sequence[str], language: str) -> 
     else:
         if root.name in DOMAINS:
             return [TaskFile(root.name, root / LANGUAGES[language])]
-        raise VitaFormatError(f"{root}: no VitaBench domain folders ({', '.join(DOMAINS)}) under "
-                              f"{root / 'data/vita/domains'} or {root}")
+        raise VitaFormatError(
+            f"{root}: no VitaBench domain folders ({', '.join(DOMAINS)}) under {root / 'data/vita/domains'} or {root}"
+        )
     files = []
     for domain in domains:
         file = base / domain / LANGUAGES[language]
         if not file.is_file():
-            raise FileNotFoundError(f"VitaBench: {file} is missing (domain {domain!r}, language {language!r}); "
-                                    "large files may need `git lfs pull` in the checkout")
+            raise FileNotFoundError(
+                f"VitaBench: {file} is missing (domain {domain!r}, language {language!r}); "
+                "large files may need `git lfs pull` in the checkout"
+            )
         files.append(TaskFile(domain, file))
     return files
 
@@ -129,16 +140,28 @@ def task_from_raw(raw: Any, file: TaskFile, row: int, language: str) -> VitaTask
     _require(raw.get("id") not in (None, ""), where, "id", "missing")
     env = raw.get("environment")
     _require(isinstance(env, dict), where, "environment", "missing or not an object (the task's database)")
-    _require(isinstance(env.get("time"), str) and bool(env.get("time")), where, "environment.time",
-             "missing; expected 'YYYY-mm-dd HH:MM:SS'")
-    _require(isinstance(raw.get("instructions"), str) and bool(raw["instructions"].strip()), where,
-             "instructions", "missing or empty (the user's goal)")
+    _require(
+        isinstance(env.get("time"), str) and bool(env.get("time")),
+        where,
+        "environment.time",
+        "missing; expected 'YYYY-mm-dd HH:MM:SS'",
+    )
+    _require(
+        isinstance(raw.get("instructions"), str) and bool(raw["instructions"].strip()),
+        where,
+        "instructions",
+        "missing or empty (the user's goal)",
+    )
     profile = (raw.get("user_scenario") or {}).get("user_profile")
     _require(isinstance(profile, dict), where, "user_scenario.user_profile", "missing or not an object")
     criteria = raw.get("evaluation_criteria") or {}
     _require(isinstance(criteria, dict), where, "evaluation_criteria", "must be an object")
-    _require(not raw.get("message_history"), where, "message_history",
-             "non-empty message histories are not supported (the released tasks have none)")
+    _require(
+        not raw.get("message_history"),
+        where,
+        "message_history",
+        "non-empty message histories are not supported (the released tasks have none)",
+    )
     for table in ("stores", "shops", "orders", "books", "reservations"):
         _require(isinstance(env.get(table, {}), dict), where, f"environment.{table}", "must be an object keyed by id")
     raw_domain = str(raw.get("domain") or file.domain)
@@ -156,8 +179,9 @@ def task_from_raw(raw: Any, file: TaskFile, row: int, language: str) -> VitaTask
     )
 
 
-def load_tasks(path: str | Path, domains: Sequence[str] = ("delivery", "instore"), language: str = "english"
-               ) -> list[VitaTask]:
+def load_tasks(
+    path: str | Path, domains: Sequence[str] = ("delivery", "instore"), language: str = "english"
+) -> list[VitaTask]:
     """Validated tasks of ``domains`` (folder order, then file order); ids are made unique per domain."""
     unknown = [d for d in domains if d not in DOMAINS]
     if unknown:

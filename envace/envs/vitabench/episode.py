@@ -62,9 +62,20 @@ class ConversationState:
 class VitaConversation:
     """Runs one conversation (see the module docstring); ``run()`` is the program."""
 
-    def __init__(self, task_id: str, system_prompt: str, tools: tuple[dict[str, Any], ...], greeting: str,
-                 persona: dict[str, Any], instructions: str, language: str, executor: Any, user: ChatBackend,
-                 config: VitaLoopConfig, ledger: GenerationLedger) -> None:
+    def __init__(
+        self,
+        task_id: str,
+        system_prompt: str,
+        tools: tuple[dict[str, Any], ...],
+        greeting: str,
+        persona: dict[str, Any],
+        instructions: str,
+        language: str,
+        executor: Any,
+        user: ChatBackend,
+        config: VitaLoopConfig,
+        ledger: GenerationLedger,
+    ) -> None:
         system = act_messages(config.act.role_prompts, system_prompt, "")[0]
         opening = {"role": "assistant", "content": greeting}
         self.state = ConversationState([system, opening], [opening])
@@ -77,13 +88,18 @@ class VitaConversation:
         cfg, st = self.config, self.state
         messages = ({"role": "system", "content": self.user_system}, *flip_for_user(st.transcript))
         for attempt in range(EMPTY_REPLY_RETRIES):
-            request = ChatRequest(messages=messages, temperature=cfg.user_temperature,
-                                  max_new_tokens=cfg.user_max_new_tokens,
-                                  seed=derive_seed(cfg.act.seed, self.task_id, "user", st.user_turns, attempt))
+            request = ChatRequest(
+                messages=messages,
+                temperature=cfg.user_temperature,
+                max_new_tokens=cfg.user_max_new_tokens,
+                seed=derive_seed(cfg.act.seed, self.task_id, "user", st.user_turns, attempt),
+            )
             start = time.perf_counter()
             output = self.user.generate([request])[0]
-            self.ledger.add(GenerationCall("user_simulator", "user_simulator", request),
-                            GenerationReply(output, None, time.perf_counter() - start))
+            self.ledger.add(
+                GenerationCall("user_simulator", "user_simulator", request),
+                GenerationReply(output, None, time.perf_counter() - start),
+            )
             if output.text.strip():
                 return output.text.strip()
         raise RuntimeError(f"user simulator returned {EMPTY_REPLY_RETRIES} empty messages for task {self.task_id}")
@@ -93,9 +109,13 @@ class VitaConversation:
         """(raw text, parse) of the agent's next message, regenerating empty replies."""
         act, st = self.config.act, self.state
         for attempt in range(EMPTY_REPLY_RETRIES):
-            request = ChatRequest(messages=tuple(st.agent_messages), tools=self.tools, temperature=act.temperature,
-                                  max_new_tokens=act.max_new_tokens,
-                                  seed=derive_seed(act.seed, self.task_id, "act", turn, step, attempt))
+            request = ChatRequest(
+                messages=tuple(st.agent_messages),
+                tools=self.tools,
+                temperature=act.temperature,
+                max_new_tokens=act.max_new_tokens,
+                seed=derive_seed(act.seed, self.task_id, "act", turn, step, attempt),
+            )
             output = yield from generate_one(GenerationCall(ACTOR, "act", request), self.ledger)
             st.generations += 1
             parse = parse_tool_calls(output.text)

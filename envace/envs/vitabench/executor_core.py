@@ -108,8 +108,12 @@ class ExecutorCore:
 
     def state(self) -> dict[str, Any]:
         tables = ("orders", "books", "reservations")
-        return {**{t: copy.deepcopy(self.db[t]) for t in tables if t in self.db}, "created": list(self.created),
-                "calls": self.calls, "failures": self.failures}
+        return {
+            **{t: copy.deepcopy(self.db[t]) for t in tables if t in self.db},
+            "created": list(self.created),
+            "calls": self.calls,
+            "failures": self.failures,
+        }
 
     # ---- helpers ------------------------------------------------------------------------------
     def _check_user(self, user_id: Any) -> None:

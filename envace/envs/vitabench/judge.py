@@ -152,7 +152,7 @@ class RubricJudgement:
 def _clip(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
-    return f"{text[: limit // 2]} …[{len(text) - limit} chars]… {text[-limit // 2:]}"
+    return f"{text[: limit // 2]} …[{len(text) - limit} chars]… {text[-limit // 2 :]}"
 
 
 def render_transcript(messages: Sequence[Mapping[str, Any]], start: int = 0, limit: int = 4000) -> str:
@@ -224,16 +224,21 @@ class RubricJudge:
         self.config = config
 
     def _request(self, system: str, user: str, seed: int) -> ChatRequest:
-        return ChatRequest(messages=({"role": "system", "content": system}, {"role": "user", "content": user}),
-                           temperature=self.config.temperature, max_new_tokens=self.config.max_new_tokens, seed=seed)
+        return ChatRequest(
+            messages=({"role": "system", "content": system}, {"role": "user", "content": user}),
+            temperature=self.config.temperature,
+            max_new_tokens=self.config.max_new_tokens,
+            seed=seed,
+        )
 
     def _ask(self, build: Callable[[int], ChatRequest], parse: Callable[[str], T], what: str) -> tuple[T, int]:
         """(parsed answer, requests sent), malformed answers asked again; ``JudgeFailed`` when it runs out."""
         cfg, sent = self.config, 0
         policy = RetryPolicy(cfg.max_retries, cfg.backoff_s, cfg.max_backoff_s)
         try:
-            for attempt in policy.retrying(lambda e: isinstance(e, (MalformedJudgement, MalformedVerdictError)),
-                                           f"VitaBench judge ({what})"):
+            for attempt in policy.retrying(
+                lambda e: isinstance(e, (MalformedJudgement, MalformedVerdictError)), f"VitaBench judge ({what})"
+            ):
                 with attempt:
                     try:
                         text = self.backend.generate([build(attempt.retry_state.attempt_number - 1)])[0].text
@@ -242,51 +247,80 @@ class RubricJudge:
                     answer = parse(text)
         except Exception as exc:  # noqa: BLE001 - reported as JudgeFailed, with the cause
             logger.warning("VitaBench judge (%s): no usable verdict after %d request(s): %s", what, sent, exc)
-            raise JudgeFailed(f"judge gave no usable verdict for {what} after {sent} request(s): "
-                              f"{type(exc).__name__}: {exc}") from exc
+            raise JudgeFailed(
+                f"judge gave no usable verdict for {what} after {sent} request(s): {type(exc).__name__}: {exc}"
+            ) from exc
         return answer, sent
 
-    def judge(self, task_id: str, env_info: str, instruction: str, rubrics: Sequence[str],
-              transcript: Sequence[Mapping[str, Any]]) -> RubricJudgement:
+    def judge(
+        self,
+        task_id: str,
+        env_info: str,
+        instruction: str,
+        rubrics: Sequence[str],
+        transcript: Sequence[Mapping[str, Any]],
+    ) -> RubricJudgement:
         if not rubrics:
             return RubricJudgement((), 0)
         if self.config.mode == "per_rubric":
             return self._per_rubric(task_id, env_info, instruction, rubrics, transcript)
         return self._sliding(task_id, env_info, instruction, rubrics, transcript)
 
-    def _sliding(self, task_id: str, env_info: str, instruction: str, rubrics: Sequence[str],
-                 transcript: Sequence[Mapping[str, Any]]) -> RubricJudgement:
+    def _sliding(
+        self,
+        task_id: str,
+        env_info: str,
+        instruction: str,
+        rubrics: Sequence[str],
+        transcript: Sequence[Mapping[str, Any]],
+    ) -> RubricJudgement:
         cfg = self.config
         keys = [f"rubric_{k}" for k in range(len(rubrics))]
         states = {key: RubricState(r) for key, r in zip(keys, rubrics)}
         windows = sliding_windows(len(transcript), cfg.window_size, cfg.overlap)
         sent = 0
         for w, (lo, hi) in enumerate(windows):
-            system = WINDOW_SYSTEM.format(env_info=env_info, instruction=instruction, window=w + 1,
-                                          total=len(windows), rules=RULES)
-            current = [{"rubric_idx": k, "rubric": s.rubric, "justification": s.justification,
-                        "meetExpectation": s.met} for k, s in states.items()]
-            user = (f"<window_content>\n{render_transcript(transcript[lo:hi], lo, cfg.max_message_chars)}\n"
-                    f"</window_content>\n<current_rubrics>\n{json.dumps(current, ensure_ascii=False, indent=1)}\n"
-                    "</current_rubrics>")
+            system = WINDOW_SYSTEM.format(
+                env_info=env_info, instruction=instruction, window=w + 1, total=len(windows), rules=RULES
+            )
+            current = [
+                {"rubric_idx": k, "rubric": s.rubric, "justification": s.justification, "meetExpectation": s.met}
+                for k, s in states.items()
+            ]
+            user = (
+                f"<window_content>\n{render_transcript(transcript[lo:hi], lo, cfg.max_message_chars)}\n"
+                f"</window_content>\n<current_rubrics>\n{json.dumps(current, ensure_ascii=False, indent=1)}\n"
+                "</current_rubrics>"
+            )
             update, n = self._ask(
                 lambda a, s=system, u=user, w=w: self._request(s, u, derive_seed(cfg.seed, task_id, "judge", w, a)),
-                lambda text: parse_window_states(text, keys), f"task {task_id} window {w + 1}")
+                lambda text: parse_window_states(text, keys),
+                f"task {task_id} window {w + 1}",
+            )
             sent += n
             for key, (met, why) in update.items():
                 states[key] = RubricState(states[key].rubric, met, why)
         return RubricJudgement(tuple(states.values()), sent, len(windows))
 
-    def _per_rubric(self, task_id: str, env_info: str, instruction: str, rubrics: Sequence[str],
-                    transcript: Sequence[Mapping[str, Any]]) -> RubricJudgement:
+    def _per_rubric(
+        self,
+        task_id: str,
+        env_info: str,
+        instruction: str,
+        rubrics: Sequence[str],
+        transcript: Sequence[Mapping[str, Any]],
+    ) -> RubricJudgement:
         cfg = self.config
         system = RUBRIC_SYSTEM.format(env_info=env_info, instruction=instruction, rules=RULES)
         text = render_transcript(transcript, 0, cfg.max_message_chars)
 
         def one(k: int) -> tuple[tuple[bool, str], int]:
             user = f"<conversation>\n{text}\n</conversation>\n<rubric>\n{rubrics[k]}\n</rubric>"
-            return self._ask(lambda a: self._request(system, user, derive_seed(cfg.seed, task_id, "rubric", k, a)),
-                             _strict_verdict, f"task {task_id} rubric {k}")
+            return self._ask(
+                lambda a: self._request(system, user, derive_seed(cfg.seed, task_id, "rubric", k, a)),
+                _strict_verdict,
+                f"task {task_id} rubric {k}",
+            )
 
         with ThreadPoolExecutor(max_workers=min(cfg.concurrency, len(rubrics))) as pool:
             results = list(pool.map(one, range(len(rubrics))))

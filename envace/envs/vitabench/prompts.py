@@ -87,12 +87,16 @@ def weekday(time_text: str, language: str) -> str:
 
 def agent_system_prompt(time_text: str, language: str) -> str:
     return AGENT_PROMPT.get(language, AGENT_PROMPT["english"]).format(
-        time=f"{time_text} {weekday(time_text, language)}".strip())
+        time=f"{time_text} {weekday(time_text, language)}".strip()
+    )
 
 
 def user_system_prompt(persona: Mapping[str, Any], instructions: str, language: str) -> str:
-    return USER_PROMPT.format(persona=json.dumps(dict(persona), ensure_ascii=False), instructions=instructions,
-                              language="Chinese" if language == "chinese" else "English")
+    return USER_PROMPT.format(
+        persona=json.dumps(dict(persona), ensure_ascii=False),
+        instructions=instructions,
+        language="Chinese" if language == "chinese" else "English",
+    )
 
 
 def is_stop(text: str) -> bool:

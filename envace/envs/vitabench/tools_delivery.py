@@ -46,12 +46,14 @@ class DeliveryTools(ExecutorCore):
 
     def _t_delivery_product_search_recommand(self, keywords: Any) -> dict[str, Any]:
         products = self._products("stores")
-        docs = {pid: f"{p.get('store_name', '')} {p.get('name', '')} {p.get('tags', [])}"
-                for pid, p in products.items()}
+        docs = {
+            pid: f"{p.get('store_name', '')} {p.get('name', '')} {p.get('tags', [])}" for pid, p in products.items()
+        }
         return {"products": [products[pid] for pid in keyword_rank(keywords, docs, SEARCH_TOP_K)]}
 
-    def _check_delivery_request(self, user_id: str, store_id: str, product_ids: Any, product_cnts: Any,
-                                address: str, dispatch_time: str) -> None:
+    def _check_delivery_request(
+        self, user_id: str, store_id: str, product_ids: Any, product_cnts: Any, address: str, dispatch_time: str
+    ) -> None:
         self._check_user(user_id)
         if store_id not in (self.db.get("stores") or {}):
             raise Rejected(f"Store {store_id} not found")
@@ -67,26 +69,43 @@ class DeliveryTools(ExecutorCore):
         if parse_time(dispatch_time, what="dispatch_time") < self.now:
             raise Rejected(f"dispatch_time {dispatch_time} must be in the future")
 
-    def _t_create_delivery_order(self, user_id: str, store_id: str, product_ids: list, product_cnts: list,
-                                 address: str, dispatch_time: str, attributes: list | None = None,
-                                 note: str | None = "") -> dict[str, Any]:
+    def _t_create_delivery_order(
+        self,
+        user_id: str,
+        store_id: str,
+        product_ids: list,
+        product_cnts: list,
+        address: str,
+        dispatch_time: str,
+        attributes: list | None = None,
+        note: str | None = "",
+    ) -> dict[str, Any]:
         self._check_delivery_request(user_id, store_id, product_ids, product_cnts, address, dispatch_time)
         store = self._store(store_id)
         longitude, latitude = self._t_address_to_longitude_latitude(address)  # type: ignore[attr-defined]
-        distance = haversine_m(longitude, latitude, float(store["location"]["longitude"]),
-                               float(store["location"]["latitude"]))
+        distance = haversine_m(
+            longitude, latitude, float(store["location"]["longitude"]), float(store["location"]["latitude"])
+        )
         minutes = delivery_minutes(distance)
         catalogue = self._products("stores")
         attrs = (list(attributes or []) + [""] * len(product_ids))[: len(product_ids)]
-        lines = [{**catalogue[p], "quantity": c, "attributes": a or ""}
-                 for p, c, a in zip(product_ids, product_cnts, attrs)]
+        lines = [
+            {**catalogue[p], "quantity": c, "attributes": a or ""} for p, c, a in zip(product_ids, product_cnts, attrs)
+        ]
         order = {
-            "order_id": self._new_id("OD"), "order_type": "delivery", "user_id": user_id, "store_id": store_id,
+            "order_id": self._new_id("OD"),
+            "order_type": "delivery",
+            "user_id": user_id,
+            "store_id": store_id,
             "location": {"address": address, "longitude": longitude, "latitude": latitude},
-            "dispatch_time": dispatch_time, "shipping_time": minutes,
+            "dispatch_time": dispatch_time,
+            "shipping_time": minutes,
             "delivery_time": (parse_time(dispatch_time) + timedelta(minutes=minutes)).strftime(TIME_FORMAT),
             "total_price": round(sum(float(line["price"]) * line["quantity"] for line in lines), 2),
-            "create_time": self._stamp(), "update_time": self._stamp(), "note": note or "", "products": lines,
+            "create_time": self._stamp(),
+            "update_time": self._stamp(),
+            "note": note or "",
+            "products": lines,
             "status": "unpaid",
         }
         self.db["orders"][order["order_id"]] = order
@@ -116,8 +135,11 @@ class DeliveryTools(ExecutorCore):
 
     def _t_search_delivery_orders(self, user_id: str, status: str = "unpaid") -> dict[str, Any]:
         self._check_user(user_id)
-        found = [self._summary(o) for o in self.db["orders"].values()
-                 if o.get("order_type") == "delivery" and o.get("status") == status and o.get("user_id") == user_id]
+        found = [
+            self._summary(o)
+            for o in self.db["orders"].values()
+            if o.get("order_type") == "delivery" and o.get("status") == status and o.get("user_id") == user_id
+        ]
         return {"orders": found} if found else {"message": "No delivery orders available"}
 
     def _t_get_delivery_order_detail(self, order_id: str) -> dict[str, Any]:

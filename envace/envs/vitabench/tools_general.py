@@ -13,8 +13,9 @@ def _norm(text: str) -> str:
 
 
 class GeneralTools(ExecutorCore):
-    def _t_longitude_latitude_to_distance(self, longitude1: Any, latitude1: Any, longitude2: Any,
-                                          latitude2: Any) -> dict[str, Any]:
+    def _t_longitude_latitude_to_distance(
+        self, longitude1: Any, latitude1: Any, longitude2: Any, latitude2: Any
+    ) -> dict[str, Any]:
         try:
             coords = [float(v) for v in (longitude1, latitude1, longitude2, latitude2)]
         except (TypeError, ValueError):
@@ -34,9 +35,10 @@ class GeneralTools(ExecutorCore):
             if best is None or difflib.SequenceMatcher(None, _norm(best), place).ratio() < 0.5:
                 raise Failure(f"Weather information not found for {address}")
             city = best
-        chosen = sorted((e for e in entries if e["city"] == city
-                         and start <= parse_time(e["datetime"], DATE_FORMAT).date() <= end),
-                        key=lambda e: e["datetime"])
+        chosen = sorted(
+            (e for e in entries if e["city"] == city and start <= parse_time(e["datetime"], DATE_FORMAT).date() <= end),
+            key=lambda e: e["datetime"],
+        )
         if not chosen:
             return {"message": f"No weather information found for {city} between {date_start} and {date_end}"}
         return {"city": city, "weather": chosen}
@@ -65,12 +67,17 @@ class GeneralTools(ExecutorCore):
         except ImportError:
             raise Failure("NOT_REPRODUCED: holiday lookup needs the optional 'holidays' package") from None
         name = holidays.China(years=day.year).get(day)
-        return {"date": date, "holiday": name} if name else {"date": date, "holiday": None,
-                                                             "message": f"Date {date} is not a holiday"}
+        return (
+            {"date": date, "holiday": name}
+            if name
+            else {"date": date, "holiday": None, "message": f"Date {date} is not a holiday"}
+        )
 
     def _t_get_holiday_date(self, year: str, holiday_name: str) -> dict[str, Any]:
-        raise Failure("NOT_REPRODUCED: the reference answers from a hard-coded festival table that this offline "
-                      "environment does not carry")
+        raise Failure(
+            "NOT_REPRODUCED: the reference answers from a hard-coded festival table that this offline "
+            "environment does not carry"
+        )
 
     def _t_get_user_historical_behaviors(self) -> dict[str, Any]:
         return dict(self.db.get("user_historical_behaviors") or {})

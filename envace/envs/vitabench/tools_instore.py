@@ -24,8 +24,9 @@ class InstoreTools(ExecutorCore):
         docs = {pid: p.get("name", "") + "," + ",".join(p.get("tags", [])) for pid, p in products.items()}
         return {"products": [products[pid] for pid in keyword_rank(keywords, docs, SEARCH_TOP_K)]}
 
-    def _t_create_instore_product_order(self, user_id: str, shop_id: str, product_id: str,
-                                        quantity: int = 1) -> dict[str, Any]:
+    def _t_create_instore_product_order(
+        self, user_id: str, shop_id: str, product_id: str, quantity: int = 1
+    ) -> dict[str, Any]:
         self._check_user(user_id)
         if shop_id not in (self.db.get("shops") or {}):
             raise Rejected("Shop does not exist")
@@ -34,9 +35,17 @@ class InstoreTools(ExecutorCore):
             raise Rejected("Product does not exist")
         if not isinstance(quantity, int) or quantity <= 0:
             raise Rejected("Quantity must be greater than 0")
-        order = {"order_id": self._new_id("OI"), "order_type": "instore", "user_id": user_id, "store_id": shop_id,
-                 "total_price": quantity * float(product["price"]), "create_time": self._stamp(),
-                 "update_time": self._stamp(), "status": "unpaid", "products": [{**product, "quantity": quantity}]}
+        order = {
+            "order_id": self._new_id("OI"),
+            "order_type": "instore",
+            "user_id": user_id,
+            "store_id": shop_id,
+            "total_price": quantity * float(product["price"]),
+            "create_time": self._stamp(),
+            "update_time": self._stamp(),
+            "status": "unpaid",
+            "products": [{**product, "quantity": quantity}],
+        }
         self.db["orders"][order["order_id"]] = order
         return order
 
@@ -68,9 +77,16 @@ class InstoreTools(ExecutorCore):
         if not shop.get("enable_book"):
             raise Rejected("Shop does not support table booking")
         price = float(shop.get("book_price") or 0)
-        book = {"book_id": self._new_id("OB"), "shop_id": shop_id, "book_time": time, "customer_id": user_id,
-                "customer_count": customer_count, "book_price": price, "status": "unpaid" if price > 0 else "paid",
-                "update_time": self._stamp()}
+        book = {
+            "book_id": self._new_id("OB"),
+            "shop_id": shop_id,
+            "book_time": time,
+            "customer_id": user_id,
+            "customer_count": customer_count,
+            "book_price": price,
+            "status": "unpaid" if price > 0 else "paid",
+            "update_time": self._stamp(),
+        }
         self.db["books"][book["book_id"]] = book
         return book
 
@@ -98,9 +114,15 @@ class InstoreTools(ExecutorCore):
 
     def _t_instore_reservation(self, user_id: str, shop_id: str, time: str, customer_count: int = 1) -> dict[str, Any]:
         self._visit_checks(user_id, shop_id, time, customer_count, "reservation")
-        item = {"reservation_id": self._new_id("OR"), "shop_id": shop_id, "reservation_time": time,
-                "customer_id": user_id, "customer_count": customer_count, "status": "unconsumed",
-                "update_time": self._stamp()}
+        item = {
+            "reservation_id": self._new_id("OR"),
+            "shop_id": shop_id,
+            "reservation_time": time,
+            "customer_id": user_id,
+            "customer_count": customer_count,
+            "status": "unconsumed",
+            "update_time": self._stamp(),
+        }
         self.db["reservations"][item["reservation_id"]] = item
         return item
 
@@ -133,8 +155,11 @@ class InstoreTools(ExecutorCore):
 
     def _users_rows(self, user_id: str, table: str, owner: str, label: str) -> dict[str, Any]:
         self._check_user(user_id)
-        rows = [r for r in (self.db.get(table) or {}).values() if r.get(owner) == user_id
-                and (table != "orders" or r.get("order_type") == "instore")]
+        rows = [
+            r
+            for r in (self.db.get(table) or {}).values()
+            if r.get(owner) == user_id and (table != "orders" or r.get("order_type") == "instore")
+        ]
         return {table: rows} if rows else {"message": f"User {user_id} has no {label} information."}
 
     def _t_get_instore_orders(self, user_id: str) -> dict[str, Any]:

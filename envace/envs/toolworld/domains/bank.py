@@ -81,8 +81,13 @@ def _deposit(state: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
     target["balance"] += args["amount"]
     txn_id = allocate_id(state, "txn")
     state["transactions"].append(
-        {"transaction_id": txn_id, "kind": "deposit", "from_account": None, "to_account": args["account_id"],
-         "amount": args["amount"]}
+        {
+            "transaction_id": txn_id,
+            "kind": "deposit",
+            "from_account": None,
+            "to_account": args["account_id"],
+            "amount": args["amount"],
+        }
     )
     return {"transaction_id": txn_id, "balance": target["balance"]}
 
@@ -99,7 +104,9 @@ TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec("list_accounts", NAME, "List the user's accounts with ids, names and balances.", (), _list_accounts),
     ToolSpec("get_balance", NAME, "Get the current balance of one account.", (_ACCOUNT_ID,), _get_balance),
     ToolSpec(
-        "transfer", NAME, "Move money from one of the user's accounts to another.",
+        "transfer",
+        NAME,
+        "Move money from one of the user's accounts to another.",
         (
             Param("from_account_id", "string", "Account id to take the money from."),
             Param("to_account_id", "string", "Account id to put the money into."),
@@ -109,7 +116,9 @@ TOOLS: tuple[ToolSpec, ...] = (
     ),
     ToolSpec("deposit", NAME, "Deposit money into an account.", (_ACCOUNT_ID, _AMOUNT), _deposit),
     ToolSpec(
-        "get_transactions", NAME, "List the most recent transactions of an account, newest first.",
+        "get_transactions",
+        NAME,
+        "List the most recent transactions of an account, newest first.",
         (
             _ACCOUNT_ID,
             Param("limit", "integer", "How many to return.", required=False, minimum=1, maximum=10, default=3),
@@ -129,9 +138,23 @@ def seed_state(rng: random.Random) -> dict[str, Any]:
         amount = rng.randrange(20, 400, 10)
         if rng.random() < 0.5:
             src, dst = rng.sample(ids, 2)
-            transactions.append({"transaction_id": f"txn_{number}", "kind": "transfer", "from_account": src,
-                                 "to_account": dst, "amount": amount})
+            transactions.append(
+                {
+                    "transaction_id": f"txn_{number}",
+                    "kind": "transfer",
+                    "from_account": src,
+                    "to_account": dst,
+                    "amount": amount,
+                }
+            )
         else:
-            transactions.append({"transaction_id": f"txn_{number}", "kind": "deposit", "from_account": None,
-                                 "to_account": rng.choice(ids), "amount": amount})
+            transactions.append(
+                {
+                    "transaction_id": f"txn_{number}",
+                    "kind": "deposit",
+                    "from_account": None,
+                    "to_account": rng.choice(ids),
+                    "amount": amount,
+                }
+            )
     return {"accounts": accounts, "transactions": transactions, "next_ids": {"txn": len(transactions) + 1}}

@@ -25,10 +25,26 @@ from envace.envs.toolworld.state import allocate_id, sorted_ids
 
 NAME = "calendar"
 DESCRIPTION = "a personal calendar: create, list, reschedule and cancel events, invite attendees"
-TITLES = ("Standup", "Design review", "Dentist", "Budget sync", "Team retro", "Client call", "Yoga",
-          "Lunch with Ana", "Planning", "Interview")
-EMAILS = ("ana@example.com", "ben@example.com", "chen@example.com", "dara@example.com", "eli@example.com",
-          "fay@example.com")
+TITLES = (
+    "Standup",
+    "Design review",
+    "Dentist",
+    "Budget sync",
+    "Team retro",
+    "Client call",
+    "Yoga",
+    "Lunch with Ana",
+    "Planning",
+    "Interview",
+)
+EMAILS = (
+    "ana@example.com",
+    "ben@example.com",
+    "chen@example.com",
+    "dara@example.com",
+    "eli@example.com",
+    "fay@example.com",
+)
 DATES = tuple(f"2025-03-{day:02d}" for day in range(3, 15))
 TIMES = ("09:00", "10:00", "11:30", "13:00", "14:00", "15:30", "16:00")
 
@@ -43,8 +59,11 @@ def event(state: dict[str, Any], event_id: str) -> dict[str, Any]:
 def day_events(state: dict[str, Any], date: str) -> list[dict[str, Any]]:
     """Events of one date ordered by time, as ``list_events`` reports them."""
     events = state["events"]
-    rows = [{"event_id": k, "title": events[k]["title"], "time": events[k]["time"]}
-            for k in sorted_ids(events) if events[k]["date"] == date]
+    rows = [
+        {"event_id": k, "title": events[k]["title"], "time": events[k]["time"]}
+        for k in sorted_ids(events)
+        if events[k]["date"] == date
+    ]
     return sorted(rows, key=lambda r: r["time"])
 
 
@@ -104,14 +123,27 @@ _DATE = Param("date", "string", "Date as YYYY-MM-DD.", pattern=DATE_PATTERN, hin
 _TIME = Param("time", "string", "Start time as HH:MM (24h).", pattern=TIME_PATTERN, hint="HH:MM")
 
 TOOLS: tuple[ToolSpec, ...] = (
-    ToolSpec("create_event", NAME, "Create a calendar event.",
-             (Param("title", "string", "Event title.", min_length=1), _DATE, _TIME), _create_event),
+    ToolSpec(
+        "create_event",
+        NAME,
+        "Create a calendar event.",
+        (Param("title", "string", "Event title.", min_length=1), _DATE, _TIME),
+        _create_event,
+    ),
     ToolSpec("list_events", NAME, "List the events of one day, ordered by time.", (_DATE,), _list_events),
-    ToolSpec("add_attendee", NAME, "Invite someone to an event by e-mail.",
-             (_EVENT_ID, Param("email", "string", "Attendee e-mail.", pattern=r"^[^@\s]+@[^@\s]+\.[a-z]+$",
-                               hint="name@domain.tld")), _add_attendee),
-    ToolSpec("reschedule_event", NAME, "Move an event to a new date and time.", (_EVENT_ID, _DATE, _TIME),
-             _reschedule_event),
+    ToolSpec(
+        "add_attendee",
+        NAME,
+        "Invite someone to an event by e-mail.",
+        (
+            _EVENT_ID,
+            Param("email", "string", "Attendee e-mail.", pattern=r"^[^@\s]+@[^@\s]+\.[a-z]+$", hint="name@domain.tld"),
+        ),
+        _add_attendee,
+    ),
+    ToolSpec(
+        "reschedule_event", NAME, "Move an event to a new date and time.", (_EVENT_ID, _DATE, _TIME), _reschedule_event
+    ),
     ToolSpec("cancel_event", NAME, "Cancel (delete) an event.", (_EVENT_ID,), _cancel_event),
 )
 

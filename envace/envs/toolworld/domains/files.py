@@ -21,11 +21,30 @@ from envace.envs.toolworld.schema import (
 NAME = "files"
 DESCRIPTION = "a small file store: list folders, read, write, move and delete text files"
 FOLDERS = ("docs", "archive", "reports", "personal")
-FILE_NAMES = ("notes.txt", "todo.txt", "budget.csv", "plan.md", "ideas.txt", "report.txt", "draft.md",
-              "summary.txt", "agenda.md", "recipes.txt")
-CONTENTS = ("meeting moved to friday", "buy milk and eggs", "q1 revenue up 4%", "call the landlord",
-            "ship v2 in april", "renew passport", "book flights to lisbon", "water the plants",
-            "send invoices on monday", "draft the blog post")
+FILE_NAMES = (
+    "notes.txt",
+    "todo.txt",
+    "budget.csv",
+    "plan.md",
+    "ideas.txt",
+    "report.txt",
+    "draft.md",
+    "summary.txt",
+    "agenda.md",
+    "recipes.txt",
+)
+CONTENTS = (
+    "meeting moved to friday",
+    "buy milk and eggs",
+    "q1 revenue up 4%",
+    "call the landlord",
+    "ship v2 in april",
+    "renew passport",
+    "book flights to lisbon",
+    "water the plants",
+    "send invoices on monday",
+    "draft the blog post",
+)
 PATH_PATTERN = r"^[a-z]+/[a-z0-9_]+\.(txt|md|csv)$"
 
 
@@ -88,19 +107,32 @@ def _delete_file(state: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
     return {"path": args["path"], "deleted": True}
 
 
-_PATH = Param("path", "string", "File path as folder/name.ext, e.g. docs/notes.txt.", pattern=PATH_PATTERN,
-              hint="folder/name.ext")
+_PATH = Param(
+    "path", "string", "File path as folder/name.ext, e.g. docs/notes.txt.", pattern=PATH_PATTERN, hint="folder/name.ext"
+)
 _FOLDER = Param("folder", "string", "Folder name, e.g. docs.")
 
 TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec("list_files", NAME, "List the file paths in a folder.", (_FOLDER,), _list_files),
     ToolSpec("read_file", NAME, "Read a text file.", (_PATH,), _read_file),
-    ToolSpec("write_file", NAME, "Create a text file, or replace it when overwrite is true.",
-             (_PATH, Param("content", "string", "Text to write."),
-              Param("overwrite", "boolean", "Replace an existing file.", required=False, default=False)),
-             _write_file),
-    ToolSpec("move_file", NAME, "Move a file into another folder, keeping its name.",
-             (_PATH, Param("folder", "string", "Destination folder.")), _move_file),
+    ToolSpec(
+        "write_file",
+        NAME,
+        "Create a text file, or replace it when overwrite is true.",
+        (
+            _PATH,
+            Param("content", "string", "Text to write."),
+            Param("overwrite", "boolean", "Replace an existing file.", required=False, default=False),
+        ),
+        _write_file,
+    ),
+    ToolSpec(
+        "move_file",
+        NAME,
+        "Move a file into another folder, keeping its name.",
+        (_PATH, Param("folder", "string", "Destination folder.")),
+        _move_file,
+    ),
     ToolSpec("delete_file", NAME, "Delete a file.", (_PATH,), _delete_file),
 )
 

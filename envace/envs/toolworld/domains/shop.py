@@ -24,8 +24,18 @@ from envace.envs.toolworld.state import allocate_id, sorted_ids
 
 NAME = "shop"
 DESCRIPTION = "an online shop: search products, manage the cart, place, track and cancel orders"
-PRODUCT_NAMES = ("desk lamp", "usb cable", "coffee mug", "notebook", "backpack", "water bottle", "headphones",
-                 "phone stand", "mouse pad", "desk chair")
+PRODUCT_NAMES = (
+    "desk lamp",
+    "usb cable",
+    "coffee mug",
+    "notebook",
+    "backpack",
+    "water bottle",
+    "headphones",
+    "phone stand",
+    "mouse pad",
+    "desk chair",
+)
 SEARCH_LIMIT = 3
 
 
@@ -103,11 +113,23 @@ def _cancel_order(state: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]
 _ORDER_ID = Param("order_id", "string", "Order id, e.g. ord_1.")
 
 TOOLS: tuple[ToolSpec, ...] = (
-    ToolSpec("search_products", NAME, "Search the catalogue by product name.",
-             (Param("query", "string", "Words from the product name.", min_length=1),), _search_products),
-    ToolSpec("add_to_cart", NAME, "Add a quantity of a product to the cart.",
-             (Param("product_id", "string", "Product id, e.g. prd_3."),
-              Param("quantity", "integer", "How many to add.", minimum=1, maximum=20)), _add_to_cart),
+    ToolSpec(
+        "search_products",
+        NAME,
+        "Search the catalogue by product name.",
+        (Param("query", "string", "Words from the product name.", min_length=1),),
+        _search_products,
+    ),
+    ToolSpec(
+        "add_to_cart",
+        NAME,
+        "Add a quantity of a product to the cart.",
+        (
+            Param("product_id", "string", "Product id, e.g. prd_3."),
+            Param("quantity", "integer", "How many to add.", minimum=1, maximum=20),
+        ),
+        _add_to_cart,
+    ),
     ToolSpec("view_cart", NAME, "Show the cart's items and total.", (), _view_cart),
     ToolSpec("place_order", NAME, "Order everything in the cart and empty it.", (), _place_order),
     ToolSpec("get_order", NAME, "Get an order's status and total.", (_ORDER_ID,), _get_order),
@@ -118,8 +140,10 @@ TOOLS: tuple[ToolSpec, ...] = (
 def seed_state(rng: random.Random) -> dict[str, Any]:
     """Five products, a cart holding one of them, and two past orders (at least one still placed)."""
     names = rng.sample(PRODUCT_NAMES, 5)
-    products = {f"prd_{i + 1}": {"name": n, "price": rng.randrange(5, 125, 5), "stock": rng.randint(1, 9)}
-                for i, n in enumerate(names)}
+    products = {
+        f"prd_{i + 1}": {"name": n, "price": rng.randrange(5, 125, 5), "stock": rng.randint(1, 9)}
+        for i, n in enumerate(names)
+    }
     ids = list(products)
     in_cart = rng.choice(ids)
     cart = {in_cart: 1}

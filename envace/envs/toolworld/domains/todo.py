@@ -21,8 +21,18 @@ from envace.envs.toolworld.state import allocate_id, sorted_ids
 
 NAME = "todo"
 DESCRIPTION = "a to-do list: add, list, complete, prioritise and delete to-do items"
-TITLES = ("pay rent", "call mom", "renew insurance", "book dentist", "fix the bike", "file taxes",
-          "buy a gift", "clean the garage", "update resume", "return library books")
+TITLES = (
+    "pay rent",
+    "call mom",
+    "renew insurance",
+    "book dentist",
+    "fix the bike",
+    "file taxes",
+    "buy a gift",
+    "clean the garage",
+    "update resume",
+    "return library books",
+)
 DUE_DATES = tuple(f"2025-03-{day:02d}" for day in range(3, 21))
 PRIORITIES = ("low", "normal", "high")
 STATUSES = ("open", "done", "all")
@@ -39,8 +49,9 @@ def listed_todos(state: dict[str, Any], status: str) -> list[dict[str, Any]]:
     """To-dos filtered by status, ordered by id, as ``list_todos`` reports them."""
     todos = state["todos"]
     keep = {"open": lambda t: not t["done"], "done": lambda t: t["done"], "all": lambda t: True}[status]
-    return [{"todo_id": k, "title": todos[k]["title"], "due": todos[k]["due"]}
-            for k in sorted_ids(todos) if keep(todos[k])]
+    return [
+        {"todo_id": k, "title": todos[k]["title"], "due": todos[k]["due"]} for k in sorted_ids(todos) if keep(todos[k])
+    ]
 
 
 def _add_todo(state: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
@@ -79,16 +90,31 @@ def _delete_todo(state: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
 _TODO_ID = Param("todo_id", "string", "To-do id, e.g. todo_2.")
 
 TOOLS: tuple[ToolSpec, ...] = (
-    ToolSpec("add_todo", NAME, "Add a to-do item.",
-             (Param("title", "string", "What to do.", min_length=1),
-              Param("due", "string", "Due date as YYYY-MM-DD.", pattern=DATE_PATTERN, hint="YYYY-MM-DD")),
-             _add_todo),
-    ToolSpec("list_todos", NAME, "List to-do items by status.",
-             (Param("status", "string", "Which items to list.", required=False, enum=STATUSES, default="open"),),
-             _list_todos),
+    ToolSpec(
+        "add_todo",
+        NAME,
+        "Add a to-do item.",
+        (
+            Param("title", "string", "What to do.", min_length=1),
+            Param("due", "string", "Due date as YYYY-MM-DD.", pattern=DATE_PATTERN, hint="YYYY-MM-DD"),
+        ),
+        _add_todo,
+    ),
+    ToolSpec(
+        "list_todos",
+        NAME,
+        "List to-do items by status.",
+        (Param("status", "string", "Which items to list.", required=False, enum=STATUSES, default="open"),),
+        _list_todos,
+    ),
     ToolSpec("complete_todo", NAME, "Mark a to-do item as done.", (_TODO_ID,), _complete_todo),
-    ToolSpec("set_todo_priority", NAME, "Set a to-do item's priority.",
-             (_TODO_ID, Param("priority", "string", "New priority.", enum=PRIORITIES)), _set_todo_priority),
+    ToolSpec(
+        "set_todo_priority",
+        NAME,
+        "Set a to-do item's priority.",
+        (_TODO_ID, Param("priority", "string", "New priority.", enum=PRIORITIES)),
+        _set_todo_priority,
+    ),
     ToolSpec("delete_todo", NAME, "Delete a to-do item.", (_TODO_ID,), _delete_todo),
 )
 
@@ -97,7 +123,13 @@ def seed_state(rng: random.Random) -> dict[str, Any]:
     """Four to-dos with distinct titles; one of them is already done."""
     titles = rng.sample(TITLES, 4)
     done_index = rng.randrange(4)
-    todos = {f"todo_{i + 1}": {"title": t, "due": rng.choice(DUE_DATES), "priority": rng.choice(PRIORITIES),
-                               "done": i == done_index}
-             for i, t in enumerate(titles)}
+    todos = {
+        f"todo_{i + 1}": {
+            "title": t,
+            "due": rng.choice(DUE_DATES),
+            "priority": rng.choice(PRIORITIES),
+            "done": i == done_index,
+        }
+        for i, t in enumerate(titles)
+    }
     return {"todos": todos, "next_ids": {"todo": len(todos) + 1}}

@@ -37,33 +37,63 @@ def _read(inp: ScenarioInput) -> PlannedTurn | None:
     path = inp.rng.choice(_paths(inp))
     k = inp.key("read")
     user = phrase(inp, ("What does {path} say?", "Please read {path} to me.", "Open {path}."), path=path)
-    return PlannedTurn(user, one_step(call(k, "read_file", path=path)), '{path} says: "{content}".',
-                       {"path": path, "content": Ref(k, ("content",))}, ("content",), {"file": {"path": path}})
+    return PlannedTurn(
+        user,
+        one_step(call(k, "read_file", path=path)),
+        '{path} says: "{content}".',
+        {"path": path, "content": Ref(k, ("content",))},
+        ("content",),
+        {"file": {"path": path}},
+    )
 
 
 def _list(inp: ScenarioInput) -> PlannedTurn:
     folder = inp.rng.choice(FOLDERS)
     k = inp.key("list")
-    user = phrase(inp, ("Which files are in {folder}?", "List the {folder} folder.", "What's inside {folder}?"),
-                  folder=folder)
+    user = phrase(
+        inp, ("Which files are in {folder}?", "List the {folder} folder.", "What's inside {folder}?"), folder=folder
+    )
     paths = folder_files(dict(inp.state), folder)
     if not paths:
-        return PlannedTurn(user, one_step(call(k, "list_files", folder=folder)), "The {folder} folder is empty.",
-                           {"folder": folder}, ("folder",))
+        return PlannedTurn(
+            user,
+            one_step(call(k, "list_files", folder=folder)),
+            "The {folder} folder is empty.",
+            {"folder": folder},
+            ("folder",),
+        )
     fields = {"folder": folder, "listing": ", ".join(paths), **enumerate_fields("path", paths)}
-    return PlannedTurn(user, one_step(call(k, "list_files", folder=folder)), "{folder} contains: {listing}.", fields,
-                       tuple(f"path_{i}" for i in range(len(paths))))
+    return PlannedTurn(
+        user,
+        one_step(call(k, "list_files", folder=folder)),
+        "{folder} contains: {listing}.",
+        fields,
+        tuple(f"path_{i}" for i in range(len(paths))),
+    )
 
 
 def _write(inp: ScenarioInput) -> PlannedTurn | None:
     options = [f"{f}/{n}" for f in FOLDERS for n in FILE_NAMES if f"{f}/{n}" not in inp.state["files"]]
     path, content = inp.rng.choice(options), inp.rng.choice(CONTENTS)
     k = inp.key("write")
-    user = phrase(inp, ("Create {path} with the text '{content}'.", "Write '{content}' into a new file {path}.",
-                        "Save a note at {path} saying '{content}'."), path=path, content=content)
-    return PlannedTurn(user, one_step(call(k, "write_file", path=path, content=content)),
-                       "Saved {path} ({size} characters).", {"path": path, "size": Ref(k, ("size",))}, ("path", "size"),
-                       {"file": {"path": Ref(k, ("path",))}})
+    user = phrase(
+        inp,
+        (
+            "Create {path} with the text '{content}'.",
+            "Write '{content}' into a new file {path}.",
+            "Save a note at {path} saying '{content}'.",
+        ),
+        path=path,
+        content=content,
+    )
+    return PlannedTurn(
+        user,
+        one_step(call(k, "write_file", path=path, content=content)),
+        "Saved {path} ({size} characters).",
+        {"path": path, "size": Ref(k, ("size",))},
+        ("path", "size"),
+        {"file": {"path": Ref(k, ("path",))}},
+    )
 
 
 def _move(inp: ScenarioInput) -> PlannedTurn | None:
@@ -74,10 +104,16 @@ def _move(inp: ScenarioInput) -> PlannedTurn | None:
     if folder is None:
         return None
     k = inp.key("move")
-    user = phrase(inp, ("Move {path} to the {folder} folder.", "Please put {path} into {folder}."),
-                  path=path, folder=folder)
-    return PlannedTurn(user, one_step(call(k, "move_file", path=path, folder=folder)), "Moved {path} to {new_path}.",
-                       {"path": path, "new_path": Ref(k, ("new_path",))}, ("new_path",))
+    user = phrase(
+        inp, ("Move {path} to the {folder} folder.", "Please put {path} into {folder}."), path=path, folder=folder
+    )
+    return PlannedTurn(
+        user,
+        one_step(call(k, "move_file", path=path, folder=folder)),
+        "Moved {path} to {new_path}.",
+        {"path": path, "new_path": Ref(k, ("new_path",))},
+        ("new_path",),
+    )
 
 
 def _delete(inp: ScenarioInput) -> PlannedTurn | None:
@@ -85,8 +121,9 @@ def _delete(inp: ScenarioInput) -> PlannedTurn | None:
         return None
     path = inp.rng.choice(_paths(inp))
     user = phrase(inp, ("Delete {path}.", "Please remove the file {path}."), path=path)
-    return PlannedTurn(user, one_step(call(inp.key("delete"), "delete_file", path=path)), "Deleted {path}.",
-                       {"path": path}, ("path",))
+    return PlannedTurn(
+        user, one_step(call(inp.key("delete"), "delete_file", path=path)), "Deleted {path}.", {"path": path}, ("path",)
+    )
 
 
 def _open_first(inp: ScenarioInput) -> PlannedTurn | None:
@@ -95,12 +132,24 @@ def _open_first(inp: ScenarioInput) -> PlannedTurn | None:
         return None
     folder = inp.rng.choice(folders)
     kl, kr = inp.key("list"), inp.key("read")
-    user = phrase(inp, ("Open the first file in {folder} and tell me what it says.",
-                        "What does the first file in the {folder} folder say?"), folder=folder)
+    user = phrase(
+        inp,
+        (
+            "Open the first file in {folder} and tell me what it says.",
+            "What does the first file in the {folder} folder say?",
+        ),
+        folder=folder,
+    )
     first = Ref(kl, ("files", 0))
     steps = ((call(kl, "list_files", folder=folder),), (call(kr, "read_file", path=first),))
-    return PlannedTurn(user, steps, '{path} says: "{content}".', {"path": first, "content": Ref(kr, ("content",))},
-                       ("content",), {"file": {"path": first}})
+    return PlannedTurn(
+        user,
+        steps,
+        '{path} says: "{content}".',
+        {"path": first, "content": Ref(kr, ("content",))},
+        ("content",),
+        {"file": {"path": first}},
+    )
 
 
 def _read_two(inp: ScenarioInput) -> PlannedTurn | None:
@@ -121,15 +170,25 @@ def _move_follow_up(inp: ScenarioInput) -> PlannedTurn | None:
         return None
     k = inp.key("move")
     user = phrase(inp, ("Now move it to {folder}.", "Please file it under {folder}."), folder=folder)
-    return PlannedTurn(user, one_step(call(k, "move_file", path=path_ref, folder=folder)), "Moved it to {new_path}.",
-                       {"new_path": Ref(k, ("new_path",))}, ("new_path",))
+    return PlannedTurn(
+        user,
+        one_step(call(k, "move_file", path=path_ref, folder=folder)),
+        "Moved it to {new_path}.",
+        {"new_path": Ref(k, ("new_path",))},
+        ("new_path",),
+    )
 
 
 def _delete_follow_up(inp: ScenarioInput) -> PlannedTurn:
     path_ref = inp.context["file"]["path"]
     user = phrase(inp, ("Actually, delete it.", "I don't need it any more, please delete it."))
-    return PlannedTurn(user, one_step(call(inp.key("delete"), "delete_file", path=path_ref)), "Deleted {path}.",
-                       {"path": path_ref}, ("path",))
+    return PlannedTurn(
+        user,
+        one_step(call(inp.key("delete"), "delete_file", path=path_ref)),
+        "Deleted {path}.",
+        {"path": path_ref},
+        ("path",),
+    )
 
 
 SCENARIOS: tuple[Scenario, ...] = (
