@@ -17,10 +17,7 @@ older code as stale (``envace.reporting.provenance``).
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,33 +27,21 @@ from omegaconf import DictConfig
 from envace.config import to_plain
 from envace.experiments import OUTPUT_NAME
 from envace.reporting.comparison import CURRENT_RUN, RunResult, ablation_table, collected_runs, scale_table
-from envace.reporting.layout import (
-    FIDELITY_NOTE,
-    FRACTION_TABLES,
-    REFERENCE_NOTE,
-    REFERENCE_TITLE,
-    SFT_NOTE,
-    TABLE_INPUTS,
-    TESTTIME_NOTE,
-    TITLES,
-)
 from envace.reporting.plots import curves_frame, merge_curves, save_plots
-from envace.reporting.provenance import InputState, head_state, header_lines, input_states, repo_root, stale_note
+from envace.reporting.provenance import input_states
+from envace.reporting.report_markdown import markdown
 from envace.reporting.sweep_layout import with_cell_rows
 from envace.reporting.tables import (
     benchmark_table,
     domain_table,
     fidelity_table,
     main_table,
-    overall_note,
-    render_markdown,
     stable_metrics,
     summary_table,
     testtime_table,
 )
 from envace.reporting.testtime_plots import sweep_cells
 from envace.stages.runner import NULL_TRACKER, Tracker, read_metrics, stage_main
-from envace.tracking_runs import ENV_OVERRIDES
 from envace.utils.io import atomic_dir, read_json, write_text
 
 logger = logging.getLogger(__name__)
@@ -113,90 +98,6 @@ def comparisons(cfg: DictConfig, m: dict[str, Any], curves: pd.DataFrame):
         f"{r.params['algo.name']} ({r.run})": curves if r is current else curves_frame(r.curves) for r in variants
     }
     return ablation, scale, reward
-
-
-def cross_run_note(cfg: DictConfig, what: str, collected: bool) -> str:
-    source = f"`{cfg.paths.metrics}/{OUTPUT_NAME}`"
-    if not collected:
-        return (
-            f"Only this run (`{CURRENT_RUN}`): no {source} yet. Run `make ablation`, or `dvc exp run -S "
-            "algo=grpo` (`-S model=...` for scale), then "
-            "`python -m envace.experiments collect && dvc repro report`."
-        )
-    return f"Rows: this run (`{CURRENT_RUN}`) and the latest experiment per {what} in {source} (`run` names it)."
-
-
-def provenance(cfg: DictConfig, tables: dict[str, pd.DataFrame], inputs: list[InputState]) -> list[str]:
-    where = repo_root(Path.cwd())
-    commit, dirty = head_state(where) if where else ("unknown", False)
-    seeds = {int(cfg.seed)} | {
-        int(s)
-        for key in ("ablation", "scale")
-        if "seeds" in tables[key]
-        for cell in tables[key]["seeds"]
-        for s in str(cell).split(", ")
-        if s.isdigit()
-    }
-    overrides = json.loads(os.environ.get(ENV_OVERRIDES) or "[]")
-    return header_lines(
-        commit=commit,
-        dirty=dirty,
-        profile=to_plain(cfg.profile),
-        overrides=list(overrides),
-        model=cfg.model.name,
-        variant=to_plain(cfg.algo.name),
-        seeds=sorted(seeds),
-        date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        inputs=inputs,
-    )
-
-
-def markdown(
-    cfg: DictConfig,
-    tables: dict[str, pd.DataFrame],
-    plots: list[str],
-    skipped: dict[str, str],
-    collected: bool,
-    inputs: list[InputState] | None = None,
-) -> str:
-    inputs = inputs or []
-    head = [
-        f"# envace report — profile `{to_plain(cfg.profile)}`, experiment `{cfg.experiment_name}`",
-        "",
-        *provenance(cfg, tables, inputs),
-        (
-            f"Model `{cfg.model.name}`, training variant `{to_plain(cfg.algo.name)}`, engine "
-            f"`{to_plain(cfg.engine.name)}`. Every number in our columns was measured by this pipeline (this run "
-            "and, in the ablation and scale tables, the collected DVC experiments); the paper's numbers appear "
-            "only in the column `paper (Qwen3-8B, reference)`."
-        ),
-        "",
-    ]
-    notes = {
-        "ablation": cross_run_note(cfg, "variant", collected),
-        "scale": cross_run_note(cfg, "model", collected),
-        "main": overall_note(tables["main"], to_plain(cfg.eval.benchmarks)),
-        "testtime": TESTTIME_NOTE,
-        "fidelity": FIDELITY_NOTE,
-    }
-    if int(cfg.train.sft_epochs) > 0:
-        notes["training"] = SFT_NOTE
-    body = []
-    for key, title in TITLES.items():
-        stale = stale_note(TABLE_INPUTS.get(key, []), inputs)
-        body += [
-            f"## {title}",
-            "",
-            *([stale, ""] if stale else []),
-            *([notes[key], ""] if key in notes else []),
-            render_markdown(
-                tables[key].drop(columns=["contender"], errors="ignore"), 3 if key in FRACTION_TABLES else 1
-            ),
-            "",
-        ]
-    body += ["## Plots", "", *[f"![{p}]({p})" for p in plots], ""]
-    body += [f"- `{name}` not drawn: {why}." for name, why in skipped.items()]
-    return "\n".join(head + body + ["", f"## {REFERENCE_TITLE}", "", REFERENCE_NOTE, ""])
 
 
 def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:

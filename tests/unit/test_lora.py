@@ -17,7 +17,7 @@ from envace.engines.local.lora import adapter_keys, add_lora, merged_copy
 from envace.engines.lora import LoraSpec, lora_spec
 from envace.models import ModelSpec, load_model_and_tokenizer
 from envace.stages.runner import NULL_TRACKER
-from envace.stages.train import local_engine_config
+from envace.stages.train_setup import local_engine_config
 
 torch.set_num_threads(1)
 

@@ -17,6 +17,7 @@ from envace.config import compose
 from envace.experiments import SCHEMA_VERSION
 from envace.reporting.comparison import RunResult, ablation_table, collected_runs, latest_per, model_size
 from envace.reporting.intervals import bootstrap_over_seeds, bootstrap_overall, wilson
+from envace.reporting.layout import REFERENCE_TITLE
 from envace.reporting.plots import curves_frame, merge_curves, plot_reward_per_variant
 from envace.reporting.provenance import CURRENT, STALE, header_lines, input_state, input_states, stale_note
 from envace.reporting.reference import REFERENCE_COLUMN
@@ -246,7 +247,7 @@ def test_the_paper_numbers_stay_in_their_labelled_reference_column(make_report):
     assert testtime[REFERENCE_COLUMN].iloc[0].startswith("no rehearsal: Overall 36.7")
     assert pd.isna(testtime[REFERENCE_COLUMN].iloc[1])  # N=1: the paper reports only N=2
     text = (out / "report.md").read_text()
-    assert f"| {REFERENCE_COLUMN}" in text and report.REFERENCE_TITLE in text
+    assert f"| {REFERENCE_COLUMN}" in text and REFERENCE_TITLE in text
 
 
 def test_reward_per_variant_uses_each_variants_curves(tmp_path):

@@ -183,3 +183,29 @@ def scatter_back(rows: Sequence[TrainRow], batch: MicroBatch, values: torch.Tens
     values = values.detach().cpu()
     for b, r in enumerate(rows):
         setattr(r, name, values[b, torch.searchsorted(keep, r.positions)].clone())
+
+
+@dataclass(frozen=True)
+class PaddedBatch:
+    """The legacy layout (``share_prefix=False``): rows right-padded, logits at the union of positions."""
+
+    rows: tuple[int, ...]
+    batch: MicroBatch
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self.batch.mask
+
+    @property
+    def values(self) -> dict[str, torch.Tensor]:
+        return self.batch.values
+
+    @property
+    def padded_tokens(self) -> int:
+        return int(self.batch.input_ids.numel())
+
+    def logprobs(self, model: Any) -> torch.Tensor:
+        return token_logprobs(model, self.batch)
+
+    def store(self, rows: Sequence[TrainRow], values: torch.Tensor, name: str) -> None:
+        scatter_back([rows[i] for i in self.rows], self.batch, values, name)

@@ -44,11 +44,9 @@ from envace.core.seeds import derive_seed
 from envace.engines.base import Variant
 from envace.engines.local.attention import GQA_SDPA
 from envace.engines.local.batching import (
-    MicroBatch,
+    PaddedBatch,
     TrainRow,
     collate,
-    scatter_back,
-    token_logprobs,
 )
 from envace.engines.local.config import OptimConfig
 from envace.engines.local.packing import attention_cost_ratio, collate_packs, plan_packs
@@ -142,32 +140,6 @@ class UpdateStats:
         return {prefix + k: self.sums[k] / self.counts[k] for k in self.sums}
 
 
-@dataclass(frozen=True)
-class _PaddedBatch:
-    """The legacy layout (``share_prefix=False``): rows right-padded, logits at the union of positions."""
-
-    rows: tuple[int, ...]
-    batch: MicroBatch
-
-    @property
-    def mask(self) -> torch.Tensor:
-        return self.batch.mask
-
-    @property
-    def values(self) -> dict[str, torch.Tensor]:
-        return self.batch.values
-
-    @property
-    def padded_tokens(self) -> int:
-        return int(self.batch.input_ids.numel())
-
-    def logprobs(self, model: Any) -> torch.Tensor:
-        return token_logprobs(model, self.batch)
-
-    def store(self, rows: Sequence[TrainRow], values: torch.Tensor, name: str) -> None:
-        scatter_back([rows[i] for i in self.rows], self.batch, values, name)
-
-
 def abs_gap(log_probs: torch.Tensor, batch: Any) -> tuple[float, int]:
     """(sum of |log_probs − sampling log-probs| over the batch's tokens, their count)."""
     gap = ((log_probs.detach() - batch.values["sampling_logprobs"]).abs() * batch.mask).sum()
@@ -243,7 +215,7 @@ class PolicyUpdater:
         out = []
         for i in range(0, len(rows), size):
             index = tuple(range(i, min(i + size, len(rows))))
-            out.append(_PaddedBatch(index, collate([rows[j] for j in index], self.pad_id, self.device)))
+            out.append(PaddedBatch(index, collate([rows[j] for j in index], self.pad_id, self.device)))
         return out
 
     def logprobs(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:

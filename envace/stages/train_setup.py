@@ -1,0 +1,129 @@
+"""How the train stage builds its inputs from the config: episode specs per data source, the reward per judge,
+the typed engine config per engine (``ENGINE_CONFIGS``), and the config hash its checkpoints are keyed by."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from envace.config import flatten, to_plain
+from envace.engines import episode_spec_from_task, to_episode_spec
+from envace.engines.lora import lora_spec
+from envace.engines.verl.engine import VerlEngineConfig
+from envace.envs.toolworld import ToolWorldExecutor, task_from_cm2_row
+from envace.judges import checklist_reward_fn, get_judge
+from envace.stages.common import model_spec
+from envace.stages.runner import Tracker
+from envace.stages.suites import PROBE_SETS
+from envace.tracking_store import default_tracking_uri
+
+CONFIG_KEYS = ("seed", "model", "data", "algo", "engine", "rollout", "train", "judge")
+
+
+def config_hash(cfg: DictConfig) -> str:
+    plain = {key: flatten(cfg[key]) if key != "seed" else cfg.seed for key in CONFIG_KEYS}
+    return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _toolworld_specs(rows: list[dict[str, Any]]) -> tuple[list[Any], Callable[[Any], Any]]:
+    tasks = {row["uuid"]: task_from_cm2_row(row) for row in rows}
+    specs = [episode_spec_from_task(task, ToolWorldExecutor(task)) for task in tasks.values()]
+    return specs, lambda spec: ToolWorldExecutor(tasks[spec.task_id])
+
+
+def _cm2_specs(rows: list[dict[str, Any]]) -> tuple[list[Any], None]:
+    return [to_episode_spec(row) for row in rows], None  # CM2 has no executor: grpo needs the simulator
+
+
+# data.source -> (episode specs, executor factory for grpo's real responses)
+SPEC_BUILDERS: dict[str, Callable[[list[dict[str, Any]]], tuple[list[Any], Any]]] = {
+    "toolworld": _toolworld_specs,
+    "cm2": _cm2_specs,
+}
+
+
+def _judge_reward(cfg: DictConfig) -> Any:
+    settings = to_plain(cfg.judge)  # every judge.* key is a judge setting (envace.judges.base.LLM_SETTING_NAMES)
+    return checklist_reward_fn(get_judge(settings.pop("name"), **settings))
+
+
+# judge.name -> reward function (None = the engine's built-in verifiable tool-world reward)
+REWARDS: dict[str, Callable[[DictConfig], Any]] = {
+    "verifiable": lambda cfg: None,
+    "rule": _judge_reward,
+    "llm": _judge_reward,
+    "composite": _judge_reward,
+}
+
+
+def probe_every(cfg: DictConfig) -> int:
+    """``train.fidelity_every`` where the probe can run (engine local, data with a real executor), else 0."""
+    every = int(cfg.train.fidelity_every)
+    return every if to_plain(cfg.engine.name) == "local" and PROBE_SETS[to_plain(cfg.data.source)] else 0
+
+
+def local_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> Any:
+    # lazy: envace.engines.local loads torch, transformers and peft (seconds); a dead judge or simulator endpoint
+    # fails the stage (preflight) before that
+    from envace.engines.local.config import LocalEngineConfig, OptimConfig, RolloutConfig, SFTConfig
+
+    r, a, t, e = cfg.rollout, cfg.algo, cfg.train, cfg.engine
+    speed = {k: e[k] for k in ("share_prefix", "micro_batch_tokens", "grad_checkpointing", "logprob_check")}
+    keys = (
+        "samples_per_prompt",
+        "act_temperature",
+        "rehearse_temperature",
+        "max_steps_per_turn",
+        "max_act_tokens",
+        "max_rehearse_tokens",
+        "max_stream_tokens",
+        "rehearse_context_tokens",
+        "enforce_required_items",
+    )
+    return LocalEngineConfig(
+        model=model_spec(cfg),
+        variant=to_plain(a.name),
+        steps=int(t.steps),
+        prompts_per_step=int(r.prompts_per_step),
+        seed=int(cfg.seed),
+        device=e.device,
+        precision=str(e.precision),
+        output_dir=str(output_dir),
+        checkpoint_every=int(t.checkpoint_every),
+        keep_checkpoints=int(t.keep_checkpoints),
+        resume=bool(t.resume),
+        grpo_responses=to_plain(a.grpo_responses),
+        fidelity_every=probe_every(cfg),
+        lora=lora_spec(a),
+        rollout=RolloutConfig(**{k: r[k] for k in keys}),
+        optim=OptimConfig(
+            lr=a.lr,
+            clip_ratio=a.clip_ratio,
+            kl_coef=a.kl_coef,
+            grad_clip=a.grad_clip,
+            ppo_epochs=a.ppo_epochs,
+            baseline=to_plain(a.baseline),
+            norm_by_std=a.norm_by_std,
+            **speed,
+        ),
+        sft=SFTConfig(epochs=int(t.sft_epochs), lr=float(t.sft_lr)),
+    )
+
+
+def verl_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> Any:
+    """verl rebuilds everything from the whole config; its MLflow logging nests under this stage's run."""
+    uri = default_tracking_uri() if tracker.run_id else None
+    return VerlEngineConfig(
+        cfg=to_plain(cfg), output_dir=str(output_dir), tracking_uri=uri, parent_run_id=tracker.run_id
+    )
+
+
+ENGINE_CONFIGS: dict[str, Callable[[DictConfig, Path, Tracker], Any]] = {  # engine.name -> its typed config
+    "local": local_engine_config,
+    "verl": verl_engine_config,
+}
