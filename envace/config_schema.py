@@ -123,7 +123,10 @@ class EngineConfig:
 
 
 @dataclass
-class RolloutConfig:
+class RolloutSection:
+    """The ``rollout`` section of the config; the local engine builds its ``engines.local.config.RolloutConfig``
+    from it (``stages.train_setup.local_engine_config``)."""
+
     samples_per_prompt: int = 4  # K trajectories per instruction
     prompts_per_step: int = 2
     act_temperature: float = 1.0
@@ -303,7 +306,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
     train: TrainConfig = field(default_factory=TrainConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -57,7 +57,7 @@ class FunctionSpec(BaseModel):
     parameters: dict[str, Any] | None = None
 
 
-class ToolSpec(BaseModel):
+class ChatToolSpec(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: Literal["function"] = "function"
     function: FunctionSpec
@@ -69,7 +69,7 @@ class ChatCompletionBody(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str | None = None  # answered under the served name whatever is asked for, like a one-model vLLM
     messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[ToolSpec] | None = None
+    tools: list[ChatToolSpec] | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)

@@ -150,7 +150,7 @@ def eligible_recipes(
 
 
 @dataclass(frozen=True)
-class Slot:
+class TaskSlot:
     """What one task of a split must be: its domain and hold-out category."""
 
     domain: str
@@ -162,21 +162,21 @@ def _round_robin(items: tuple[str, ...], count: int) -> list[str]:
     return [items[i % len(items)] for i in range(count)] if items else []
 
 
-def plan_slots(config: ToolWorldConfig, split: str) -> list[Slot]:
+def plan_slots(config: ToolWorldConfig, split: str) -> list[TaskSlot]:
     """The (shuffled, deterministic) list of slots of one split."""
     size = {"train": config.n_train, "val": config.n_val, "test": config.n_test}[split]
     comps = config.held_out_compositions
     comp_fraction = {"train": 0.0, "val": config.val_composition_fraction, "test": config.test_composition_fraction}
     n_domain = round(size * config.test_domain_fraction) if split == "test" and config.held_out_domain else 0
     n_comp = min(round(size * comp_fraction[split]), size - n_domain) if comps else 0
-    slots = [Slot(config.held_out_domain, "domain") for _ in range(n_domain)]  # type: ignore[arg-type]
-    slots += [Slot(composition_domain(c), "composition", c) for c in _round_robin(comps, n_comp)]
-    slots += [Slot(d) for d in _round_robin(config.train_domains, size - n_domain - n_comp)]
+    slots = [TaskSlot(config.held_out_domain, "domain") for _ in range(n_domain)]  # type: ignore[arg-type]
+    slots += [TaskSlot(composition_domain(c), "composition", c) for c in _round_robin(comps, n_comp)]
+    slots += [TaskSlot(d) for d in _round_robin(config.train_domains, size - n_domain - n_comp)]
     random.Random(zlib.crc32(f"toolworld|{config.seed}|{split}|slots".encode())).shuffle(slots)
     return slots
 
 
-def _choose_recipe(rng: random.Random, config: ToolWorldConfig, slot: Slot) -> tuple[str, ...]:
+def _choose_recipe(rng: random.Random, config: ToolWorldConfig, slot: TaskSlot) -> tuple[str, ...]:
     held_out = () if slot.held_out == "domain" else config.held_out_compositions
     recipes = eligible_recipes(slot.domain, config.max_turns, held_out, slot.composition)
     if not recipes:
@@ -245,7 +245,7 @@ def _json_clean(value: Any) -> Any:
 
 
 def assemble_task(
-    task_id: str, split: str, domain: Domain, recipe: tuple[str, ...], slot: Slot, realized: Realized, seed: int
+    task_id: str, split: str, domain: Domain, recipe: tuple[str, ...], slot: TaskSlot, realized: Realized, seed: int
 ) -> Task:
     initial, turns, final = realized
     tools_used = sorted({c.name for t in turns for step in t.steps for c in step})
@@ -309,7 +309,7 @@ class _Reserved:
 
 
 def _make_task(
-    config: ToolWorldConfig, split: str, index: int, slot: Slot, seen: set[str], reserved: _Reserved | None = None
+    config: ToolWorldConfig, split: str, index: int, slot: TaskSlot, seen: set[str], reserved: _Reserved | None = None
 ) -> Task:
     domain = get_domain(slot.domain)
     for attempt in range(MAX_ATTEMPTS):

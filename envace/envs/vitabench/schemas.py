@@ -25,7 +25,7 @@ SL, IL = {"type": "array", "items": S}, {"type": "array", "items": INT}
 
 
 @dataclass(frozen=True)
-class ToolSpec:
+class VitaToolSpec:
     name: str
     toolkit: str  # general | delivery | instore | ota
     kind: str  # read | write | generic
@@ -36,8 +36,8 @@ class ToolSpec:
 
 def _spec(
     toolkit: str, kind: str, name: str, description: str, params: dict[str, Any], optional: tuple[str, ...] = ()
-) -> ToolSpec:
-    return ToolSpec(name, toolkit, kind, params, tuple(k for k in params if k not in optional), description)
+) -> VitaToolSpec:
+    return VitaToolSpec(name, toolkit, kind, params, tuple(k for k in params if k not in optional), description)
 
 
 _SPECS = [
@@ -206,7 +206,7 @@ _SPECS = [
         optional=("reservation_id",),
     ),
 ]
-TOOL_SPECS: dict[str, ToolSpec] = {s.name: s for s in _SPECS}
+TOOL_SPECS: dict[str, VitaToolSpec] = {s.name: s for s in _SPECS}
 
 
 # ---- reference descriptions (data only) ---------------------------------------------------------------
@@ -242,7 +242,7 @@ def read_reference_descriptions(files: Mapping[str, Path], language: str) -> dic
     return out
 
 
-def _described(spec: ToolSpec, ref: Mapping[str, Any] | None) -> tuple[str, dict[str, dict[str, Any]]]:
+def _described(spec: VitaToolSpec, ref: Mapping[str, Any] | None) -> tuple[str, dict[str, dict[str, Any]]]:
     if not ref:
         return spec.description, dict(spec.params)
     parts = [str(ref.get("description") or spec.description)]
@@ -256,7 +256,7 @@ def _described(spec: ToolSpec, ref: Mapping[str, Any] | None) -> tuple[str, dict
     return "\n".join(parts), params
 
 
-def openai_schema(spec: ToolSpec, ref: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def openai_schema(spec: VitaToolSpec, ref: Mapping[str, Any] | None = None) -> dict[str, Any]:
     description, params = _described(spec, ref)
     return {
         "type": "function",
