@@ -10,13 +10,14 @@
 - ``testtime``: per sweep cell ``<variant>/seed<k>/<mode>/n<N>/<rehearser>`` its success, n, costs, and
   ``testtime_comparisons``: each cell's paired gain over N=0 and the paper's trained-vs-base comparison.
 
-The report reads the paper's numbers only through envace.reporting.reference (a labelled column).
+The tables are envace.reporting.science_tables, the figures envace.reporting.science_plots; this module
+writes ``science.json`` and the report's markdown. The report reads the paper's numbers only through
+envace.reporting.reference (a labelled column).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,26 +28,23 @@ from omegaconf import DictConfig
 
 from envace.config import to_plain
 from envace.reporting import reference
-from envace.reporting.figures import integer_ticks, legend_outside, new_figure, save_figure
-from envace.reporting.science_stats import SUBSETS, summarize
-from envace.stages.runner import read_metrics
-from envace.utils.io import atomic_dir, read_json, write_json
+from envace.reporting.figures import save_figure
+from envace.reporting.science_plots import curves_by_variant, curves_figure, main_figure, testtime_figure
+from envace.reporting.science_stats import summarize
+from envace.reporting.science_tables import (
+    calibration_table,
+    differences_table,
+    fidelity_table,
+    main_table,
+    probe_fidelity_table,
+    signed,
+    testtime_table,
+    timings,
+)
+from envace.utils.io import atomic_dir, write_json
 
 logger = logging.getLogger(__name__)
 
-# per-step curves drawn per variant (mean over seeds, band = min..max over seeds): (key, title, y label)
-CURVES = (
-    ("reward/mean", "reward per step", "reward (0-1)"),
-    ("loss/act", "ACT loss", "loss per token"),
-    ("loss/rehearse", "REHEARSE loss", "loss per token"),
-    ("kl", "KL to reference", "nats per token"),
-    ("grad_norm", "gradient norm (pre-clip)", "L2 norm"),
-    ("clipfrac", "clip fraction", "fraction"),
-    ("parse_fail/act", "ACT parse failures", "fraction of outputs"),
-    ("parse_fail/rehearse", "REHEARSE parse failures", "fraction of outputs"),
-    ("fidelity/field_f1", "REHEARSE fidelity: field F1", "F1 (0-1)"),
-    ("fidelity/error_agreement", "REHEARSE fidelity: error agreement", "agreement (0-1)"),
-)
 # the paper's four claims: (name, the difference that tests it, what the paper reports)
 CLAIMS = (
     ("EnvACE training improves its starting policy", "envace-sft_base", "EnvACE-8B 32.91 vs Qwen3-8B 28.48 Overall"),
@@ -58,25 +56,6 @@ CLAIMS = (
         "parallel N=2: +4.2 trained vs +0.1 base",
     ),
 )
-
-
-def pct(x: float | None) -> str:
-    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}"
-
-
-def ci_text(stat: Mapping[str, Any], key: str = "mean") -> str:
-    ci = stat.get("ci95")
-    body = pct(stat.get(key))
-    return f"{body} [{pct(ci[0])}, {pct(ci[1])}]" if ci else body
-
-
-def signed(stat: Mapping[str, Any]) -> str:
-    ci = stat.get("ci95")
-    diff = stat.get("diff")
-    if diff is None or (isinstance(diff, float) and math.isnan(diff)):
-        return "–"
-    text = f"{100 * diff:+.1f}"
-    return f"{text} [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]" if ci else text
 
 
 def _task_map(rows: list[Mapping[str, Any]]) -> dict[str, int]:
@@ -126,242 +105,6 @@ def science_json(summary: Mapping[str, Any], cfg: DictConfig) -> dict[str, Any]:
     return out
 
 
-# ---- tables -----------------------------------------------------------------------------------------
-def main_table(agg: Mapping[str, Any], variants: list[str]) -> pd.DataFrame:
-    rows = []
-    for name in ["untrained_base", "sft_base", *variants]:
-        stats = agg["variants"].get(name)
-        if stats is None:
-            continue
-        ref = (
-            reference.ablation_reference(name)
-            if name in variants
-            else (reference.main_reference("base", "") if name == "untrained_base" else None)
-        )
-        rows.append(
-            {
-                "model": name,
-                "success % [95% CI]": ci_text(stats["all"]),
-                "in-domain %": ci_text(stats["in_domain"]),
-                "held-out domain %": ci_text(stats["held_out_domain"]),
-                "per seed %": ", ".join(pct(x) for x in stats["all"]["per_seed"]),
-                "n tasks × seeds": f"{stats['all']['n_tasks']} × {stats['all']['n_seeds']}",
-                reference.REFERENCE_COLUMN: ref or "–",
-            }
-        )
-    return pd.DataFrame(rows)
-
-
-def differences_table(agg: Mapping[str, Any]) -> pd.DataFrame:
-    rows = []
-    for name, by_subset in agg["differences"].items():
-        a, b = name.split("-", 1)
-        for subset in SUBSETS:
-            d = by_subset[subset]
-            rows.append(
-                {
-                    "A − B": f"{a} − {b}",
-                    "subset": subset,
-                    "difference (points) [95% CI]": signed(d),
-                    "n tasks": d["n_tasks"],
-                    "seeds (A, B)": tuple(d["n_seeds"]),
-                    "verdict": d["verdict"],
-                }
-            )
-    return pd.DataFrame(rows)
-
-
-def testtime_table(testtime: Mapping[str, Any], comparisons: Mapping[str, Any]) -> pd.DataFrame:
-    rows = []
-    for key, c in sorted(testtime.items()):
-        variant, seed, mode, n, rehearser = key.split("/")
-        n_attempts = int(n.removeprefix("n"))
-        gain = comparisons.get(f"{key}-vs-n0")
-        rows.append(
-            {
-                "cell": f"{variant}/{seed}",
-                "mode": mode,
-                "N": n_attempts,
-                "rehearser": rehearser,
-                "success %": pct(c.get("success_rate")),
-                "n": len(c.get("tasks", [])),
-                "gain vs N=0 (points) [95% CI]": signed(gain) if gain else "–",
-                "rehearsal tokens / task": f"{c.get('cost/rehearsal_completion_tokens', 0):.0f}",
-                "rehearsal s / task": f"{c.get('cost/rehearsal_wall_s', 0):.1f}",
-                "real calls / task": f"{c.get('cost/real_env_calls', 0):.2f}",
-                "committed executions / task": f"{c.get('cost/committed_executions', 0):.0f}",
-                reference.REFERENCE_COLUMN: reference.testtime_reference(n_attempts, mode, rehearser) or "–",
-            }
-        )
-    return pd.DataFrame(rows)
-
-
-def fidelity_table(root: Path, cells: Mapping[str, Any]) -> pd.DataFrame:
-    """REHEARSE on the oracle's real calls (the same calls for every model): SFT base, untrained, cells."""
-    rows = []
-    path = root / "sft" / "evaluate_toolworld.json"
-    sft = read_json(path) if path.exists() else {}
-    models = [("untrained_base", sft.get("base", {})), ("sft_base", sft.get("policy", {}))]
-    models += [(key, cell["evaluate"].get("policy", {})) for key, cell in sorted(cells.items())]
-    for name, m in models:
-        fid = m.get("fidelity_gold")
-        if fid:
-            rows.append(
-                {
-                    "rehearser": name,
-                    "calls": fid.get("n_calls"),
-                    "exact match": pct(fid.get("exact_match")),
-                    "field F1": pct(fid.get("field_f1")),
-                    "error agreement": pct(fid.get("error_agreement")),
-                }
-            )
-    return pd.DataFrame(rows)
-
-
-PROBE_KEYS = ("fidelity/exact_match", "fidelity/field_f1", "fidelity/error_agreement")
-
-
-def probe_fidelity_table(cells: Mapping[str, Any]) -> pd.DataFrame:
-    """REHEARSE on the oracle's real calls of the training probe's val tasks (the same calls in every cell):
-    at step 0 (the SFT start, before any GRPO update) and at the last step, mean over a variant's seeds."""
-    per_variant: dict[str, list[tuple[pd.Series, pd.Series, float]]] = {}
-    for cell in cells.values():
-        csv = Path(cell["dir"]) / "train_steps.csv"
-        if not csv.exists():
-            continue
-        frame = pd.read_csv(csv)
-        if not set(PROBE_KEYS) <= set(frame.columns):
-            continue
-        probed = frame.dropna(subset=["fidelity/field_f1"]).sort_values("step")
-        if len(probed) >= 2:
-            per_variant.setdefault(cell["variant"], []).append(
-                (probed.iloc[0], probed.iloc[-1], float(probed.iloc[0].get("fidelity/n_calls", float("nan"))))
-            )
-    rows = []
-    for variant, probes in sorted(per_variant.items()):
-        row: dict[str, Any] = {
-            "variant": variant,
-            "seeds": len(probes),
-            "calls": probes[0][2],
-            "last step": int(probes[0][1]["step"]),
-        }
-        for key in PROBE_KEYS:
-            start = float(np.mean([p[0][key] for p in probes]))
-            end = float(np.mean([p[1][key] for p in probes]))
-            name = key.removeprefix("fidelity/").replace("_", " ")
-            row[f"{name}: step 0 → last"] = f"{pct(start)} → {pct(end)} ({100 * (end - start):+.1f})"
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def calibration_table(root: Path) -> pd.DataFrame:
-    path = root / "sft" / "evaluate_toolworld.json"
-    if not path.exists():
-        return pd.DataFrame()
-    m = read_metrics(path)
-    rows = []
-    for label, name in (("base", "untrained base"), ("policy", "SFT'd base (every cell's start)")):
-        r = m.get(label)
-        if not r:
-            continue
-        row = {
-            "model": name,
-            "test success %": pct(r["success_rate"]),
-            "n": r["n_tasks"],
-            "in-domain %": pct((r.get("in_domain") or {}).get("success_rate")),
-            "held-out %": pct((r.get("transfer") or {}).get("success_rate")),
-        }
-        row.update({f"{d} %": f"{pct(g['success_rate'])} (n={g['n']})" for d, g in r.get("per_domain", {}).items()})
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-# ---- figures ----------------------------------------------------------------------------------------
-def curves_by_variant(cells: Mapping[str, Any]) -> dict[str, list[pd.DataFrame]]:
-    out: dict[str, list[pd.DataFrame]] = {}
-    for cell in cells.values():
-        csv = Path(cell["dir"]) / "train_steps.csv"
-        if csv.exists():
-            out.setdefault(cell["variant"], []).append(pd.read_csv(csv))
-    return out
-
-
-def curves_figure(by_variant: Mapping[str, list[pd.DataFrame]]) -> Any:
-    keys = [
-        c for c in CURVES if any(c[0] in f.columns and f[c[0]].notna().any() for fs in by_variant.values() for f in fs)
-    ]
-    if not keys:
-        return None
-    ncols = 2
-    nrows = math.ceil(len(keys) / ncols)
-    fig, axes = new_figure(
-        "Training curves per variant (mean over seeds; band: min-max over seeds)", nrows, ncols, size=(10, 2.6 * nrows)
-    )
-    for ax, (key, title, ylabel) in zip(axes, keys):
-        for variant, frames in sorted(by_variant.items()):
-            series = [f.set_index("step")[key].dropna() for f in frames if key in f.columns]
-            series = [s for s in series if len(s)]
-            if not series:
-                continue
-            table = pd.concat(series, axis=1)
-            ax.plot(table.index, table.mean(axis=1), marker="o", label=f"{variant} ({len(series)} seeds)")
-            ax.fill_between(table.index, table.min(axis=1), table.max(axis=1), alpha=0.2)
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("GRPO step")
-        ax.set_ylabel(ylabel)
-        integer_ticks(ax.xaxis)
-    for ax in axes[len(keys) :]:
-        ax.set_visible(False)
-    legend_outside(axes[0])
-    return fig
-
-
-def main_figure(agg: Mapping[str, Any], variants: list[str]) -> Any:
-    names = [n for n in ["untrained_base", "sft_base", *variants] if n in agg["variants"]]
-    if not names:
-        return None
-    fig, (ax,) = new_figure("Test success per model (95% bootstrap CI over tasks and seeds)", size=(7, 3.6))
-    for offset, subset in zip((-0.25, 0.0, 0.25), SUBSETS):
-        stats = [agg["variants"][n][subset] for n in names]
-        means = np.array([s["mean"] for s in stats], dtype=float)
-        lo = np.array([s["ci95"][0] if s["ci95"] else np.nan for s in stats])
-        hi = np.array([s["ci95"][1] if s["ci95"] else np.nan for s in stats])
-        x = np.arange(len(names)) + offset
-        ax.bar(x, 100 * means, width=0.24, label=subset)
-        ax.errorbar(x, 100 * means, yerr=[100 * (means - lo), 100 * (hi - means)], fmt="none", color="k", capsize=3)
-    ax.set_xticks(np.arange(len(names)), names, rotation=20)
-    ax.set_ylabel("success rate (%)")
-    legend_outside(ax)
-    return fig
-
-
-def testtime_figure(testtime: Mapping[str, Any]) -> Any:
-    rows = [
-        dict(key=k, **{f: v for f, v in c.items() if f != "tasks"}, n=len(c.get("tasks", [])))
-        for k, c in testtime.items()
-    ]
-    if not rows:
-        return None
-    frame = pd.DataFrame(rows)
-    fig, (ax,) = new_figure("Test-time rehearsal: success vs N (first seed solid; other seeds dashed)", size=(7, 3.6))
-    none = frame[frame["mode"] == "none"]
-    for (seed, mode, rehearser), group in frame[frame["mode"] != "none"].groupby(["seed", "mode", "rehearser"]):
-        base = none[none["seed"] == seed]
-        g = pd.concat([base, group]).sort_values("n_attempts")
-        ax.plot(
-            g["n_attempts"],
-            100 * g["success_rate"],
-            marker="o",
-            linestyle="-" if seed == frame["seed"].min() else "--",
-            label=f"seed {seed} {mode}/{rehearser}",
-        )
-    ax.set_xlabel("private rehearsal attempts N")
-    ax.set_ylabel("success rate (%)")
-    integer_ticks(ax.xaxis)
-    legend_outside(ax)
-    return fig
-
-
 # ---- the report -------------------------------------------------------------------------------------
 def claims_reading(agg: Mapping[str, Any]) -> list[str]:
     lines = []
@@ -391,21 +134,6 @@ def claims_reading(agg: Mapping[str, Any]) -> list[str]:
             f"({d['n_tasks']} tasks × seeds {tuple(d['n_seeds'])}) → this run {word[d['verdict']]}."
         )
     return lines
-
-
-def timings(root: Path) -> pd.DataFrame:
-    rows = []
-    for path in sorted(root.rglob("timing_*.json")):
-        t = read_json(path)
-        rows.append(
-            {
-                "part": f"{path.parent.relative_to(root)}/{t['part']}",
-                "minutes": round(sum(t["seconds"].values()) / 60, 1),
-                "threads": t.get("threads"),
-                "cpu": t.get("cpu"),
-            }
-        )
-    return pd.DataFrame(rows)
 
 
 def markdown(frame: pd.DataFrame) -> str:

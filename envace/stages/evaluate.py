@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from envace.config import to_plain
 from envace.evaluation import evaluate, measure_fidelity, oracle_probe_set, sample_tasks, with_trials
 from envace.inference.preflight import preflight
-from envace.mlflow_logging import trace_episodes
+from envace.mlflow_traces import trace_episodes
 from envace.stages.common import base_backend, data_seed, trained_backend
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.stages.suites import eval_suite, make_adapter

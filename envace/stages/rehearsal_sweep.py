@@ -34,7 +34,7 @@ from omegaconf import DictConfig
 
 from envace.config import rehearsal_config, to_plain
 from envace.inference.preflight import preflight
-from envace.mlflow_logging import trace_episodes
+from envace.mlflow_traces import trace_episodes
 from envace.rehearsal import RehearsalSettings, run_rehearsal_sweep
 from envace.reporting.sweep_layout import keyed_cells
 from envace.stages.common import base_backend, data_seed, trained_backend

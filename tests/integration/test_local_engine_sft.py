@@ -49,7 +49,8 @@ def test_gold_trajectories_score_one_and_rows_cover_targets_only(specs):
 def test_gold_replay_in_one_forward_builds_the_same_streams(specs):
     """The replaying guide (each forced output fed in one forward) yields token-for-token the streams of
     token-by-token teacher forcing, with far fewer forwards."""
-    from envace.engines.local.rollout import ResponseSource, RolloutRunner
+    from envace.engines.local.rollout import RolloutRunner
+    from envace.engines.local.rollout_records import ResponseSource
     from envace.engines.local.sft import gold_guide
 
     model, tokenizer = load_model_and_tokenizer(TINY)

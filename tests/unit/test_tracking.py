@@ -1,7 +1,7 @@
 """Tracking against a real SQLite MLflow store: nested stage runs, FAILED on error, parent-run
 resolution (env var, one parent per dvc process), runs_table; stable metric keys, stage summaries on the
 parent, the experiment kind, comparisons by variant; rollout tables, data-set inputs, the model round trip,
-episode traces and system metrics (envace.mlflow_logging)."""
+episode traces and system metrics (envace.mlflow_logging, envace.mlflow_traces)."""
 
 from __future__ import annotations
 
@@ -236,7 +236,7 @@ def test_two_variants_compare_in_runs_table_on_the_same_metric_names(store_uri, 
     assert pipelines.loc[0, "train/final/reward_mean.n"] == 3
 
 
-# ---- envace.mlflow_logging -------------------------------------------------------------------------------
+# ---- envace.mlflow_logging, envace.mlflow_traces ---------------------------------------------------------
 def _trajectory(prompt: str, sample: int, reward: float):
     from envace.core.records import Role, Segment, Stream, ToolCall, Trajectory, Turn
 
@@ -393,7 +393,7 @@ def _episode(i: int, rehearsed: bool):
 def test_episodes_are_logged_as_bounded_traces(store_uri, experiment, in_tmp):
     import mlflow
 
-    from envace.mlflow_logging import log_episode_traces
+    from envace.mlflow_traces import log_episode_traces
 
     records = [_episode(i, rehearsed=i == 0) for i in range(4)]
     with stage_run("rehearsal_sweep", {}, profile="smoke", experiment=experiment, tracking_uri=store_uri) as run:

@@ -9,7 +9,8 @@ from envace.engines.local.config import (
 )
 from envace.engines.local.decode import DecodeGuide, OutputKey
 from envace.engines.local.engine import LocalEngine, step_examples
-from envace.engines.local.rollout import ResponseSource, RolloutBatch, RolloutRunner
+from envace.engines.local.rollout import RolloutRunner
+from envace.engines.local.rollout_records import ResponseSource, RolloutBatch
 
 __all__ = [
     "DecodeGuide",

@@ -67,7 +67,8 @@ from envace.engines.local.fidelity import make_probe, probe_at
 from envace.engines.local.lora import add_lora, merged_copy, unwrap
 from envace.engines.local.metrics import rollout_metrics
 from envace.engines.local.precision import resolve_precision, trim_heap
-from envace.engines.local.rollout import ExecutorFactory, ResponseSource, RolloutRunner
+from envace.engines.local.rollout import RolloutRunner
+from envace.engines.local.rollout_records import ExecutorFactory, ResponseSource
 from envace.engines.local.sft import warm_up
 from envace.engines.local.trainer import (
     PolicyUpdater,

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,24 +74,10 @@ from envace.engines.local.decode import (
     decode,
 )
 from envace.engines.local.kv import BatchedStreams
+from envace.engines.local.rollout_records import ResponseSource, RolloutBatch
 from envace.envs.base import Executor
 
 logger = logging.getLogger(__name__)
-
-ExecutorFactory = Callable[[EpisodeSpec], Executor]
-
-
-@dataclass(frozen=True)
-class ResponseSource:
-    """Who answers tool calls: a model playing REHEARSE (trainable or a frozen simulator) or executors."""
-
-    model: Any = None
-    trainable: bool = True
-    executor_factory: ExecutorFactory | None = None
-
-    def __post_init__(self) -> None:
-        if (self.model is None) == (self.executor_factory is None):
-            raise ValueError("ResponseSource: give exactly one of a REHEARSE model or an executor factory")
 
 
 @dataclass
@@ -123,17 +109,6 @@ class _Episode:
     @property
     def done(self) -> bool:
         return self.termination is not None
-
-
-@dataclass(frozen=True)
-class RolloutBatch:
-    """The trajectories of one rollout (rewards not yet assigned) and its cost counters."""
-
-    trajectories: tuple[Trajectory, ...]
-    seconds: float
-    generated_tokens: dict[Role, int]
-    fed_tokens: int
-    forwards: int
 
 
 class RolloutRunner:

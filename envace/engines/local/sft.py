@@ -34,7 +34,8 @@ from envace.engines.local.batching import TrainRow, build_rows
 from envace.engines.local.checkpoint import RunCheckpoints, sft_start_epoch
 from envace.engines.local.config import LocalEngineConfig, OptimConfig, RolloutConfig, SFTConfig
 from envace.engines.local.decode import DecodeGuide, OutputKey
-from envace.engines.local.rollout import ResponseSource, RolloutRunner
+from envace.engines.local.rollout import RolloutRunner
+from envace.engines.local.rollout_records import ResponseSource
 from envace.engines.local.trainer import PolicyUpdater, Slot, make_optimizer, set_checkpointing
 
 logger = logging.getLogger(__name__)
