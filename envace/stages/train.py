@@ -25,10 +25,11 @@ from envace.config import flatten, to_plain
 from envace.engines import get_engine, training_curves
 from envace.inference.preflight import preflight
 from envace.mlflow_logging import train_logging
+from envace.sources import data_source
 from envace.stages.common import MANIFEST
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.stages.suites import PROBE_SETS
-from envace.stages.train_setup import ENGINE_CONFIGS, REWARDS, SPEC_BUILDERS, config_hash, probe_every
+from envace.stages.train_setup import ENGINE_CONFIGS, REWARDS, config_hash, probe_every
 from envace.utils.io import atomic_dir, atomic_path, read_json, read_jsonl, write_json
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     preflight(cfg, "train")  # the judge/simulator endpoints answer, before the model loads
     configure_torch(cfg)
     name, source = to_plain(cfg.engine.name), to_plain(cfg.data.source)
-    specs, executor_factory = SPEC_BUILDERS[source](training_rows(cfg))
+    specs, executor_factory = data_source(source).episodes(training_rows(cfg))  # data.source: envace.sources
     digest = config_hash(cfg)
     work = WORK_ROOT / digest
     engine_config = ENGINE_CONFIGS[name](cfg, work, tracker)

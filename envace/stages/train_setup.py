@@ -12,10 +12,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from envace.config import flatten, to_plain
-from envace.engines import episode_spec_from_task, to_episode_spec
 from envace.engines.lora import lora_spec
 from envace.engines.verl.engine import VerlEngineConfig
-from envace.envs.toolworld import ToolWorldExecutor, task_from_cm2_row
 from envace.judges import checklist_reward_fn, get_judge
 from envace.stages.common import model_spec
 from envace.stages.runner import Tracker
@@ -28,23 +26,6 @@ CONFIG_KEYS = ("seed", "model", "data", "algo", "engine", "rollout", "train", "j
 def config_hash(cfg: DictConfig) -> str:
     plain = {key: flatten(cfg[key]) if key != "seed" else cfg.seed for key in CONFIG_KEYS}
     return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _toolworld_specs(rows: list[dict[str, Any]]) -> tuple[list[Any], Callable[[Any], Any]]:
-    tasks = {row["uuid"]: task_from_cm2_row(row) for row in rows}
-    specs = [episode_spec_from_task(task, ToolWorldExecutor(task)) for task in tasks.values()]
-    return specs, lambda spec: ToolWorldExecutor(tasks[spec.task_id])
-
-
-def _cm2_specs(rows: list[dict[str, Any]]) -> tuple[list[Any], None]:
-    return [to_episode_spec(row) for row in rows], None  # CM2 has no executor: grpo needs the simulator
-
-
-# data.source -> (episode specs, executor factory for grpo's real responses)
-SPEC_BUILDERS: dict[str, Callable[[list[dict[str, Any]]], tuple[list[Any], Any]]] = {
-    "toolworld": _toolworld_specs,
-    "cm2": _cm2_specs,
-}
 
 
 def _judge_reward(cfg: DictConfig) -> Any:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,9 @@ import pandas as pd
 
 from envace.core.prompts import DEFAULT_ROLE_PROMPTS, act_messages
 from envace.core.records import ToolCall
-from envace.engines.base import EpisodeSpec, GoldStep, episode_spec_from_task, to_episode_spec
+from envace.engines.base import EpisodeSpec, GoldStep
 from envace.engines.verl.settings import AGENT_LOOP_NAME
-from envace.envs.toolworld import ToolWorldExecutor, task_from_cm2_row
+from envace.sources import data_source
 
 logger = logging.getLogger(__name__)
 
@@ -109,25 +109,9 @@ def spec_from_json(data: Mapping[str, Any] | str) -> EpisodeSpec:
 
 
 # ---- prepared rows -> specs (same rules as the train stage) -------------------------------------
-def _toolworld_spec(row: Mapping[str, Any]) -> EpisodeSpec:
-    task = task_from_cm2_row(dict(row))
-    return episode_spec_from_task(task, ToolWorldExecutor(task))
-
-
-def _cm2_spec(row: Mapping[str, Any]) -> EpisodeSpec:
-    return to_episode_spec(dict(row))
-
-
-SPEC_FROM_ROW: dict[str, Callable[[Mapping[str, Any]], EpisodeSpec]] = {
-    "toolworld": _toolworld_spec,
-    "cm2": _cm2_spec,
-}
-
-
 def spec_from_row(row: Mapping[str, Any], source: str) -> EpisodeSpec:
-    if source not in SPEC_FROM_ROW:
-        raise ValueError(f"no episode builder for data source {source!r}; valid: {sorted(SPEC_FROM_ROW)}")
-    return SPEC_FROM_ROW[source](row)
+    """The episode spec of one prepared row of data source ``source`` (``envace.sources``)."""
+    return data_source(source).spec_from_row(row)
 
 
 def dataset_record(

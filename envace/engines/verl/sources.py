@@ -17,17 +17,17 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 from envace.core.records import Trajectory, TrajectoryStatus
 from envace.engines.base import EpisodeSpec, RewardOutcome, toolworld_verifiable_reward
 from envace.engines.verl.settings import EndpointSettings, LoopSettings
-from envace.envs.toolworld import ToolWorldExecutor, task_from_cm2_row
 from envace.inference.openai_client import OpenAIChatBackend
 from envace.judges import checklist_reward_fn, get_judge
 from envace.judges.budget import JudgeFailureBudgetExceeded
+from envace.sources import DATA_SOURCES, data_source
 
 logger = logging.getLogger(__name__)
 
@@ -94,19 +94,14 @@ def score_trajectory(reward_fn: Callable[..., Any], spec: EpisodeSpec, trajector
 
 
 # ---- executors --------------------------------------------------------------------------------------
-def _toolworld_executor(row: Mapping[str, Any]) -> Any:
-    return ToolWorldExecutor(task_from_cm2_row(dict(row)))
-
-
-EXECUTOR_BUILDERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {"toolworld": _toolworld_executor}
-
-
 def make_executor(source: str, row_json: str | None) -> Any:
     """A fresh real executor for one trajectory, from the dataset row's raw row."""
-    if source not in EXECUTOR_BUILDERS:
+    build = data_source(source).executor_from_row if source in DATA_SOURCES else None
+    if build is None:
+        executable = sorted(DATA_SOURCES.items(lambda s: s.executor_from_row is not None))
         raise ValueError(
             f"responses='executor' needs an executable environment; data source {source!r} has none "
-            f"(executable: {sorted(EXECUTOR_BUILDERS)}). Use algo.grpo_responses=simulator with a simulator "
+            f"(executable: {executable}). Use algo.grpo_responses=simulator with a simulator "
             "endpoint instead"
         )
     if not row_json:
@@ -114,7 +109,7 @@ def make_executor(source: str, row_json: str | None) -> Any:
             "responses='executor': the dataset row has no envace_row (raw row); rebuild the verl "
             "dataset with envace.engines.verl.episodes"
         )
-    return EXECUTOR_BUILDERS[source](json.loads(row_json))
+    return build(json.loads(row_json))
 
 
 # ---- simulator --------------------------------------------------------------------------------------
