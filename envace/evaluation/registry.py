@@ -16,7 +16,7 @@ from envace.evaluation.base import BenchmarkAdapter
 AdapterFactory = Callable[..., BenchmarkAdapter]
 
 _BUILTIN: dict[str, str] = {
-    "toolworld": "envace.evaluation.toolworld:ToolWorldAdapter",
+    "toolworld": "envace.envs.toolworld.evaluation:ToolWorldAdapter",
     "finmcp": "envace.envs.finmcp.adapter:FinMCPAdapter",
     "vitabench": "envace.envs.vitabench.adapter:VitaBenchAdapter",
     "bfcl": "envace.envs.bfcl.adapter:BfclAdapter",

@@ -27,9 +27,9 @@ from envace.config import compose
 from envace.core.rehearsal import RehearsalConfig, RehearsalMode, RehearsalScope
 from envace.envs.base import Task
 from envace.envs.toolworld import ToolWorldEnv
+from envace.envs.toolworld.evaluation import ToolWorldAdapter
 from envace.evaluation import build_policy
 from envace.evaluation.episode import ActLoopConfig
-from envace.evaluation.toolworld import ToolWorldAdapter
 from envace.inference.base import ChatBackend, ChatOutput, ChatRequest
 from envace.rehearsal import RehearsalSettings, evaluate_with_rehearsal
 from envace.stages.rehearsal_sweep import rehearsal_settings

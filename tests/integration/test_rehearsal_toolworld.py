@@ -16,9 +16,9 @@ from envace.core.rehearsal_memory import MemoryBudget, count_approx_tokens
 from envace.core.wire import render_rehearsal, render_tool_calls
 from envace.envs.base import Task
 from envace.envs.toolworld import ToolWorldEnv, ToolWorldExecutor
+from envace.envs.toolworld.evaluation import ToolWorldAdapter
 from envace.evaluation import OracleBackend, build_policy, evaluate, measure_fidelity
 from envace.evaluation.episode import ActLoopConfig
-from envace.evaluation.toolworld import ToolWorldAdapter
 from envace.inference.base import ChatOutput, ChatRequest
 from envace.rehearsal import RehearsalSettings, evaluate_with_rehearsal, run_rehearsal_sweep
 

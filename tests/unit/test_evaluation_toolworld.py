@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import pytest
 
 from envace.core.records import Termination
+from envace.envs.toolworld.evaluation import ToolWorldAdapter
 from envace.evaluation import EpisodeRecord, OracleBackend, build_policy, evaluate, get_benchmark
 from envace.evaluation.episode import ActLoopConfig
-from envace.evaluation.toolworld import ToolWorldAdapter
 from envace.inference.base import ChatOutput, ChatRequest
 
 

@@ -22,11 +22,11 @@ from envace.core.rehearsal import RehearsalConfig, RehearsalScope
 from envace.core.wire import render_rehearsal
 from envace.envs.base import Task
 from envace.envs.toolworld import ToolWorldEnv, ToolWorldExecutor
+from envace.envs.toolworld.evaluation import ToolWorldAdapter
 from envace.evaluation import OracleBackend
 from envace.evaluation.episode import ActLoopConfig, TurnHook
 from envace.evaluation.programs import GenerationLedger, Program
 from envace.evaluation.records import EpisodeRecord
-from envace.evaluation.toolworld import ToolWorldAdapter
 from envace.inference.base import ChatOutput, ChatRequest
 from envace.rehearsal import RehearsalSettings, evaluate_with_rehearsal, run_rehearsal_sweep
 
