@@ -31,11 +31,11 @@ from typing import (
     runtime_checkable,
 )
 
+from envace.core.bindings import MISSING as BINDING_MISSING
+from envace.core.bindings import CallCorrespondence
 from envace.core.records import EpisodeSpec, GoldStep, Role, Trajectory, TrajectoryStatus
 from envace.data.cm2_episodes import cm2_row_to_episode_spec
 from envace.envs.base import Executor, Task
-from envace.envs.toolworld.bindings import MISSING as BINDING_MISSING
-from envace.envs.toolworld.bindings import CallCorrespondence
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class RewardFn(Protocol):
 def _gold_calls_matched(spec: EpisodeSpec, trajectory: Trajectory) -> tuple[dict[int, int], dict[int, int]]:
     """Per user turn: how many made calls were paired with a gold call of that turn, and how many calls were made.
 
-    Pairing follows ``envace.envs.toolworld.bindings.CallCorrespondence`` over the whole trajectory, in
+    Pairing follows ``envace.core.bindings.CallCorrespondence`` over the whole trajectory, in
     order: each made call takes the first still unpaired gold call of its user turn that it matches.
     """
     correspondence = CallCorrespondence(spec.meta.get("bindings") if spec.meta else None)
@@ -179,7 +179,7 @@ def toolworld_verifiable_reward(spec: EpisodeSpec, trajectory: Trajectory) -> Re
     argument names agree and every argument matches, where an argument that the gold took from an
     earlier response (``spec.meta["bindings"]``) must hold the value that the *corresponding* earlier
     call's response (real or rehearsed) returned at the same path, not the gold literal; renaming must be
-    one-to-one (the exact rule: ``envace.envs.toolworld.bindings``). So a trajectory that follows its own
+    one-to-one (the exact rule: ``envace.core.bindings``). So a trajectory that follows its own
     responses' ids consistently scores as gold even though a rehearser cannot know the real ids.
     """
     matched, made = _gold_calls_matched(spec, trajectory)

@@ -10,7 +10,7 @@ that follow; calls written only inside the content are not calls, as in the CM2 
 * tool_call: some call has the rule's name, its arguments are a JSON object, every listed argument
   equals the expected value (JSON equality: 1 == 1.0, but true != 1 and "1" != 1) or, for a bound
   argument, the value at its path in the response of the call that passed the referenced item earlier
-  in this conversation (the lenient check ``envace.envs.toolworld.bindings.bound_or_literal``, shared
+  in this conversation (the lenient check ``envace.core.bindings.bound_or_literal``, shared
   with the tool world's checklist rules), and - with ``require_success`` - its response is not an
   error object (a JSON object with an ``error`` or ``error_tool_call`` key). The response of the
   passing call is remembered for later bound arguments; steps are judged in conversation order.
@@ -26,15 +26,15 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from envace.core.checklist import Checklist, ChecklistItem, ItemRule, RuleKind
-from envace.core.checklist_reward import ItemVerdict, Verdict
-from envace.core.conversation import TOOL_CALL_ERROR_KEY, ConversationStep, json_or_text, split_thinking
-from envace.envs.toolworld.bindings import (
+from envace.core.bindings import (
     MISSING,
     bound_or_literal,
     json_equal,  # noqa: F401  (re-exported: the judge's equality of JSON values)
     lookup,
 )
+from envace.core.checklist import Checklist, ChecklistItem, ItemRule, RuleKind
+from envace.core.checklist_reward import ItemVerdict, Verdict
+from envace.core.conversation import TOOL_CALL_ERROR_KEY, ConversationStep, json_or_text, split_thinking
 from envace.judges.base import (
     LLM_SETTING_NAMES,
     JudgeReport,

@@ -30,9 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from envace.core.bindings import MISSING, bound_or_literal
 from envace.core.records import ToolCall, Turn
 from envace.envs.base import Task
-from envace.envs.toolworld.bindings import MISSING, bound_or_literal
 from envace.envs.toolworld.gold import RealizedTurn
 from envace.envs.toolworld.schema import is_error
 from envace.envs.toolworld.scoring import mentions

@@ -14,14 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from envace.core.json_paths import path_to_json, resolve_path
 from envace.core.records import ToolCall
 from envace.envs.toolworld.executor import ToolWorldExecutor
 from envace.envs.toolworld.planning import (
     PlannedCall,
     PlannedTurn,
     Ref,
-    path_to_json,
-    resolve_path,
 )
 from envace.envs.toolworld.schema import is_error
 

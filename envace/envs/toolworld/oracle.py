@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from envace.core.json_paths import resolve_path
 from envace.core.records import ToolCall
 from envace.envs.base import EpisodeResult, Executor, Task
 from envace.envs.toolworld.checklist import TurnTranscript
-from envace.envs.toolworld.planning import resolve_path
 
 
 def _rebind(call: ToolCall, bindings: dict[str, Any], seen: dict[str, Any]) -> ToolCall:

@@ -4,9 +4,9 @@ follow-up balance check after a transfer."""
 
 from __future__ import annotations
 
+from envace.core.json_paths import Match
 from envace.envs.toolworld.domains.bank import account_history
 from envace.envs.toolworld.planning import (
-    Match,
     PlannedTurn,
     Ref,
     Scenario,

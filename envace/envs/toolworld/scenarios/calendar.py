@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from envace.core.json_paths import Match
 from envace.envs.toolworld.domains.calendar import (
     DATES,
     EMAILS,
@@ -15,7 +16,6 @@ from envace.envs.toolworld.domains.calendar import (
     slot_owner,
 )
 from envace.envs.toolworld.planning import (
-    Match,
     PlannedTurn,
     Ref,
     Scenario,

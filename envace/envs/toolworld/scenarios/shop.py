@@ -4,9 +4,9 @@ follow-ups ("place the order", "cancel that order")."""
 
 from __future__ import annotations
 
+from envace.core.json_paths import Match
 from envace.envs.toolworld.domains.shop import cart_total
 from envace.envs.toolworld.planning import (
-    Match,
     PlannedTurn,
     Ref,
     Scenario,

@@ -4,6 +4,7 @@ complete by id or by title (list_todos → complete_todo), re-prioritise, delete
 
 from __future__ import annotations
 
+from envace.core.json_paths import Match
 from envace.envs.toolworld.domains.todo import (
     DUE_DATES,
     PRIORITIES,
@@ -11,7 +12,6 @@ from envace.envs.toolworld.domains.todo import (
     listed_todos,
 )
 from envace.envs.toolworld.planning import (
-    Match,
     PlannedTurn,
     Ref,
     Scenario,

@@ -1,16 +1,18 @@
 """Bound arguments: call arguments whose gold value was read from the response of an earlier call.
 
-The generator records them per task as ``meta["bindings"] = {call_id: {argument: {"call": source_id,
-"path": [...]}}}`` (``gold.GoldRecorder``; paths as in ``planning``). Ids in the tool world come from
+The tool-world generator records them per task as ``meta["bindings"] = {call_id: {argument: {"call":
+source_id, "path": [...]}}}`` (``envace.envs.toolworld.gold.GoldRecorder``; paths:
+``envace.core.json_paths``). The rules are independent of any data source (the engines' verifiable reward
+and the rule judge apply them to any ``EpisodeSpec`` with bindings). Ids in the tool world come from
 hidden counters and from a hidden initial state, so the literal gold value of a bound argument is an
-accident of one execution: an agent that reads the id from *its* response of the same call is right
-even when that id differs (a shifted counter in a real run, any made-up id in a rehearsed one).
+accident of one execution: an agent that reads the id from *its* response of the same call is right even
+when that id differs (a shifted counter in a real run, any made-up id in a rehearsed one).
 
 One module holds every check of a bound argument; three scorers use it:
 
 - **Lenient (checklist items).** ``bound_or_literal``: the value equals the gold literal, or the value
   found at the path in the response that passed the source item. Used by the tool world's own
-  checklist rules (``checklist.rule_passes``) and the rule judge (``envace.judges.rule``).
+  checklist rules (``envace.envs.toolworld.checklist.rule_passes``) and the rule judge (``envace.judges.rule``).
 - **Corresponding (the built-in verifiable reward).** ``CallCorrespondence`` walks one trajectory in
   order and pairs made calls with gold calls. Made call M *corresponds* to gold call G when M was
   paired with G, which happens when they have the same name, the same argument names and every
@@ -39,8 +41,8 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from envace.core.json_paths import resolve_path
 from envace.core.records import ToolCall
-from envace.envs.toolworld.planning import resolve_path
 
 MISSING: Any = object()  # "no value": an absent argument, response or path
 Bindings = Mapping[str, Mapping[str, Mapping[str, Any]]]  # call id -> argument -> {"call", "path"}
@@ -60,7 +62,7 @@ def json_equal(a: Any, b: Any) -> bool:
 
 
 def lookup(value: Any, path: Iterable[Any]) -> Any:
-    """The value at ``path`` (keys, indices, field matchers; see ``planning``), or ``MISSING``."""
+    """The value at ``path`` (keys, indices, field matchers; see ``envace.core.json_paths``), or ``MISSING``."""
     if value is MISSING:
         return MISSING
     try:
