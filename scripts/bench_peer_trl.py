@@ -45,6 +45,8 @@ import subprocess
 import sys
 import time
 
+from envace.engines.local.precision import machine_clock
+
 SPECIALS = ("<pad>", "<eos>", "<unk>")
 VOCAB = 512
 
@@ -107,14 +109,6 @@ def build_prompts(n: int, length: int) -> list[str]:
 
 def even_share(ids) -> float:
     return sum(t % 2 == 0 for t in ids) / max(len(ids), 1)
-
-
-def machine_clock() -> tuple[float, float, float]:
-    """(wall s, whole-machine busy CPU s, this process's CPU s)."""
-    with open("/proc/stat") as fh:
-        ticks = [int(x) for x in fh.readline().split()[1:]]
-    own = os.times()
-    return time.perf_counter(), (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"), own.user + own.system
 
 
 def rss_now_mb() -> float:

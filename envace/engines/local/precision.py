@@ -203,6 +203,9 @@ def release_inference_copy(model: torch.nn.Module) -> None:
     _SHADOWS[model] = ((-1,), entry[1])  # no version tuple matches: the next call re-casts
 
 
+_LIBC: Any = None  # libc once loaded by ``trim_heap`` (False where it cannot be)
+
+
 def trim_heap() -> None:
     """Hand the C heap's free pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
 
@@ -219,9 +222,6 @@ def trim_heap() -> None:
             _LIBC = False
     if _LIBC:
         _LIBC.malloc_trim(0)
-
-
-_LIBC: Any = None
 
 
 def resolve_threads(num_threads: int | str) -> int:
@@ -276,25 +276,26 @@ def auto_threads() -> int:
     return chosen
 
 
+def machine_clock() -> tuple[float, float, float]:
+    """(wall s, CPU s the whole machine has been busy, CPU s of this process); raises OSError without /proc/stat.
+
+    Busy = user + nice + system + irq + softirq + steal ticks (guest time is already inside user).
+    Differences of two readings give other processes' CPU over a window: busy - own.
+    """
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return time.perf_counter(), (sum(fields) - idle) / os.sysconf("SC_CLK_TCK"), time.process_time()
+
+
 def foreign_cpu_cores(seconds: float) -> float | None:
     """Cores' worth of CPU that other processes used over the next ``seconds`` (None without /proc/stat)."""
-
-    def busy() -> float | None:
-        try:
-            fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-        except OSError:
-            return None
-        values = [int(v) for v in fields]
-        idle = values[3] + (values[4] if len(values) > 4 else 0)
-        return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-    start, own = busy(), time.process_time()
-    wall = time.perf_counter()
-    time.sleep(seconds)
-    end = busy()
-    if start is None or end is None:
+    try:
+        start = machine_clock()
+        time.sleep(seconds)
+        wall, busy, own = (b - a for a, b in zip(start, machine_clock()))
+    except OSError:
         return None
-    return max(0.0, (end - start) - (time.process_time() - own)) / (time.perf_counter() - wall)
+    return max(0.0, busy - own) / wall
 
 
 def _matmul_seconds(threads: int) -> float:
