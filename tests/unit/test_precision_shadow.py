@@ -57,37 +57,30 @@ def test_fp32_is_the_model_itself_and_bf16_a_synced_copy():
         assert torch.equal(dst, src.detach().to(torch.bfloat16))
 
 
-def test_tied_weights_stay_tied_in_the_copy():
+def _tied_model() -> LlamaForCausalLM:
+    """One layer, input and output embeddings tied."""
     torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=97,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            tie_word_embeddings=True,
-        )
+    config = LlamaConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
     )
+    return LlamaForCausalLM(config)
+
+
+def test_tied_weights_stay_tied_in_the_copy():
+    model = _tied_model()
     shadow = inference_model(model, "bf16")
     assert shadow.get_output_embeddings().weight is shadow.get_input_embeddings().weight
     assert len(list(shadow.parameters())) == len(list(model.parameters()))
 
 
 def test_released_copy_frees_its_weights_and_recasts_on_next_use():
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=97,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            tie_word_embeddings=True,
-        )
-    )
+    model = _tied_model()
     shadow = inference_model(model, "bf16")
     release_inference_copy(model)
     assert all(p.numel() == 0 for p in shadow.parameters())  # the update runs without the copy's memory
