@@ -46,8 +46,6 @@ from envace.engines.verl.config_builder import (
     plain,
 )
 from envace.engines.verl.episodes import act_prompt_uuids, read_jsonl, split_records, write_dataset
-from envace.models import ModelSpec
-from envace.models.smollm2 import ensure_smollm2_cache, model_cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +85,11 @@ def _path_model(model: Mapping[str, Any]) -> str:
 
 
 def _smollm2_model(model: Mapping[str, Any]) -> str:
+    # lazy: envace.models loads transformers (~4.5 s); the train stage imports this module to build its config,
+    # and a dead judge endpoint must fail it before that (tests/integration/test_endpoint_faults.py)
+    from envace.models import ModelSpec
+    from envace.models.smollm2 import ensure_smollm2_cache, model_cache_root
+
     return str(ensure_smollm2_cache(model_cache_root(ModelSpec(kind="smollm2"))))
 
 
