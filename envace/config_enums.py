@@ -85,3 +85,11 @@ class Rehearser(str, enum.Enum):
 class TrackingBackend(str, enum.Enum):
     mlflow = "mlflow"
     none = "none"
+
+
+class EvalBaseline(str, enum.Enum):
+    """What ``evaluate`` compares the trained model with (``eval.baseline``; ``envace.stages.common``)."""
+
+    auto = "auto"  # sft when the train stage ran an SFT warm-up, else base
+    sft = "sft"  # the weights RL started from (after the SFT warm-up)
+    base = "base"  # the configured model, untrained

@@ -19,6 +19,7 @@ from envace.config_enums import (
     Benchmark,
     DataSource,
     EngineName,
+    EvalBaseline,
     JudgeName,
     ModelKind,
     ProfileName,
@@ -222,6 +223,7 @@ class EvalConfig:
     suites: SuitesConfig = field(default_factory=SuitesConfig)  # per-benchmark overrides
     concurrency: int = 8  # episodes in flight (their generations are batched)
     compare_base: bool = True
+    baseline: EvalBaseline = EvalBaseline.auto  # the compared model: sft (RL's starting point) | base | auto
     fidelity: bool = True  # REHEARSE on the real calls each evaluated model made
     gold_fidelity_tasks: int = 0  # and on the oracle's calls of this many tasks with a real executor (0 = off)
     temperature: float = 0.0

@@ -249,6 +249,9 @@ class TrainResult:
     history: tuple[dict[str, float], ...] = ()
     checkpoint_dir: str | None = None
     artifacts: Mapping[str, str] = field(default_factory=dict)
+    # model name -> HF directory of the weights RL started from when the run had an SFT warm-up (the
+    # baseline a trained model is compared with); empty without one
+    baseline: Mapping[str, str] = field(default_factory=dict)
     # in-process handles (e.g. the trained torch modules by name); not part of equality or repr
     models: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 

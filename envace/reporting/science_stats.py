@@ -126,6 +126,30 @@ def paired_difference(a: Outcomes, b: Outcomes, n_boot: int, seed: int = 0) -> d
     return out
 
 
+def trial_keyed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with ``task_id`` made unique per trial (``<id>#<k>``: the k-th trial of the task), so that
+    repeated trials of one task (``eval.suites.<b>.trials``) stay separate outcomes, paired k with k."""
+    seen: dict[str, int] = {}
+    out = []
+    for row in rows:
+        k = seen[row["task_id"]] = seen.get(row["task_id"], -1) + 1
+        out.append({**row, "task_id": f"{row['task_id']}#{k}"})
+    return out
+
+
+def gain_vs_base(
+    policy: list[dict[str, Any]], base: list[dict[str, Any]], n_boot: int = 2000, seed: int = 0
+) -> dict[str, Any]:
+    """Policy − baseline success, paired on the same tasks, with its 95% bootstrap interval (over tasks),
+    overall and on the held-out domain / the rest when the split has both."""
+    a, b = outcomes_of([trial_keyed(policy)], " (policy)"), outcomes_of([trial_keyed(base)], " (baseline)")
+    return {
+        subset: paired_difference(a.subset(subset), b.subset(subset), n_boot, seed)
+        for subset in SUBSETS
+        if subset == "all" or 0 < len(a.subset(subset).task_ids) < len(a.task_ids)
+    }
+
+
 def cell_dirs(folder: Path, required: str) -> Iterator[tuple[Path, str, int]]:
     """``(directory, variant, seed)`` of each ``<variant>-seed<k>`` directory in ``folder`` holding ``required``."""
     for path in sorted(folder.glob("*")):

@@ -21,6 +21,7 @@ from envace.utils.io import read_json
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+BASELINE_DIR = "sft"  # under paths.checkpoints: the SFT warm-up's weights (manifest "baseline")
 
 
 def data_seed(cfg: DictConfig) -> int:
@@ -92,6 +93,25 @@ def trained_backend(cfg: DictConfig, role: str) -> Any:
     )
 
 
-def base_backend(cfg: DictConfig) -> Any:
-    """Chat backend of the untrained base model (the baseline and the `base` rehearser)."""
+def baseline_kind(cfg: DictConfig) -> str:
+    """What the trained model is compared with (``eval.baseline``): ``sft`` (the weights RL started from,
+    after the train stage's SFT warm-up) or ``base`` (the configured model, untrained); ``auto`` is ``sft``
+    when the run had a warm-up (its manifest lists ``baseline``), else ``base``."""
+    wanted = to_plain(cfg.eval.baseline)
+    has_sft = "baseline" in read_manifest(cfg) if wanted != "base" else False
+    if wanted == "sft" and not has_sft:
+        raise ValueError(
+            f"eval.baseline=sft but {Path(cfg.paths.checkpoints) / MANIFEST} lists no SFT warm-up weights: "
+            "train with train.sft_epochs > 0 (engine=local), or set eval.baseline=base or auto"
+        )
+    return "sft" if has_sft else "base"
+
+
+def base_backend(cfg: DictConfig, role: str = "act") -> Any:
+    """Chat backend of the baseline model playing ``role`` (the comparison in ``evaluate`` and the `base`
+    rehearser of the sweep): the SFT warm-up's weights or the untrained model, per ``baseline_kind``."""
+    if baseline_kind(cfg) == "sft":
+        rel = read_manifest(cfg)["baseline"][role]
+        spec = model_spec(cfg, Path(cfg.paths.checkpoints) / rel)
+        return _backend(spec, f"sft:{cfg.model.name}:{Path(rel).name}", *backend_options(cfg))
     return _backend(model_spec(cfg), f"base:{cfg.model.name}", *backend_options(cfg))

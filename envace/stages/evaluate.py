@@ -1,8 +1,10 @@
 """Stage ``evaluate`` (one DVC stage per benchmark: ``evaluate@<eval.benchmark>``).
 
-The trained policy and, with ``eval.compare_base``, the untrained base model play the benchmark's
-test split against its real environment: success overall, per domain, and on the held-out domain
-(``transfer``) vs the rest (``in_domain``). With ``eval.fidelity`` each model's REHEARSE role is then
+The trained policy and, with ``eval.compare_base``, the baseline (``eval.baseline``: the SFT warm-up's
+weights RL started from, or the untrained model) play the benchmark's test split against its real
+environment: success overall (with its Wilson interval), per domain, and on the held-out domain
+(``transfer``) vs the rest (``in_domain``); ``gain_vs_base`` is policy − baseline paired on the same tasks
+with its 95% bootstrap interval. With ``eval.fidelity`` each model's REHEARSE role is then
 asked, teacher-forced, for the response of every real call it made: world-model fidelity (exact match,
 field F1, error agreement), overall and per tool.
 
@@ -23,10 +25,12 @@ from envace.config import to_plain
 from envace.evaluation import evaluate, measure_fidelity, oracle_probe_set, sample_tasks, with_trials
 from envace.inference.preflight import preflight
 from envace.mlflow_traces import trace_episodes
-from envace.stages.common import base_backend, data_seed, trained_backend
+from envace.reporting.intervals import wilson
+from envace.reporting.science_stats import gain_vs_base
+from envace.stages.common import base_backend, baseline_kind, data_seed, trained_backend
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.stages.suites import eval_suite, make_adapter
-from envace.utils.io import atomic_dir, write_json, write_jsonl
+from envace.utils.io import atomic_dir, read_jsonl, write_json, write_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +38,8 @@ logger = logging.getLogger(__name__)
 def contenders(cfg: DictConfig) -> dict[str, tuple[Any, Any]]:
     """label -> (acting backend, rehearsing backend used for fidelity)."""
     out = {"policy": (trained_backend(cfg, "act"), trained_backend(cfg, "rehearse"))}
-    if cfg.eval.compare_base:
-        base = base_backend(cfg)
-        out["base"] = (base, base)
+    if cfg.eval.compare_base:  # eval.baseline: the SFT warm-up's weights or the untrained model
+        out["base"] = (base_backend(cfg, "act"), base_backend(cfg, "rehearse"))
     return out
 
 
@@ -91,6 +94,9 @@ def evaluate_one(
     )
     write_jsonl(out / f"{label}.predictions.jsonl", result.predictions())
     summary: dict[str, Any] = {**result.metrics.to_json(), **adapter.summarize(subset, result.records)}
+    n, wins = len(result.records), sum(r.success for r in result.records)
+    summary["model"] = getattr(actor, "name", type(actor).__name__)
+    summary["success_ci95"] = list(wilson(wins, n) or ())  # Wilson interval over the tasks (binary outcomes)
     # ACT requests refused because the prompt exceeds the model's context window (local backends)
     summary["context_overflows"] = getattr(actor, "context_overflows", 0) - overflows
     if ev.fidelity:
@@ -143,12 +149,14 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     gold = gold_probe(cfg, make_adapter(cfg, suite, models["policy"][1]), tasks, suite.gold_fidelity_tasks)
     out = Path(cfg.paths.evaluation) / benchmark
     results: dict[str, Any] = {}
+    outcomes: dict[str, list[dict[str, Any]]] = {}
     with atomic_dir(out) as tmp:
         for label, (actor, rehearser) in models.items():
-            logger.info("evaluate %s: %s on %d tasks", benchmark, label, len(tasks))
+            logger.info("evaluate %s: %s (%s) on %d tasks", benchmark, label, actor.name, len(tasks))
             results[label] = evaluate_one(
                 cfg, adapters[label], suite.split, tasks, actor, rehearser, tmp, label, gold, tracker
             )
+            outcomes[label] = read_jsonl(tmp / f"{label}.predictions.jsonl")
     tracker.log_artifact(out, f"evaluation/{benchmark}")
     metrics: dict[str, Any] = {
         "benchmark": benchmark,
@@ -160,7 +168,9 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
         "gold_fidelity_calls": 0 if gold is None else gold.n_calls,
     }
     if "base" in results:
+        metrics["baseline"] = baseline_kind(cfg)
         metrics["success_gain_vs_base"] = results["policy"]["success_rate"] - results["base"]["success_rate"]
+        metrics["gain_vs_base"] = gain_vs_base(outcomes["policy"], outcomes["base"])
     return metrics
 
 

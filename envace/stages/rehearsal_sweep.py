@@ -2,8 +2,8 @@
 
 The trained policy acts; before its one committed execution on each task it runs N private
 rehearsal attempts (``parallel`` or ``sequential``) whose tool responses come from a rehearser — the
-trained model's REHEARSE role (``trained``) or the untrained base model (``base``, the paper's
-control). N=0 (no rehearsal) is the shared baseline, run once. Rehearsal never reaches the real
+trained model's REHEARSE role (``trained``) or the baseline model's (``base``, the paper's control:
+per ``eval.baseline`` the SFT warm-up's weights RL started from, or the untrained model). N=0 (no rehearsal) is the shared baseline, run once. Rehearsal never reaches the real
 environment; only the committed execution does (envace.rehearsal enforces and tests it).
 
 Each cell is a nested MLflow run under the stage's run (params: benchmark, N, mode, rehearser, scope;
@@ -45,7 +45,11 @@ from envace.utils.io import atomic_dir, write_json, write_jsonl
 logger = logging.getLogger(__name__)
 
 # rehearser name -> the backend that answers imagined tool calls
-REHEARSERS = {"trained": lambda cfg: trained_backend(cfg, "rehearse"), "base": base_backend}
+# `base`: the baseline model's REHEARSE role (eval.baseline: the SFT warm-up's weights or the untrained model)
+REHEARSERS = {
+    "trained": lambda cfg: trained_backend(cfg, "rehearse"),
+    "base": lambda cfg: base_backend(cfg, "rehearse"),
+}
 
 
 def rehearsal_settings(cfg: DictConfig) -> RehearsalSettings:

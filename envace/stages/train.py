@@ -26,7 +26,7 @@ from envace.engines import get_engine, training_curves
 from envace.inference.preflight import preflight
 from envace.mlflow_logging import train_logging
 from envace.sources import data_source
-from envace.stages.common import MANIFEST
+from envace.stages.common import BASELINE_DIR, MANIFEST
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.stages.suites import PROBE_SETS
 from envace.stages.train_setup import ENGINE_CONFIGS, REWARDS, config_hash, probe_every
@@ -58,12 +58,19 @@ def write_step_csv(path: Path, history: list[dict[str, Any]]) -> None:
         pd.DataFrame(history, columns=columns).to_csv(tmp, index=False)
 
 
+ROLE_MODELS = (("act", "act"), ("rehearse", "rehearse"))  # role -> its own model's name (else: policy)
+
+
 def export_checkpoint(result: Any, work: Path, cfg: DictConfig, digest: str) -> dict[str, Any]:
-    """Move the engine's final weights into paths.checkpoints with a manifest."""
+    """Move the engine's final weights (and the SFT warm-up's, when it ran) into paths.checkpoints with a
+    manifest."""
     final = {name: Path(path) for name, path in result.artifacts.items()}
     with atomic_dir(cfg.paths.checkpoints) as tmp:
         shutil.move(str(work / "final"), tmp / "final")
-        files = sorted(p for p in (tmp / "final").rglob("*") if p.is_file())
+        for name, path in result.baseline.items():  # the SFT warm-up's weights: eval.baseline=sft
+            (tmp / BASELINE_DIR).mkdir(exist_ok=True)
+            shutil.move(path, tmp / BASELINE_DIR / name)
+        files = sorted(p for p in tmp.rglob("*") if p.is_file())
         manifest = {
             "schema_version": 1,
             "engine": to_plain(cfg.engine.name),
@@ -71,13 +78,13 @@ def export_checkpoint(result: Any, work: Path, cfg: DictConfig, digest: str) -> 
             "base_model": flatten(cfg.model),
             "steps_done": result.steps_done,
             "config_hash": digest,
-            "roles": {
-                role: f"final/{name if name in final else 'policy'}"
-                for role, name in (("act", "act"), ("rehearse", "rehearse"))
-            },
+            "roles": {role: f"final/{name if name in final else 'policy'}" for role, name in ROLE_MODELS},
             "files": [{"path": str(p.relative_to(tmp)), "bytes": p.stat().st_size} for p in files],
             "final_metrics": result.final_metrics,
         }
+        if result.baseline:  # the weights RL started from (after the SFT warm-up), per role
+            base = result.baseline
+            manifest["baseline"] = {role: f"{BASELINE_DIR}/{n if n in base else 'policy'}" for role, n in ROLE_MODELS}
         write_json(tmp / MANIFEST, manifest)
     return manifest
 

@@ -136,3 +136,28 @@ def test_an_interrupted_sft_warmup_resumes_after_its_last_epoch_with_identical_w
         a, b = full.models[name].state_dict(), resumed.models[name].state_dict()
         assert all(torch.equal(a[k], b[k]) for k in a), name
     assert not (tmp_path / "resumed" / "checkpoints" / "sft").exists()  # the GRPO checkpoint superseded it
+    assert set(full.baseline) == set(resumed.baseline) == {"act", "rehearse"}  # each model's warmed-up weights
+
+
+def test_the_warmed_up_weights_are_exported_as_the_runs_baseline(specs, tmp_path):
+    """With an output_dir, the weights right after the SFT warm-up are saved as HF directories
+    (``TrainResult.baseline``: what evaluation compares the trained model with); without a warm-up
+    there is no baseline."""
+    cfg = LocalEngineConfig(
+        model=TINY,
+        steps=1,
+        prompts_per_step=2,
+        progress=False,
+        rollout=ROLLOUT,
+        sft=SFTConfig(epochs=1, lr=3e-3, batch_streams=4),
+        precision="fp32",
+        output_dir=str(tmp_path / "run"),
+    )
+    result = get_engine("local").train(cfg, specs[:2])
+    assert set(result.baseline) == {"policy"}
+    exported, _ = load_model_and_tokenizer(ModelSpec(kind="path", path=result.baseline["policy"]))
+    warmed = get_engine("local").train(replace(cfg, steps=0, output_dir=None), specs[:2]).models["policy"]
+    a, b = exported.state_dict(), warmed.state_dict()
+    assert all(torch.equal(a[k], b[k].to(a[k].dtype)) for k in a)
+    no_sft = replace(cfg, sft=replace(cfg.sft, epochs=0), output_dir=str(tmp_path / "plain"))
+    assert get_engine("local").train(no_sft, specs[:2]).baseline == {}

@@ -64,6 +64,9 @@ def test_train_exports_a_checkpoint_with_a_manifest_and_step_metrics(chain):
     manifest = read_json(root / "checkpoints" / "manifest.json")
     assert manifest["variant"] == to_plain(cfg.algo.name) and manifest["steps_done"] == cfg.train.steps
     assert (root / "checkpoints" / manifest["roles"]["act"]).is_dir()
+    # the smoke profile warms up with SFT: those weights are kept as the evaluation's baseline
+    assert manifest["baseline"] == {"act": "sft/policy", "rehearse": "sft/policy"}
+    assert (root / "checkpoints" / "sft" / "policy" / "config.json").is_file()
     steps = pd.read_csv(root / "plots" / "train_steps.csv")
     assert list(steps["step"]) == list(range(0, cfg.train.steps + 1))  # step 0: the probe before any update
     assert metrics["train"]["steps_done"] == cfg.train.steps
@@ -105,6 +108,14 @@ def test_evaluate_scores_policy_and_base_with_domains_and_fidelity(chain):
         assert sum(g["n"] for g in m[label]["per_domain"].values()) == m["n_tasks"]
         assert "fidelity" in m[label]
         assert len(read_jsonl(root / "evaluation" / "toolworld" / f"{label}.predictions.jsonl")) == m["n_tasks"]
+    # the baseline is the SFT warm-up's weights (eval.baseline=auto, the run had a warm-up), with intervals
+    assert m["baseline"] == "sft" and m["base"]["model"].startswith("sft:")
+    for label in ("policy", "base"):
+        lo, hi = m[label]["success_ci95"]
+        assert 0.0 <= lo <= m[label]["success_rate"] <= hi <= 1.0
+    gain = m["gain_vs_base"]["all"]
+    assert gain["diff"] == pytest.approx(m["success_gain_vs_base"]) and gain["n_tasks"] == m["n_tasks"]
+    assert gain["ci95"][0] <= gain["diff"] <= gain["ci95"][1]
     # REHEARSE on the oracle's calls of eval.gold_fidelity_tasks tasks: the same calls for both models
     assert m["gold_fidelity_calls"] > 0
     assert m["policy"]["fidelity_gold"]["n"] == m["base"]["fidelity_gold"]["n"] == m["gold_fidelity_calls"]

@@ -54,6 +54,9 @@ def test_default_is_the_cpu_profile_with_smollm2_on_the_tool_world():
     assert to_plain(cfg.data.source) == "toolworld"
     assert to_plain(cfg.engine.name) == "local"
     assert cfg.train.sft_epochs > 0 and 5 <= cfg.train.steps <= 60  # sized to finish in < 1 h on 2 cores
+    # a result with intervals: the trained model vs its SFT'd start on >= 30 test tasks, a sweep on >= 10
+    assert cfg.data.n_test >= 30 and to_plain(cfg.eval.baseline) in ("auto", "sft")
+    assert cfg.rehearsal.n_tasks >= 10 and list(cfg.rehearsal.n_attempts) == [0, 1, 2]
 
 
 def test_profiles_set_model_and_sizes():

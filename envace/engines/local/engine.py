@@ -69,7 +69,7 @@ from envace.engines.local.metrics import rollout_metrics
 from envace.engines.local.precision import resolve_precision, trim_heap
 from envace.engines.local.rollout import RolloutRunner
 from envace.engines.local.rollout_records import ExecutorFactory, ResponseSource
-from envace.engines.local.sft import warm_up
+from envace.engines.local.sft import SFT_EXPORT, warm_up
 from envace.engines.local.trainer import (
     PolicyUpdater,
     Slot,
@@ -304,6 +304,8 @@ class LocalEngine(Engine):
                 )
             )
         )
+        if history and not has_checkpoint:  # the warm-up ran here: its weights are the run's baseline
+            self._export(cfg, SFT_EXPORT)
         self._make_slots(cfg)
         probe = make_probe(cfg, self.fidelity_probe_set, self.precision)
         ckpt_models = {**self.models, **self.frozen}  # what a GRPO checkpoint holds
@@ -332,22 +334,26 @@ class LocalEngine(Engine):
         if end > start and (not cfg.checkpoint_every or end % cfg.checkpoint_every):
             last_ckpt = checkpoints.save(end, ckpt_models, optimizers, history)
         artifacts = self._export(cfg) if end == cfg.steps else {}
+        sft = Path(cfg.output_dir or ".") / SFT_EXPORT  # written by this run or by the one it resumed
         return TrainResult(
             steps_done=end,
             history=tuple(history),
             checkpoint_dir=last_ckpt,
             artifacts=artifacts,
+            baseline={name: str(sft / name) for name in self.models if cfg.output_dir and (sft / name).is_dir()},
             models=dict(self.models),
         )
 
-    def _export(self, cfg: LocalEngineConfig) -> dict[str, str]:
-        """Final weights + tokenizer as HF directories (what evaluation loads with kind='path'); with LoRA,
-        ``final/<name>`` holds the merged weights (merged on a copy) and ``final/<name>-adapter`` peft's adapter."""
+    def _export(self, cfg: LocalEngineConfig, folder: str = "final") -> dict[str, str]:
+        """Weights + tokenizer as HF directories under ``output_dir/<folder>`` (what evaluation loads with
+        kind='path'): ``final`` after the last step, ``SFT_EXPORT`` after the SFT warm-up (the baseline the
+        trained model is compared with). With LoRA, ``<folder>/<name>`` holds the merged weights (merged on a
+        copy) and ``<folder>/<name>-adapter`` peft's adapter."""
         if not cfg.output_dir:
             return {}
         out = {}
         for name, model in self.models.items():
-            path = Path(cfg.output_dir) / "final" / name
+            path = Path(cfg.output_dir) / folder / name
             adapter = self.adapters.get(name)
             (model if adapter is None else merged_copy(adapter)).save_pretrained(path)
             self.tokenizer.save_pretrained(path)
@@ -355,5 +361,5 @@ class LocalEngine(Engine):
             if adapter is not None:
                 adapter.save_pretrained(path.with_name(f"{name}-adapter"))
                 out[f"{name}-adapter"] = str(path.with_name(f"{name}-adapter"))
-        (Path(cfg.output_dir) / "final" / "config.txt").write_text(repr(asdict(cfg)))
+        (Path(cfg.output_dir) / folder / "config.txt").write_text(repr(asdict(cfg)))
         return out

@@ -40,6 +40,8 @@ from envace.engines.local.trainer import PolicyUpdater, Slot, make_optimizer, se
 
 logger = logging.getLogger(__name__)
 
+SFT_EXPORT = "sft_final"  # under output_dir: the weights after the warm-up, as HF directories (one per model)
+
 
 def gold_targets(spec: EpisodeSpec, fmt: ChatFormatter) -> dict[Role, list[list[int]]] | None:
     """Token targets of every output of the gold trajectory, per role in output order (None: no responses)."""
