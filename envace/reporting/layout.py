@@ -15,6 +15,7 @@ REFERENCE_NOTE = (
 
 TITLES = {
     "main": "Main table (success % of tasks)",
+    "gain": "Trained − baseline, paired on the same tasks (percentage points)",
     "benchmarks": "Each benchmark's own aggregates",
     "ablation": "Ablation: training variant (success %, same profile and model)",
     "scale": "Scale: model (success %, same profile and training variant)",
@@ -53,6 +54,7 @@ FRACTION_TABLES = ("fidelity", "testtime", "benchmarks")  # scores 0-1 (the othe
 EVALUATIONS = "evaluate_"  # metrics stems each table is built from (its stale mark)
 TABLE_INPUTS = {
     "main": [EVALUATIONS],
+    "gain": [EVALUATIONS],
     "benchmarks": [EVALUATIONS],
     "domains": [EVALUATIONS],
     "fidelity": [EVALUATIONS],

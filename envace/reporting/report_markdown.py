@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from envace.config import to_plain
 from envace.experiments import OUTPUT_NAME
 from envace.reporting.comparison import CURRENT_RUN
+from envace.reporting.gain import GAIN_NOTE
 from envace.reporting.layout import (
     FIDELITY_NOTE,
     FRACTION_TABLES,
@@ -96,6 +97,7 @@ def markdown(
         "ablation": cross_run_note(cfg, "variant", collected),
         "scale": cross_run_note(cfg, "model", collected),
         "main": overall_note(tables["main"], to_plain(cfg.eval.benchmarks)),
+        "gain": GAIN_NOTE,
         "testtime": TESTTIME_NOTE,
         "fidelity": FIDELITY_NOTE,
     }

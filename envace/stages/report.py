@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 from envace.config import to_plain
 from envace.experiments import OUTPUT_NAME
 from envace.reporting.comparison import CURRENT_RUN, RunResult, ablation_table, collected_runs, scale_table
+from envace.reporting.gain import baseline_name, gain_table
 from envace.reporting.plots import curves_frame, merge_curves, save_plots
 from envace.reporting.provenance import input_states
 from envace.reporting.report_markdown import markdown
@@ -105,9 +106,13 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     steps = load_steps(cfg)
     curves = merge_curves(curves_frame(m.get("train", {}).get("curves")), steps)
     ablation, scale, reward = comparisons(cfg, m, curves)
-    labels = {"base": f"{cfg.model.name} (base)", "policy": f"{to_plain(cfg.algo.name)} ({cfg.model.name})"}
+    labels = {
+        "base": f"{cfg.model.name} ({baseline_name(m)})",
+        "policy": f"{to_plain(cfg.algo.name)} ({cfg.model.name})",
+    }
     tables = {
         "main": main_table(to_plain(cfg.eval.benchmarks), labels, m, to_plain(cfg.algo.name)),
+        "gain": gain_table(m),
         "benchmarks": benchmark_table(m),
         "ablation": ablation,
         "scale": scale,

@@ -158,6 +158,11 @@ def test_report_writes_tables_and_plots_from_the_metrics(chain):
     } <= set(main.columns) and len(main) == 2
     assert "Overall = mean over the paper's benchmarks that ran here: none" in (reports / "report.md").read_text()
     assert "testtime.png" in metrics["report"]["plots"]
+    # the paired policy - baseline comparison, named after what the baseline is (the SFT'd start here)
+    gain = pd.read_csv(reports / "gain.csv")
+    assert list(gain["tasks"])[0] == "all tasks" and set(gain["baseline"]) == {"SFT'd start"}
+    assert gain["gain_pp"].iloc[0] == pytest.approx(100 * metrics["evaluate"]["success_gain_vs_base"])
+    assert "(SFT'd start)" in set(main["method"]).pop() + "".join(main["method"])
     assert "## Test-time private rehearsal" in (reports / "report.md").read_text()
 
 

@@ -562,3 +562,26 @@ def test_the_commit_recorded_by_the_stage_runner_decides_staleness(tmp_path, mon
     monkeypatch.setenv("DVC_STAGE", "report")  # inside dvc repro: the repro itself checked dvc.lock
     a, _ = input_states(tmp_path / "metrics", "metrics", ["a", "b"])
     assert a.state == CURRENT and a.commit == first[:7] and "dvc repro" in a.detail
+
+
+def test_gain_table_reads_each_evaluations_paired_difference_in_points():
+    from envace.reporting.gain import baseline_name, gain_table
+
+    m = {
+        "evaluate_toolworld": {
+            "benchmark": "toolworld",
+            "baseline": "sft",
+            "gain_vs_base": {
+                "all": {"diff": 0.1, "n_tasks": 30, "ci95": [-0.05, 0.25], "verdict": "cannot tell"},
+                "held_out_domain": {"diff": 0.0, "n_tasks": 6, "ci95": [0.0, 0.0], "verdict": "cannot tell"},
+            },
+        },
+        "evaluate_bfcl": {"benchmark": "bfcl", "n_tasks": 6},  # compared with no baseline: no row
+        "train": {},
+    }
+    table = gain_table(m)
+    assert list(table["tasks"]) == ["all tasks", "held-out domain"] and set(table["benchmark"]) == {"toolworld"}
+    assert table["gain_pp"].tolist() == pytest.approx([10.0, 0.0])
+    assert table[["gain_pp/ci_low", "gain_pp/ci_high"]].iloc[0].tolist() == pytest.approx([-5.0, 25.0])
+    assert "10.0 [-5.0, 25.0] (n=30)" in render_markdown(table)
+    assert baseline_name(m) == "SFT'd start" and baseline_name({"evaluate_x": {}}) == "base"
