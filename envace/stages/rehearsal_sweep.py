@@ -3,8 +3,9 @@
 The trained policy acts; before its one committed execution on each task it runs N private
 rehearsal attempts (``parallel`` or ``sequential``) whose tool responses come from a rehearser — the
 trained model's REHEARSE role (``trained``) or the baseline model's (``base``, the paper's control:
-per ``eval.baseline`` the SFT warm-up's weights RL started from, or the untrained model). N=0 (no rehearsal) is the shared baseline, run once. Rehearsal never reaches the real
-environment; only the committed execution does (envace.rehearsal enforces and tests it).
+per ``eval.baseline`` the SFT warm-up's weights RL started from, or the untrained model). N=0 (no
+rehearsal) is the shared baseline, run once. Rehearsal never reaches the real environment; only the
+committed execution does (envace.rehearsal enforces and tests it).
 
 Each cell is a nested MLflow run under the stage's run (params: benchmark, N, mode, rehearser, scope;
 metrics: success and costs — rehearsal tokens, wall time, real-environment calls, committed executions).
