@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from envace.core.curves import CURVE_KEYS
 from envace.utils.io import write_json
 
 logger = logging.getLogger(__name__)
@@ -43,17 +44,8 @@ logger = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 OUTPUT_NAME = "experiments.json"
 PARAM_KEYS = ("profile", "experiment_name", "algo.name", "model.name", "engine.name", "seed")
-CURVE_KEYS = (
-    "step",
-    "reward/mean",
-    "adv/act/mean",
-    "adv/act/std",
-    "adv/rehearse/mean",
-    "adv/rehearse/std",
-    "fidelity/exact_match",
-    "fidelity/field_f1",
-    "fidelity/error_agreement",
-)
+# the columns of a train_steps.csv read as curves: the step and every curve of train.json
+STEPS_CSV_COLUMNS = ("step", *CURVE_KEYS)
 KIND_ORDER = {"workspace": 0, "baseline": 1, "experiment": 2}
 _EVALUATE_FILE = re.compile(r"(?:^|/)evaluate_(?P<bench>[^/]+)\.json$")
 
@@ -177,10 +169,10 @@ def _number(text: str | None) -> float | int | None:
 
 
 def curves_from_steps_csv(text: str) -> dict[str, list[Any]] | None:
-    """``CURVE_KEYS`` columns of a ``train_steps.csv`` as curves (older runs had no ``curves``)."""
+    """``STEPS_CSV_COLUMNS`` of a ``train_steps.csv`` as curves (older runs had no ``curves``)."""
     reader = csv.DictReader(io.StringIO(text))
     rows = list(reader)
-    columns = [key for key in CURVE_KEYS if key in (reader.fieldnames or [])]
+    columns = [key for key in STEPS_CSV_COLUMNS if key in (reader.fieldnames or [])]
     if not rows or "step" not in columns:
         return None
     return {key: [_number(row[key]) for row in rows] for key in columns}

@@ -3,6 +3,7 @@
 Importing this package is light: engines are imported on first ``get_engine`` call.
 """
 
+from envace.core.curves import CURVE_KEYS, training_curves
 from envace.engines.base import (
     VARIANTS,
     Engine,
@@ -22,7 +23,6 @@ from envace.engines.base import (
     to_episode_spec,
     toolworld_verifiable_reward,
 )
-from envace.engines.curves import CURVE_KEYS, training_curves
 
 __all__ = [
     "CURVE_KEYS",

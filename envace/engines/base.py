@@ -19,7 +19,6 @@ Deliberate choices (and deviations from the reference implementation):
 from __future__ import annotations
 
 import abc
-import importlib
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +33,7 @@ from typing import (
 from envace.core.bindings import MISSING as BINDING_MISSING
 from envace.core.bindings import CallCorrespondence
 from envace.core.records import EpisodeSpec, GoldStep, Role, Trajectory, TrajectoryStatus
+from envace.core.registry import Registry
 from envace.data.cm2_episodes import cm2_row_to_episode_spec
 from envace.envs.base import Executor, Task
 
@@ -275,36 +275,22 @@ class Engine(abc.ABC):
     ) -> TrainResult: ...
 
 
-_ENGINES: dict[str, Callable[..., Engine]] = {}
-# engines importable on demand, on the first ``get_engine(name)``: name -> "module:attribute". Importing
-# the module may also register the name itself; the attribute is what the name resolves to either way.
-_LAZY_ENGINES: dict[str, str] = {
-    "local": "envace.engines.local.engine:LocalEngine",
-    "verl": "envace.engines.verl.engine:VerlEngine",
-}
+# engines are registered by their modules (``@register_engine``); the built-in ones are named lazily, so
+# that the first ``get_engine(name)`` imports them and importing this package loads none
+ENGINES: Registry[Callable[..., Engine]] = Registry("engine", unknown="unknown engine {name!r}; valid engines: {names}")
+ENGINES.register_lazy("local", "envace.engines.local.engine:LocalEngine")
+ENGINES.register_lazy("verl", "envace.engines.verl.engine:VerlEngine")
 
 
 def register_engine(name: str) -> Callable[[Callable[..., Engine]], Callable[..., Engine]]:
     """Decorator registering an engine factory (usually the class) under ``name``."""
-
-    def decorate(factory: Callable[..., Engine]) -> Callable[..., Engine]:
-        if name in _ENGINES and _ENGINES[name] is not factory:
-            raise ValueError(f"engine {name!r} is already registered by {_ENGINES[name]!r}")
-        _ENGINES[name] = factory
-        return factory
-
-    return decorate
+    return ENGINES.register(name)
 
 
 def available_engines() -> list[str]:
-    return sorted(set(_ENGINES) | set(_LAZY_ENGINES))
+    return ENGINES.names()
 
 
 def get_engine(name: str, **kwargs: Any) -> Engine:
     """Instantiate the engine registered as ``name``; unknown names raise listing the valid ones."""
-    if name not in _ENGINES and name in _LAZY_ENGINES:
-        module, attr = _LAZY_ENGINES[name].split(":")
-        _ENGINES.setdefault(name, getattr(importlib.import_module(module), attr))
-    if name not in _ENGINES:
-        raise KeyError(f"unknown engine {name!r}; valid engines: {available_engines()}")
-    return _ENGINES[name](**kwargs)
+    return ENGINES.get(name)(**kwargs)

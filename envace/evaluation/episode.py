@@ -37,10 +37,10 @@ Message = dict[str, Any]
 
 @dataclass(frozen=True)
 class ActLoopConfig:
-    """Budgets and sampling of the ACT loop."""
+    """Budgets and sampling of the ACT loop (the budgets' defaults are conf/eval/default.yaml's)."""
 
-    max_steps_per_turn: int = 8
-    max_new_tokens: int = 256
+    max_steps_per_turn: int = 4
+    max_new_tokens: int = 64
     temperature: float = 0.0
     seed: int = 0
     role_prompts: RolePrompts = DEFAULT_ROLE_PROMPTS

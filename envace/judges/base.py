@@ -23,6 +23,7 @@ from envace.core.checklist_reward import (
     step_forces_fail,
 )
 from envace.core.conversation import ConversationStep, conversation_steps
+from envace.core.registry import Registry
 
 Messages = Sequence[Mapping[str, Any]]
 
@@ -132,29 +133,20 @@ def evaluate_checklist(
 
 # ---- registry -----------------------------------------------------------------------------------
 
-_JUDGE_FACTORIES: dict[str, Callable[..., ChecklistJudge]] = {}
+JUDGES: Registry[Callable[..., ChecklistJudge]] = Registry(
+    "judge", unknown="unknown judge {name!r}; valid judges: {known}"
+)
 
 
 def register_judge(name: str) -> Callable[[Callable[..., ChecklistJudge]], Callable[..., ChecklistJudge]]:
     """Decorator: make a judge factory available to ``get_judge(name, **kwargs)``."""
-
-    def decorate(factory: Callable[..., ChecklistJudge]) -> Callable[..., ChecklistJudge]:
-        if name in _JUDGE_FACTORIES and _JUDGE_FACTORIES[name] is not factory:
-            raise ValueError(f"register_judge: the name {name!r} is already taken")
-        _JUDGE_FACTORIES[name] = factory
-        return factory
-
-    return decorate
+    return JUDGES.register(name)
 
 
 def judge_names() -> list[str]:
-    return sorted(_JUDGE_FACTORIES)
+    return JUDGES.names()
 
 
 def get_judge(name: str, **kwargs: Any) -> ChecklistJudge:
     """Build the judge registered as ``name`` with ``kwargs``."""
-    try:
-        factory = _JUDGE_FACTORIES[name]
-    except KeyError:
-        raise ValueError(f"unknown judge {name!r}; valid judges: {', '.join(judge_names())}") from None
-    return factory(**kwargs)
+    return JUDGES.get(name)(**kwargs)

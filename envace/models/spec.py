@@ -14,12 +14,16 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from envace.core.registry import Registry
+
 logger = logging.getLogger(__name__)
 
 ModelAndTokenizer = tuple[PreTrainedModel, PreTrainedTokenizerBase]
 ModelLoader = Callable[["ModelSpec"], ModelAndTokenizer]
 
-MODEL_LOADERS: dict[str, ModelLoader] = {}
+MODEL_LOADERS: Registry[ModelLoader] = Registry(
+    "model loader", unknown="ModelSpec.kind={name!r} is unknown; valid kinds: {names}"
+)
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -59,14 +63,7 @@ class ModelSpec:
 
 def register_model_loader(kind: str) -> Callable[[ModelLoader], ModelLoader]:
     """Decorator registering ``fn(spec) -> (model, tokenizer)`` under ``kind``."""
-
-    def decorator(fn: ModelLoader) -> ModelLoader:
-        if kind in MODEL_LOADERS and MODEL_LOADERS[kind] is not fn:
-            raise ValueError(f"model loader {kind!r} is already registered ({MODEL_LOADERS[kind].__module__})")
-        MODEL_LOADERS[kind] = fn
-        return fn
-
-    return decorator
+    return MODEL_LOADERS.register(kind)
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -86,10 +83,7 @@ def model_spec_from_string(text: str, **overrides: object) -> ModelSpec:
 
 def load_model_and_tokenizer(spec: ModelSpec) -> ModelAndTokenizer:
     """Load ``spec`` with its registered loader; the model is returned in eval mode."""
-    try:
-        loader = MODEL_LOADERS[spec.kind]
-    except KeyError:
-        raise ValueError(f"ModelSpec.kind={spec.kind!r} is unknown; valid kinds: {sorted(MODEL_LOADERS)}") from None
+    loader = MODEL_LOADERS.get(spec.kind)
     resolve_dtype(spec.dtype)  # fail before any expensive work
     model, tokenizer = loader(spec)
     model.eval()

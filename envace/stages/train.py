@@ -7,7 +7,7 @@ and ``paths.plots/train_steps.csv``; ``envace.mlflow_logging`` logs rollout tabl
 
 With ``train.fidelity_every`` = k > 0 (engine local, tool-world data) REHEARSE predicts the real responses of the
 oracle's calls on ``train.fidelity_tasks`` val tasks at step 0 (before any GRPO update), every k steps and at the last
-(``fidelity/*``); train.json adds ``curves`` (``envace.engines.curves``) to ``final/*``. Resumable: the engine
+(``fidelity/*``); train.json adds ``curves`` (``envace.core.curves``) to ``final/*``. Resumable: the engine
 checkpoints into ``.envace/train/<config hash>`` (outside DVC's outputs); a re-run of the same config continues from the
 latest one. On success the final weights move into ``paths.checkpoints/final`` with ``manifest.json`` (roles'
 directories, files, config hash) and the work directory is removed."""
