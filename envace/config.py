@@ -10,7 +10,8 @@ the schema through the ``hydra_plugins/envace_schemas`` package at the repo root
 Cross-field rules that a schema cannot express (``model.kind=path`` needs ``model.path``) live in
 ``validate_config``; a rule the runtime object already enforces is not repeated here — the rehearsal
 grid is checked by building each cell's ``RehearsalConfig`` with ``rehearsal_config``, the one
-conversion from ``cfg.rehearsal`` to the rehearsal code's config. Stages load ``params.yaml`` with
+conversion from ``cfg.rehearsal`` to the rehearsal code's config, and the rollout budget by building a
+``RolloutBudget`` (``envace.core.rollout_budget``). Stages load ``params.yaml`` with
 ``load_params`` (same schema, same checks). Run ``python -m envace.config [OVERRIDES…]``
 (``make params``) to regenerate ``params.yaml`` exactly as ``dvc exp run -S`` does.
 """
@@ -34,6 +35,7 @@ from omegaconf.errors import OmegaConfBaseException
 from envace.config_enums import ModelKind
 from envace.config_schema import GROUPS, Config
 from envace.core.rehearsal import RehearsalConfig, RehearsalMode
+from envace.core.rollout_budget import RolloutBudget, budget_values
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +85,10 @@ def validate_config(cfg: DictConfig) -> DictConfig:
             f"{cfg.train.fidelity_tasks}: fidelity_every must be >= 0 (0 = off) and, when on, "
             "fidelity_tasks >= 1"
         )
+    try:
+        RolloutBudget(**budget_values(cfg.rollout))  # the budget's range rules, stated once (its __post_init__)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
     _check_rehearsal_grid(cfg)
     if cfg.eval.benchmark not in list(cfg.eval.benchmarks):
         raise ConfigError(

@@ -12,6 +12,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from envace.config import flatten, to_plain
+from envace.core.rollout_budget import budget_values
 from envace.engines.lora import lora_spec
 from envace.engines.verl.engine import VerlEngineConfig
 from envace.judges import checklist_reward_fn, get_judge
@@ -55,17 +56,6 @@ def local_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> 
 
     r, a, t, e = cfg.rollout, cfg.algo, cfg.train, cfg.engine
     speed = {k: e[k] for k in ("share_prefix", "micro_batch_tokens", "grad_checkpointing", "logprob_check")}
-    keys = (
-        "samples_per_prompt",
-        "act_temperature",
-        "rehearse_temperature",
-        "max_steps_per_turn",
-        "max_act_tokens",
-        "max_rehearse_tokens",
-        "max_stream_tokens",
-        "rehearse_context_tokens",
-        "enforce_required_items",
-    )
     return LocalEngineConfig(
         model=model_spec(cfg),
         variant=to_plain(a.name),
@@ -81,7 +71,7 @@ def local_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> 
         grpo_responses=to_plain(a.grpo_responses),
         fidelity_every=probe_every(cfg),
         lora=lora_spec(a),
-        rollout=RolloutConfig(**{k: r[k] for k in keys}),
+        rollout=RolloutConfig(samples_per_prompt=int(r.samples_per_prompt), **budget_values(r)),
         optim=OptimConfig(
             lr=a.lr,
             clip_ratio=a.clip_ratio,
