@@ -11,7 +11,8 @@ Cross-field rules that a schema cannot express (``model.kind=path`` needs ``mode
 ``validate_config``; a rule the runtime object already enforces is not repeated here — the rehearsal
 grid is checked by building each cell's ``RehearsalConfig`` with ``rehearsal_config``, the one
 conversion from ``cfg.rehearsal`` to the rehearsal code's config, and the rollout budget by building a
-``RolloutBudget`` (``envace.core.rollout_budget``). Stages load ``params.yaml`` with
+``RolloutBudget`` (``envace.core.rollout_budget``). ``typed_config`` turns a composed config into the
+schema's ``Config`` dataclasses (what the verl engine takes). Stages load ``params.yaml`` with
 ``load_params`` (same schema, same checks). Run ``python -m envace.config [OVERRIDES…]``
 (``make params``) to regenerate ``params.yaml`` exactly as ``dvc exp run -S`` does.
 """
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import enum
 import logging
+import re
 import sys
+from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -209,6 +212,36 @@ def load_params(path: Path | str = PARAMS_FILE, overrides: list[str] | tuple[str
         raise ConfigError(f"{path} with overrides {list(overrides)}: {_explain(exc)}") from exc
     assert isinstance(cfg, DictConfig)
     return validate_config(cfg)
+
+
+def typed_config(cfg: Config | DictConfig | Mapping[str, Any]) -> Config:
+    """The composed config as the schema's ``Config`` dataclasses (enumerated values as enum members).
+
+    A ``Config`` is returned as it is; a ``DictConfig`` (``compose``, ``load_params``) or a plain mapping of
+    it (``OmegaConf.to_container``) is merged into the schema and converted once with ``OmegaConf.to_object``.
+    A plain mapping holds resolved values: its strings are taken literally (a ``${`` in them is no interpolation).
+    It converts, it does not validate: ``compose`` and ``load_params`` have checked their configs already.
+    """
+    if isinstance(cfg, Config):
+        return cfg
+    try:
+        source = cfg if OmegaConf.is_config(cfg) else OmegaConf.create(_literal(dict(cfg)))
+        typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), source))
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"config does not match the envace schema: {_explain(exc)}") from exc
+    assert isinstance(typed, Config)
+    return typed
+
+
+def _literal(value: Any) -> Any:
+    """A plain (already resolved) value with every ``${`` escaped, so OmegaConf keeps strings as they are."""
+    if isinstance(value, str):
+        return re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", value)
+    if isinstance(value, Mapping):
+        return {k: _literal(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_literal(v) for v in value]
+    return value
 
 
 def to_plain(node: Any) -> Any:

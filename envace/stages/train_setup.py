@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from envace.config import flatten, to_plain
+from envace.config import flatten, to_plain, typed_config
 from envace.core.rollout_budget import budget_values
 from envace.engines.lora import lora_spec
 from envace.engines.verl.engine import VerlEngineConfig
@@ -90,7 +90,7 @@ def verl_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> A
     """verl rebuilds everything from the whole config; its MLflow logging nests under this stage's run."""
     uri = default_tracking_uri() if tracker.run_id else None
     return VerlEngineConfig(
-        cfg=to_plain(cfg), output_dir=str(output_dir), tracking_uri=uri, parent_run_id=tracker.run_id
+        cfg=typed_config(cfg), output_dir=str(output_dir), tracking_uri=uri, parent_run_id=tracker.run_id
     )
 
 
