@@ -21,7 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from envace.config import flatten, to_plain
+from envace.config import flatten, to_plain, typed_config
 from envace.engines import get_engine, training_curves
 from envace.inference.preflight import preflight
 from envace.mlflow_logging import train_logging
@@ -96,7 +96,7 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     specs, executor_factory = data_source(source).episodes(training_rows(cfg))  # data.source: envace.sources
     digest = config_hash(cfg)
     work = WORK_ROOT / digest
-    engine_config = ENGINE_CONFIGS[name](cfg, work, tracker)
+    engine_config = ENGINE_CONFIGS[name](typed_config(cfg), work, tracker)  # the engines take the typed Config
     if cfg.train.fidelity_every and not probe_every(cfg):
         logger.warning("train.fidelity_every ignored: the fidelity probe needs engine=local and a real executor")
     probe_set = PROBE_SETS[source](cfg, split_rows(cfg, "val")) if probe_every(cfg) else None  # once, up front

@@ -11,7 +11,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from envace.config import flatten, to_plain, typed_config
+from envace.config import flatten, to_plain
+from envace.config_schema import Config
 from envace.core.rollout_budget import budget_values
 from envace.engines.lora import lora_spec
 from envace.engines.verl.engine import VerlEngineConfig
@@ -49,13 +50,13 @@ def probe_every(cfg: DictConfig) -> int:
     return every if to_plain(cfg.engine.name) == "local" and PROBE_SETS[to_plain(cfg.data.source)] else 0
 
 
-def local_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> Any:
+def local_engine_config(cfg: Config, output_dir: Path, tracker: Tracker) -> Any:
     # lazy: envace.engines.local loads torch, transformers and peft (seconds); a dead judge or simulator endpoint
     # fails the stage (preflight) before that
     from envace.engines.local.config import LocalEngineConfig, OptimConfig, RolloutConfig, SFTConfig
 
     r, a, t, e = cfg.rollout, cfg.algo, cfg.train, cfg.engine
-    speed = {k: e[k] for k in ("share_prefix", "micro_batch_tokens", "grad_checkpointing", "logprob_check")}
+    speed = {k: getattr(e, k) for k in ("share_prefix", "micro_batch_tokens", "grad_checkpointing", "logprob_check")}
     return LocalEngineConfig(
         model=model_spec(cfg),
         variant=to_plain(a.name),
@@ -71,7 +72,7 @@ def local_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> 
         grpo_responses=to_plain(a.grpo_responses),
         fidelity_every=probe_every(cfg),
         lora=lora_spec(a),
-        rollout=RolloutConfig(samples_per_prompt=int(r.samples_per_prompt), **budget_values(r)),
+        rollout=RolloutConfig(samples_per_prompt=r.samples_per_prompt, **budget_values(r)),
         optim=OptimConfig(
             lr=a.lr,
             clip_ratio=a.clip_ratio,
@@ -86,15 +87,15 @@ def local_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> 
     )
 
 
-def verl_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> Any:
+def verl_engine_config(cfg: Config, output_dir: Path, tracker: Tracker) -> Any:
     """verl rebuilds everything from the whole config; its MLflow logging nests under this stage's run."""
     uri = default_tracking_uri() if tracker.run_id else None
-    return VerlEngineConfig(
-        cfg=typed_config(cfg), output_dir=str(output_dir), tracking_uri=uri, parent_run_id=tracker.run_id
-    )
+    return VerlEngineConfig(cfg=cfg, output_dir=str(output_dir), tracking_uri=uri, parent_run_id=tracker.run_id)
 
 
-ENGINE_CONFIGS: dict[str, Callable[[DictConfig, Path, Tracker], Any]] = {  # engine.name -> its typed config
+# engine.name -> its engine's config, built from the typed Config (envace.config.typed_config, converted once
+# by the train stage)
+ENGINE_CONFIGS: dict[str, Callable[[Config, Path, Tracker], Any]] = {
     "local": local_engine_config,
     "verl": verl_engine_config,
 }

@@ -236,7 +236,7 @@ def _actor(cfg: Config, model_path: str) -> dict[str, Any]:
 
 def _lora(cfg: Config) -> dict[str, Any]:
     try:
-        spec = lora_spec(dataclasses.asdict(cfg.algo))
+        spec = lora_spec(cfg.algo)
     except ValueError as exc:
         raise VerlConfigError(str(exc)) from exc
     prefix = "actor_rollout_ref.model."
