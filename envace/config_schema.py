@@ -112,7 +112,7 @@ class EngineConfig:
     logprob_check: bool = False
     n_gpus_per_node: int = 0
     nnodes: int = 1
-    # verl only (null = the engine's default; see envace.engines.verl.config_builder)
+    # verl only (null = the value in conf/engine/verl.yaml; envace.engines.verl.config_builder.engine_option)
     rollout_name: Optional[str] = None
     tensor_parallel: Optional[int] = None
     gpu_memory_utilization: Optional[float] = None

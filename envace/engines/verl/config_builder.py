@@ -32,8 +32,9 @@ job starts). The mapping, section by section:
   environment for every Ray worker (MLflow run, plugin module) — never secrets (verl logs its config).
 
 The verl-only ``engine`` options (``rollout_name``, ``tensor_parallel``, ``gpu_memory_utilization``,
-``max_token_len_per_gpu``, ``agent_workers``, ``chat_template``, ``val_every``) are null unless set; null means
-the value in ``conf/engine/verl.yaml`` (``engine_option``, the one reader of that file), where
+``max_token_len_per_gpu``, ``agent_workers``, ``chat_template``, ``val_every``) are set by
+``conf/engine/verl.yaml`` and null in the other engine files; null means the value in that file
+(``engine_option``, its one reader), where
 ``max_token_len_per_gpu: null`` means 2 × ``rollout.max_stream_tokens``. ``engine.simulator``'s null
 ``base_url`` / ``model`` fall back to the env vars ``ENVACE_SIMULATOR_URL`` / ``ENVACE_SIMULATOR_MODEL``;
 ``engine.overrides`` (raw overrides) are appended last. Extra overrides given later win (Hydra applies them
