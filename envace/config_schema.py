@@ -102,7 +102,7 @@ class EndpointConfig:
 class EngineConfig:
     name: EngineName = EngineName.local
     device: str = "cpu"
-    num_threads: Union[int, str] = 1  # an int >= 1, or auto (envace.engines.local.precision.resolve_threads)
+    num_threads: Union[int, str] = "auto"  # an int >= 1, or auto (envace.engines.local.precision.resolve_threads)
     # local engine speed/memory (envace.engines.local): auto | fp32 | bf16; shared-prompt packing; a token
     # budget per forward; gradient checkpointing auto | on | off; an opt-in log-prob health-check forward
     precision: str = "auto"
