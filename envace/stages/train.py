@@ -19,9 +19,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
-from envace.config import flatten, to_plain, typed_config
+from envace.config import flatten, to_plain
+from envace.config_schema import Config
 from envace.engines import get_engine, training_curves
 from envace.inference.preflight import preflight
 from envace.mlflow_logging import train_logging
@@ -37,13 +36,13 @@ logger = logging.getLogger(__name__)
 WORK_ROOT = Path(".envace") / "train"
 
 
-def split_rows(cfg: DictConfig, split: str) -> list[dict[str, Any]]:
+def split_rows(cfg: Config, split: str) -> list[dict[str, Any]]:
     """Prepared rows of ``split`` whose prompts fit (``kept_uuids.json``)."""
     kept = set(read_json(Path(cfg.paths.prompts) / "kept_uuids.json").get(split, []))
     return [row for row in read_jsonl(Path(cfg.paths.prepared) / f"{split}.jsonl") if row["uuid"] in kept]
 
 
-def training_rows(cfg: DictConfig) -> list[dict[str, Any]]:
+def training_rows(cfg: Config) -> list[dict[str, Any]]:
     rows = split_rows(cfg, "train")
     if not rows:
         raise ValueError(f"train: no training rows left after template_prompts ({cfg.paths.prompts}/kept_uuids.json)")
@@ -61,7 +60,7 @@ def write_step_csv(path: Path, history: list[dict[str, Any]]) -> None:
 ROLE_MODELS = (("act", "act"), ("rehearse", "rehearse"))  # role -> its own model's name (else: policy)
 
 
-def export_checkpoint(result: Any, work: Path, cfg: DictConfig, digest: str) -> dict[str, Any]:
+def export_checkpoint(result: Any, work: Path, cfg: Config, digest: str) -> dict[str, Any]:
     """Move the engine's final weights (and the SFT warm-up's, when it ran) into paths.checkpoints with a
     manifest."""
     final = {name: Path(path) for name, path in result.artifacts.items()}
@@ -89,14 +88,14 @@ def export_checkpoint(result: Any, work: Path, cfg: DictConfig, digest: str) -> 
     return manifest
 
 
-def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
+def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     preflight(cfg, "train")  # the judge/simulator endpoints answer, before the model loads
     configure_torch(cfg)
     name, source = to_plain(cfg.engine.name), to_plain(cfg.data.source)
     specs, executor_factory = data_source(source).episodes(training_rows(cfg))  # data.source: envace.sources
     digest = config_hash(cfg)
     work = WORK_ROOT / digest
-    engine_config = ENGINE_CONFIGS[name](typed_config(cfg), work, tracker)  # the engines take the typed Config
+    engine_config = ENGINE_CONFIGS[name](cfg, work, tracker)
     if cfg.train.fidelity_every and not probe_every(cfg):
         logger.warning("train.fidelity_every ignored: the fidelity probe needs engine=local and a real executor")
     probe_set = PROBE_SETS[source](cfg, split_rows(cfg, "val")) if probe_every(cfg) else None  # once, up front

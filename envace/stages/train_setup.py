@@ -9,8 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
 from envace.config import flatten, to_plain
 from envace.config_schema import Config
 from envace.core.rollout_budget import budget_values
@@ -25,18 +23,18 @@ from envace.tracking_store import default_tracking_uri
 CONFIG_KEYS = ("seed", "model", "data", "algo", "engine", "rollout", "train", "judge")
 
 
-def config_hash(cfg: DictConfig) -> str:
-    plain = {key: flatten(cfg[key]) if key != "seed" else cfg.seed for key in CONFIG_KEYS}
+def config_hash(cfg: Config) -> str:
+    plain = {key: flatten(getattr(cfg, key)) if key != "seed" else cfg.seed for key in CONFIG_KEYS}
     return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _judge_reward(cfg: DictConfig) -> Any:
+def _judge_reward(cfg: Config) -> Any:
     settings = to_plain(cfg.judge)  # every judge.* key is a judge setting (envace.judges.base.LLM_SETTING_NAMES)
     return checklist_reward_fn(get_judge(settings.pop("name"), **settings))
 
 
 # judge.name -> reward function (None = the engine's built-in verifiable tool-world reward)
-REWARDS: dict[str, Callable[[DictConfig], Any]] = {
+REWARDS: dict[str, Callable[[Config], Any]] = {
     "verifiable": lambda cfg: None,
     "rule": _judge_reward,
     "llm": _judge_reward,
@@ -44,7 +42,7 @@ REWARDS: dict[str, Callable[[DictConfig], Any]] = {
 }
 
 
-def probe_every(cfg: DictConfig) -> int:
+def probe_every(cfg: Config) -> int:
     """``train.fidelity_every`` where the probe can run (engine local, data with a real executor), else 0."""
     every = int(cfg.train.fidelity_every)
     return every if to_plain(cfg.engine.name) == "local" and PROBE_SETS[to_plain(cfg.data.source)] else 0
