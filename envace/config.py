@@ -10,16 +10,22 @@ the schema through the ``hydra_plugins/envace_schemas`` package at the repo root
 Cross-field rules that a schema cannot express (``model.kind=path`` needs ``model.path``) live in
 ``validate_config``; a rule the runtime object already enforces is not repeated here — the rehearsal
 grid is checked by building each cell's ``RehearsalConfig`` with ``rehearsal_config``, the one
-conversion from ``cfg.rehearsal`` to the rehearsal code's config. Stages load ``params.yaml`` with
+conversion from the typed ``rehearsal`` section to the rehearsal code's config, and the rollout budget by building a
+``RolloutBudget`` (``envace.core.rollout_budget``). ``typed_config`` turns a composed config into the
+schema's ``Config`` dataclasses, what the engines' config builders, the rehearsal sweep and the evaluation
+read (each stage converts once). Stages load ``params.yaml`` with
 ``load_params`` (same schema, same checks). Run ``python -m envace.config [OVERRIDES…]``
 (``make params``) to regenerate ``params.yaml`` exactly as ``dvc exp run -S`` does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
+import re
 import sys
+from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -32,8 +38,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from envace.config_enums import ModelKind
-from envace.config_schema import GROUPS, Config
+from envace.config_schema import GROUPS, Config, RehearsalSweepConfig
 from envace.core.rehearsal import RehearsalConfig, RehearsalMode
+from envace.core.rollout_budget import RolloutBudget, budget_values
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +77,8 @@ def validate_config(cfg: DictConfig) -> DictConfig:
     """Re-check against the schema (keys added with Hydra's ``+`` bypass struct mode) and the rules
     the schema cannot express; raises ``ConfigError`` naming the key."""
     try:
-        OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.to_container(cfg, enum_to_str=True))
+        checked = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.to_container(cfg, enum_to_str=True))
+        rehearsal = OmegaConf.to_object(checked.rehearsal)  # the typed section the sweep's cells are built from
     except OmegaConfBaseException as exc:
         raise ConfigError(f"config does not match the envace schema: {_explain(exc)}") from exc
     if cfg.model.kind == ModelKind.path and not cfg.model.path:
@@ -83,7 +91,11 @@ def validate_config(cfg: DictConfig) -> DictConfig:
             f"{cfg.train.fidelity_tasks}: fidelity_every must be >= 0 (0 = off) and, when on, "
             "fidelity_tasks >= 1"
         )
-    _check_rehearsal_grid(cfg)
+    try:
+        RolloutBudget(**budget_values(cfg.rollout))  # the budget's range rules, stated once (its __post_init__)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    _check_rehearsal_grid(rehearsal, int(cfg.seed))
     if cfg.eval.benchmark not in list(cfg.eval.benchmarks):
         raise ConfigError(
             f"eval.benchmark={cfg.eval.benchmark.name} is not in eval.benchmarks="
@@ -110,33 +122,33 @@ def _check_judge(judge: DictConfig) -> None:
         )
 
 
-def _check_rehearsal_grid(cfg: DictConfig) -> None:
+def _check_rehearsal_grid(rehearsal: RehearsalSweepConfig, seed: int) -> None:
     """Every cell of the sweep's grid as the ``RehearsalConfig`` it will run with, before any cell runs:
     ``RehearsalConfig`` holds the rules (N >= 0, temperatures >= 0, no parallel cell with N > 1 at
     ``rehearsal.act_temperature`` 0, which would run N identical attempts)."""
-    r = cfg.rehearsal
-    modes = [to_plain(m) for m in r.modes]
-    for n in sorted(int(n) for n in r.n_attempts):
+    modes = [to_plain(m) for m in rehearsal.modes]
+    for n in sorted(rehearsal.n_attempts):
         for mode in modes or [None]:
             try:
-                rehearsal_config(cfg, n, mode)
+                rehearsal_config(rehearsal, seed, n, mode)
             except ValueError as exc:
                 raise ConfigError(
                     f"{exc} (the sweep's cell n_attempts={n}, mode={mode}; rehearsal.n_attempts="
-                    f"{list(r.n_attempts)}, rehearsal.modes={modes})"
+                    f"{list(rehearsal.n_attempts)}, rehearsal.modes={modes})"
                 ) from exc
 
 
-def rehearsal_config(cfg: DictConfig, n_attempts: int = 0, mode: RehearsalMode | str | None = None) -> RehearsalConfig:
-    """``cfg.rehearsal`` (with the run's ``seed``) as the rehearsal code's ``RehearsalConfig`` for one cell:
-    ``n_attempts`` attempts in ``mode`` (None: ``RehearsalConfig``'s default; irrelevant for N=0). Every
-    field the two share by name is taken from the config — one conversion, no field copied by hand."""
-    r = cfg.rehearsal
-    shared = ({f.name for f in fields(RehearsalConfig)} & set(r)) - {"n_attempts", "mode", "seed"}
-    values = {name: to_plain(r[name]) for name in sorted(shared)}
+def rehearsal_config(
+    rehearsal: RehearsalSweepConfig, seed: int, n_attempts: int = 0, mode: RehearsalMode | str | None = None
+) -> RehearsalConfig:
+    """The typed ``rehearsal`` section (with the run's ``seed``) as the rehearsal code's ``RehearsalConfig`` for
+    one cell: ``n_attempts`` attempts in ``mode`` (None: ``RehearsalConfig``'s default; irrelevant for N=0).
+    Every field the two share by name is taken from the section — one conversion, no field copied by hand."""
+    shared = {f.name for f in fields(RehearsalConfig)} & {f.name for f in fields(rehearsal)}
+    values = {name: getattr(rehearsal, name) for name in sorted(shared - {"n_attempts", "mode", "seed"})}
     if mode is not None:
         values["mode"] = to_plain(mode)
-    return RehearsalConfig(n_attempts=int(n_attempts), seed=int(cfg.seed), **values)
+    return RehearsalConfig(n_attempts=int(n_attempts), seed=int(seed), **values)
 
 
 def compose(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path | str = CONF_DIR) -> DictConfig:
@@ -205,10 +217,43 @@ def load_params(path: Path | str = PARAMS_FILE, overrides: list[str] | tuple[str
     return validate_config(cfg)
 
 
+def typed_config(cfg: Config | DictConfig | Mapping[str, Any]) -> Config:
+    """The composed config as the schema's ``Config`` dataclasses (enumerated values as enum members).
+
+    A ``Config`` is returned as it is; a ``DictConfig`` (``compose``, ``load_params``) or a plain mapping of
+    it (``OmegaConf.to_container``) is merged into the schema and converted once with ``OmegaConf.to_object``.
+    A plain mapping holds resolved values: its strings are taken literally (a ``${`` in them is no interpolation).
+    It converts, it does not validate: ``compose`` and ``load_params`` have checked their configs already.
+    """
+    if isinstance(cfg, Config):
+        return cfg
+    try:
+        source = cfg if OmegaConf.is_config(cfg) else OmegaConf.create(_literal(dict(cfg)))
+        typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), source))
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"config does not match the envace schema: {_explain(exc)}") from exc
+    assert isinstance(typed, Config)
+    return typed
+
+
+def _literal(value: Any) -> Any:
+    """A plain (already resolved) value with every ``${`` escaped, so OmegaConf keeps strings as they are."""
+    if isinstance(value, str):
+        return re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", value)
+    if isinstance(value, Mapping):
+        return {k: _literal(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_literal(v) for v in value]
+    return value
+
+
 def to_plain(node: Any) -> Any:
-    """A DictConfig/ListConfig as plain Python (enums as their string values) for libraries and MLflow."""
+    """A DictConfig/ListConfig or a typed config (``typed_config``, or one of its sections) as plain Python
+    (dicts, lists, enums as their string values) for libraries and MLflow."""
     if OmegaConf.is_config(node):
         return _strip_enums(OmegaConf.to_container(node, resolve=True, enum_to_str=True))
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return _strip_enums(dataclasses.asdict(node))
     return _strip_enums(node)
 
 

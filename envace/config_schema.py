@@ -8,8 +8,8 @@ conf/config.yaml declares the value), so reading a schema default never disagree
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import List, Optional, Union
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import List, Optional, Union, get_type_hints
 
 from omegaconf import MISSING
 
@@ -28,6 +28,7 @@ from envace.config_enums import (
     TrackingBackend,
 )
 from envace.core.rehearsal import RehearsalMode, RehearsalScope, Summarizer
+from envace.core.rollout_budget import RolloutBudget
 
 
 @dataclass
@@ -101,7 +102,7 @@ class EndpointConfig:
 class EngineConfig:
     name: EngineName = EngineName.local
     device: str = "cpu"
-    num_threads: Union[int, str] = 1  # an int >= 1, or auto (envace.engines.local.precision.resolve_threads)
+    num_threads: Union[int, str] = "auto"  # an int >= 1, or auto (envace.engines.local.precision.resolve_threads)
     # local engine speed/memory (envace.engines.local): auto | fp32 | bf16; shared-prompt packing; a token
     # budget per forward; gradient checkpointing auto | on | off; an opt-in log-prob health-check forward
     precision: str = "auto"
@@ -111,7 +112,7 @@ class EngineConfig:
     logprob_check: bool = False
     n_gpus_per_node: int = 0
     nnodes: int = 1
-    # verl only (null = the engine's default; see envace.engines.verl.config_builder)
+    # verl only (null = the value in conf/engine/verl.yaml; envace.engines.verl.config_builder.engine_option)
     rollout_name: Optional[str] = None
     tensor_parallel: Optional[int] = None
     gpu_memory_utilization: Optional[float] = None
@@ -123,22 +124,22 @@ class EngineConfig:
     overrides: List[str] = field(default_factory=list)  # raw verl overrides, appended last
 
 
-@dataclass
-class RolloutSection:
-    """The ``rollout`` section of the config; the local engine builds its ``engines.local.config.RolloutConfig``
-    from it (``stages.train_setup.local_engine_config``)."""
-
-    samples_per_prompt: int = 4  # K trajectories per instruction
-    prompts_per_step: int = 2
-    act_temperature: float = 1.0
-    rehearse_temperature: float = 1.0
-    max_steps_per_turn: int = 4
-    max_act_tokens: int = 64
-    max_rehearse_tokens: int = 64
-    max_stream_tokens: int = 2048
-    max_prompt_tokens: int = 768  # template_prompts drops longer prompts (and their rows from training)
-    rehearse_context_tokens: int = 512  # conversation per REHEARSE call message (envace.core.rehearse_context)
-    enforce_required_items: bool = True  # a failed required checklist item ends the rollout after its turn
+_ROLLOUT_DOC = """The ``rollout`` section: the fields only the pipeline reads (K trajectories per instruction,
+instructions per step, ``max_prompt_tokens``: template_prompts drops longer prompts and their rows from
+training, and verl takes it as its prompt length), then the rollout budget's fields, declared once with their
+defaults in ``envace.core.rollout_budget``. The local engine builds its ``RolloutConfig`` from it and verl its
+``LoopSettings``; ``validate_config`` checks the budget's ranges by building a ``RolloutBudget``."""
+_BUDGET_TYPES = get_type_hints(RolloutBudget)
+RolloutSection = make_dataclass(
+    "RolloutSection",
+    [
+        ("samples_per_prompt", int, 4),
+        ("prompts_per_step", int, 2),
+        ("max_prompt_tokens", int, 768),
+        *((f.name, _BUDGET_TYPES[f.name], f.default) for f in fields(RolloutBudget)),
+    ],
+    namespace={"__module__": __name__, "__doc__": _ROLLOUT_DOC},
+)
 
 
 @dataclass

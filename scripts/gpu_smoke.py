@@ -66,10 +66,8 @@ def build_tiny_model_dir(out: Path, specs: list[Any], *, sft_epochs: int, device
 
 
 # ---- mode verl ------------------------------------------------------------------------------------
-def verl_config(model_dir: Path, steps: int) -> dict:
-    from omegaconf import OmegaConf
-
-    from envace.config import compose
+def verl_config(model_dir: Path, steps: int) -> Any:
+    from envace.config import compose, typed_config
 
     cfg = compose(
         [
@@ -92,7 +90,7 @@ def verl_config(model_dir: Path, steps: int) -> dict:
             "tracking=none",
         ]
     )
-    return OmegaConf.to_container(cfg, resolve=True)
+    return typed_config(cfg)
 
 
 def run_verl(out: Path, steps: int, dry_run: bool = False) -> dict[str, Any]:

@@ -44,8 +44,13 @@ class LoraSpec:
         return self.alpha / self.rank
 
 
-def lora_spec(algo: Mapping[str, Any]) -> LoraSpec | None:
-    """The ``LoraSpec`` of an ``algo`` node (DictConfig or plain mapping); None for full fine-tuning (rank 0)."""
+def lora_spec(algo: Any) -> LoraSpec | None:
+    """The ``LoraSpec`` of an ``algo`` node (the typed ``AlgoConfig``, a DictConfig or a plain mapping); None for
+    full fine-tuning (rank 0)."""
+    if not isinstance(algo, Mapping):
+        algo = {
+            name: getattr(algo, name) for name in ("lora_rank", "lora_alpha", "lora_target_modules", "lora_dropout")
+        }
     rank = int(algo["lora_rank"])
     if rank < 0:
         raise ValueError(f"algo.lora_rank={rank}: must be >= 0 (0 = full fine-tuning)")

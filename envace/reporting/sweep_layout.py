@@ -9,8 +9,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from omegaconf import DictConfig
-
 from envace.config import to_plain
 
 # ``cell_name`` parsed back (``envace.reporting.testtime_plots.sweep_cells``)
@@ -60,9 +58,10 @@ def cells_list(
     return sorted(cells.values(), key=order)
 
 
-def with_cell_rows(sweep: Any, cfg: DictConfig) -> Any:
-    """This stage's metrics as read back (``load_metrics``), its keyed ``cells`` as the list of rows."""
+def with_cell_rows(sweep: Any, cfg: Any) -> Any:
+    """This stage's metrics as read back (``load_metrics``), its keyed ``cells`` as the list of rows; ``cfg``: the
+    typed config (or a composed one), whose ``rehearsal`` section orders the grid."""
     if isinstance(sweep, dict) and isinstance(sweep.get("cells"), dict):
-        r = cfg.get("rehearsal") or {}
-        sweep = {**sweep, "cells": cells_list(sweep["cells"], to_plain(r.get("modes")), to_plain(r.get("rehearsers")))}
+        r = cfg.rehearsal
+        sweep = {**sweep, "cells": cells_list(sweep["cells"], to_plain(r.modes), to_plain(r.rehearsers))}
     return sweep

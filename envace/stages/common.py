@@ -1,7 +1,8 @@
 """Translations from the pipeline config to library objects, shared by several stages.
 
 Each function is a small adapter around one library constructor; benchmark- and source-specific
-pieces are registries keyed by the config's enumerated names (no if/elif over names).
+pieces are registries keyed by the config's enumerated names (no if/elif over names). They take the typed
+``Config`` the stage runner converts once (``envace.config.typed_config``).
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
 from envace.config import to_plain
+from envace.config_schema import Config
 from envace.envs.toolworld import ToolWorldConfig
 from envace.utils.io import read_json
 
@@ -24,14 +24,14 @@ MANIFEST = "manifest.json"
 BASELINE_DIR = "sft"  # under paths.checkpoints: the SFT warm-up's weights (manifest "baseline")
 
 
-def data_seed(cfg: DictConfig) -> int:
+def data_seed(cfg: Config) -> int:
     """The data's seed: ``data.seed``, or the run's ``seed`` when it is null. It picks what the data *is*
     (tool-world tasks, the CM2 val split, the test tasks an evaluation or probe samples), so runs that
     differ only in ``seed`` still meet the same tasks when ``data.seed`` is set."""
-    return int(cfg.seed if cfg.data.get("seed") is None else cfg.data.seed)
+    return cfg.seed if cfg.data.seed is None else cfg.data.seed
 
 
-def toolworld_config(cfg: DictConfig) -> Any:
+def toolworld_config(cfg: Config) -> Any:
     """The tool world's generator config from ``data.*`` (train/val/test sizes, seed, held-out domain)."""
     data = cfg.data
     return ToolWorldConfig(
@@ -53,7 +53,7 @@ class Budgets:
     seed: int
 
 
-def model_spec(cfg: DictConfig, path: str | Path | None = None) -> Any:
+def model_spec(cfg: Config, path: str | Path | None = None) -> Any:
     """``ModelSpec`` of the configured base model, or of a trained HF directory when ``path`` is given."""
     # lazy: envace.models imports transformers (seconds); a stage's preflight fails on a dead endpoint before that
     from envace.models import ModelSpec
@@ -72,19 +72,19 @@ def _backend(spec: Any, name: str, precision: str, prefix_cache_tokens: int) -> 
     return LocalHFBackend.from_spec(spec, name=name, precision=precision, prefix_cache_tokens=prefix_cache_tokens)
 
 
-def backend_options(cfg: DictConfig) -> tuple[str, int]:
+def backend_options(cfg: Config) -> tuple[str, int]:
     """``(eval.precision, eval.prefix_cache_tokens)`` of the local chat backends."""
     return str(cfg.eval.precision), int(cfg.eval.prefix_cache_tokens)
 
 
-def read_manifest(cfg: DictConfig) -> dict[str, Any]:
+def read_manifest(cfg: Config) -> dict[str, Any]:
     path = Path(cfg.paths.checkpoints) / MANIFEST
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run the train stage first (`dvc repro train`)")
     return read_json(path)
 
 
-def trained_backend(cfg: DictConfig, role: str) -> Any:
+def trained_backend(cfg: Config, role: str) -> Any:
     """Chat backend of the trained model that plays ``role`` ("act" | "rehearse"), per the manifest."""
     manifest = read_manifest(cfg)
     rel = manifest["roles"][role]
@@ -93,7 +93,7 @@ def trained_backend(cfg: DictConfig, role: str) -> Any:
     )
 
 
-def baseline_kind(cfg: DictConfig) -> str:
+def baseline_kind(cfg: Config) -> str:
     """What the trained model is compared with (``eval.baseline``): ``sft`` (the weights RL started from,
     after the train stage's SFT warm-up) or ``base`` (the configured model, untrained); ``auto`` is ``sft``
     when the run had a warm-up (its manifest lists ``baseline``), else ``base``."""
@@ -107,7 +107,7 @@ def baseline_kind(cfg: DictConfig) -> str:
     return "sft" if has_sft else "base"
 
 
-def base_backend(cfg: DictConfig, role: str = "act") -> Any:
+def base_backend(cfg: Config, role: str = "act") -> Any:
     """Chat backend of the baseline model playing ``role`` (the comparison in ``evaluate`` and the `base`
     rehearser of the sweep): the SFT warm-up's weights or the untrained model, per ``baseline_kind``."""
     if baseline_kind(cfg) == "sft":

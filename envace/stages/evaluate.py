@@ -19,9 +19,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
 from envace.config import to_plain
+from envace.config_schema import Config
 from envace.evaluation import evaluate, measure_fidelity, oracle_probe_set, sample_tasks, with_trials
 from envace.inference.preflight import preflight
 from envace.mlflow_traces import trace_episodes
@@ -35,7 +34,7 @@ from envace.utils.io import atomic_dir, read_jsonl, write_json, write_jsonl
 logger = logging.getLogger(__name__)
 
 
-def contenders(cfg: DictConfig) -> dict[str, tuple[Any, Any]]:
+def contenders(cfg: Config) -> dict[str, tuple[Any, Any]]:
     """label -> (acting backend, rehearsing backend used for fidelity)."""
     out = {"policy": (trained_backend(cfg, "act"), trained_backend(cfg, "rehearse"))}
     if cfg.eval.compare_base:  # eval.baseline: the SFT warm-up's weights or the untrained model
@@ -43,7 +42,7 @@ def contenders(cfg: DictConfig) -> dict[str, tuple[Any, Any]]:
     return out
 
 
-def gold_probe(cfg: DictConfig, adapter: Any, tasks: list[Any], n: int) -> Any:
+def gold_probe(cfg: Config, adapter: Any, tasks: list[Any], n: int) -> Any:
     """The oracle's real episodes on up to ``n`` of ``tasks`` that have a real executor (None when off
     or impossible: no oracle, no executable task, no call)."""
     if not n:
@@ -67,7 +66,7 @@ def fidelity_json(report: Any) -> dict[str, Any]:
 
 
 def evaluate_one(
-    cfg: DictConfig,
+    cfg: Config,
     adapter: Any,
     subset: str,
     tasks: list[Any],
@@ -80,7 +79,7 @@ def evaluate_one(
 ) -> dict[str, Any]:
     ev = cfg.eval
     overflows = getattr(actor, "context_overflows", 0)
-    result = evaluate(adapter, actor, tasks, concurrency=int(ev.concurrency))
+    result = evaluate(adapter, actor, tasks, concurrency=ev.concurrency)
     # a bounded sample of the episodes as MLflow traces (tracking.max_traces per stage run, shared by the models)
     trace_episodes(
         cfg,
@@ -104,9 +103,9 @@ def evaluate_one(
             rehearser,
             result.records,
             tasks,
-            max_new_tokens=int(ev.rehearse_max_new_tokens),
-            seed=int(cfg.seed),
-            context_tokens=int(cfg.rollout.rehearse_context_tokens),
+            max_new_tokens=ev.rehearse_max_new_tokens,
+            seed=cfg.seed,
+            context_tokens=cfg.rollout.rehearse_context_tokens,
         )
         write_json(out / f"{label}.fidelity.json", fidelity_json(report))
         summary["fidelity"] = report.overall.to_json()
@@ -116,16 +115,16 @@ def evaluate_one(
             rehearser,
             gold.records,
             gold.tasks,
-            max_new_tokens=int(ev.rehearse_max_new_tokens),
-            seed=int(cfg.seed),
-            context_tokens=int(cfg.rollout.rehearse_context_tokens),
+            max_new_tokens=ev.rehearse_max_new_tokens,
+            seed=cfg.seed,
+            context_tokens=cfg.rollout.rehearse_context_tokens,
         )
         write_json(out / f"{label}.fidelity_gold.json", fidelity_json(report))
         summary["fidelity_gold"] = report.overall.to_json()
     return summary
 
 
-def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
+def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     preflight(cfg, "evaluate")  # the benchmarks' user-simulator/judge endpoints answer, before models load
     configure_torch(cfg)
     benchmark = to_plain(cfg.eval.benchmark)
@@ -174,7 +173,7 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     return metrics
 
 
-def metrics_path(cfg: DictConfig) -> Path:
+def metrics_path(cfg: Config) -> Path:
     return Path(cfg.paths.metrics) / f"evaluate_{to_plain(cfg.eval.benchmark)}.json"
 
 

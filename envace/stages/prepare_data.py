@@ -16,9 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
 from envace.config import to_plain
+from envace.config_schema import Config
 from envace.data.cm2 import dataset_stats, read_cm2_file, reject_counts, split_rows, validate_rows
 from envace.envs.toolworld import generate_tasks, to_cm2_row
 from envace.reporting.figures import save_figure
@@ -32,13 +31,13 @@ logger = logging.getLogger(__name__)
 SPLITS = ("train", "val")
 
 
-def toolworld_rows(cfg: DictConfig) -> tuple[dict[str, list[Any]], list[Any]]:
+def toolworld_rows(cfg: Config) -> tuple[dict[str, list[Any]], list[Any]]:
     """Rows per split from the tool world generator (its own train/val split); no read rejects."""
     tasks = generate_tasks(toolworld_config(cfg))
     return {split: [to_cm2_row(task, include_state=True) for task in tasks[split]] for split in SPLITS}, []
 
 
-def cm2_rows(cfg: DictConfig) -> tuple[dict[str, list[Any]], list[Any]]:
+def cm2_rows(cfg: Config) -> tuple[dict[str, list[Any]], list[Any]]:
     """All rows of every *.json / *.jsonl under paths.raw_cm2 (split later, by uuid)."""
     root = Path(cfg.paths.raw_cm2)
     files = sorted(p for p in root.rglob("*") if p.suffix in (".json", ".jsonl"))
@@ -56,13 +55,13 @@ def cm2_rows(cfg: DictConfig) -> tuple[dict[str, list[Any]], list[Any]]:
     return {"all": rows}, rejects
 
 
-SOURCES: dict[str, Callable[[DictConfig], tuple[dict[str, list[Any]], list[Any]]]] = {
+SOURCES: dict[str, Callable[[Config], tuple[dict[str, list[Any]], list[Any]]]] = {
     "toolworld": toolworld_rows,
     "cm2": cm2_rows,
 }
 
 
-def validate_and_split(cfg: DictConfig, raw: dict[str, list[Any]]) -> tuple[dict[str, list[Any]], list[Any]]:
+def validate_and_split(cfg: Config, raw: dict[str, list[Any]]) -> tuple[dict[str, list[Any]], list[Any]]:
     """Validated rows per split and every reject (CM2 rows are split by uuid after validation)."""
     accepted: dict[str, list[Any]] = {}
     rejects: list[Any] = []
@@ -87,7 +86,7 @@ def plot_stats(stats: dict[str, Any], path: Path) -> None:
         save_figure(figure, tmp)
 
 
-def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
+def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     raw, read_rejects = SOURCES[to_plain(cfg.data.source)](cfg)
     splits, rejects = validate_and_split(cfg, raw)
     rejects = read_rejects + rejects

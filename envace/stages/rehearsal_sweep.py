@@ -31,9 +31,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
 from envace.config import rehearsal_config, to_plain
+from envace.config_schema import Config
 from envace.inference.preflight import preflight
 from envace.mlflow_traces import trace_episodes
 from envace.rehearsal import RehearsalSettings, run_rehearsal_sweep
@@ -53,9 +52,11 @@ REHEARSERS = {
 }
 
 
-def rehearsal_settings(cfg: DictConfig) -> RehearsalSettings:
-    """The grid's base settings (N=0; each cell sets its own N and mode) from ``cfg.rehearsal``."""
-    return RehearsalSettings(config=rehearsal_config(cfg), context_tokens=int(cfg.rollout.rehearse_context_tokens))
+def rehearsal_settings(cfg: Config) -> RehearsalSettings:
+    """The grid's base settings (N=0; each cell sets its own N and mode) from the typed ``rehearsal`` section."""
+    return RehearsalSettings(
+        config=rehearsal_config(cfg.rehearsal, cfg.seed), context_tokens=cfg.rollout.rehearse_context_tokens
+    )
 
 
 def cost_metrics(cell: Any) -> dict[str, float]:
@@ -85,7 +86,7 @@ def grid_rows(cells: list[Any], benchmark: str) -> list[dict[str, Any]]:
     return rows
 
 
-def log_cell(tracker: Tracker, benchmark: str, cell: Any, cfg: DictConfig | None = None) -> None:
+def log_cell(tracker: Tracker, benchmark: str, cell: Any, cfg: Config | None = None) -> None:
     """One nested MLflow run per cell: its setting as params, its score and costs as metrics."""
     with tracker.nested(f"{benchmark}/{cell.key}", {"envace.cell": cell.key, "envace.benchmark": benchmark}) as run:
         run.log_params(
@@ -112,7 +113,7 @@ def log_cell(tracker: Tracker, benchmark: str, cell: Any, cfg: DictConfig | None
     )
 
 
-def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
+def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     preflight(cfg, "rehearsal_sweep")  # the benchmarks' user-simulator/judge endpoints answer, before models load
     configure_torch(cfg)
     r = cfg.rehearsal
@@ -136,11 +137,11 @@ def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
                 adapter,
                 actor,
                 rehearsers,
-                [int(n) for n in r.n_attempts],
+                list(r.n_attempts),
                 to_plain(r.modes),
                 tasks,
                 rehearsal_settings(cfg),
-                concurrency=int(r.concurrency),
+                concurrency=r.concurrency,
                 on_cell=lambda cell, b=benchmark: log_cell(tracker, b, cell, cfg),
             )
             rows += grid_rows(cells, benchmark)

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from omegaconf import DictConfig
 
 from envace.config import to_plain
+from envace.config_schema import Config
 from envace.experiments import OUTPUT_NAME
 from envace.reporting.comparison import CURRENT_RUN, RunResult, ablation_table, collected_runs, scale_table
 from envace.reporting.gain import baseline_name, gain_table
@@ -48,7 +48,7 @@ from envace.utils.io import atomic_dir, read_json, write_text
 logger = logging.getLogger(__name__)
 
 
-def load_metrics(cfg: DictConfig) -> dict[str, Any]:
+def load_metrics(cfg: Config) -> dict[str, Any]:
     """What each stage returned: ``<stage>.json`` merged with ``<stage>.details.json`` (runner.read_metrics);
     the rehearsal grid's cells, keyed by name on disk, as the list of rows (sweep_layout.with_cell_rows)."""
     root = Path(cfg.paths.metrics)
@@ -58,18 +58,18 @@ def load_metrics(cfg: DictConfig) -> dict[str, Any]:
     return {n: with_cell_rows(m, cfg) if n == "rehearsal_sweep" else m for n, m in loaded.items()}
 
 
-def load_experiments(cfg: DictConfig) -> dict[str, Any] | None:
+def load_experiments(cfg: Config) -> dict[str, Any] | None:
     """``metrics/experiments.json`` (``python -m envace.experiments collect``), None if not collected."""
     path = Path(cfg.paths.metrics) / OUTPUT_NAME
     return read_json(path) if path.exists() else None
 
 
-def load_steps(cfg: DictConfig) -> pd.DataFrame:
+def load_steps(cfg: Config) -> pd.DataFrame:
     path = Path(cfg.paths.plots) / "train_steps.csv"
     return pd.read_csv(path) if path.exists() and path.stat().st_size else pd.DataFrame()
 
 
-def current_run(cfg: DictConfig, m: dict[str, Any]) -> RunResult:
+def current_run(cfg: Config, m: dict[str, Any]) -> RunResult:
     """This workspace's run as a comparison row (its params, policy success, final reward)."""
     params = {
         "profile": to_plain(cfg.profile),
@@ -88,7 +88,7 @@ def current_run(cfg: DictConfig, m: dict[str, Any]) -> RunResult:
     )
 
 
-def comparisons(cfg: DictConfig, m: dict[str, Any], curves: pd.DataFrame):
+def comparisons(cfg: Config, m: dict[str, Any], curves: pd.DataFrame):
     """(ablation table, scale table, {variant label: its curves}) over the collected runs + this one."""
     current = current_run(cfg, m)
     runs = collected_runs(load_experiments(cfg))
@@ -101,7 +101,7 @@ def comparisons(cfg: DictConfig, m: dict[str, Any], curves: pd.DataFrame):
     return ablation, scale, reward
 
 
-def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
+def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     m = load_metrics(cfg)
     steps = load_steps(cfg)
     curves = merge_curves(curves_frame(m.get("train", {}).get("curves")), steps)

@@ -1,6 +1,8 @@
 """What every stage shares: load params.yaml (+ CLI ``key=value`` overrides), open the stage's nested
 MLflow run, time it, write its metrics files atomically, and turn an exception into a FAILED run.
 
+The loaded config becomes the typed ``Config`` (``envace.config.typed_config``) once, here: a stage's ``run``
+and its metrics path take it and hand its typed sections on (``cfg.rollout``, ``cfg.eval`` ...).
 A stage module is then ``run(cfg, tracker) -> dict`` plus ``main = stage_main("name", run)``: its command
 line takes ``key=value`` overrides of params.yaml, answers ``--help`` from the module docstring, and
 reports a failure as one stderr line and an exit status (2 configuration, 1 failed; ``ENVACE_DEBUG=1``
@@ -31,7 +33,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from envace.config import PARAMS_FILE, ConfigError, flatten, load_params, to_plain
+from envace.config import PARAMS_FILE, ConfigError, flatten, load_params, to_plain, typed_config
+from envace.config_schema import Config
 from envace.inference.preflight import preflight
 from envace.reporting.provenance import head_state
 from envace.tracking import NULL_TRACKER, NullTracker, Tracker
@@ -42,8 +45,8 @@ from envace.utils.telemetry import telemetry_off
 
 logger = logging.getLogger(__name__)
 
-RunFn = Callable[[DictConfig, Tracker], dict[str, Any]]
-MetricsPathFn = Callable[[DictConfig], Path]
+RunFn = Callable[[Config, Tracker], dict[str, Any]]
+MetricsPathFn = Callable[[Config], Path]
 
 
 def configure_logging(level: int = logging.INFO) -> None:
@@ -180,7 +183,7 @@ def read_metrics(metrics_path: Path) -> dict[str, Any]:
     return metrics
 
 
-def configure_torch(cfg: DictConfig) -> None:
+def configure_torch(cfg: Config) -> None:
     """Thread count from ``engine.num_threads`` (an int, or ``auto``: see ``resolve_threads``)."""
     import torch
 
@@ -191,11 +194,13 @@ def configure_torch(cfg: DictConfig) -> None:
 
 
 def execute(
-    name: str, run_fn: RunFn, cfg: DictConfig, metrics_path: Path, *, tracking_uri: str | None = None
+    name: str, run_fn: RunFn, cfg: Config | DictConfig, metrics_path: Path, *, tracking_uri: str | None = None
 ) -> dict[str, Any]:
-    """Run one stage under its MLflow run; returns the metrics (also written: ``write_metrics``)."""
+    """Run one stage under its MLflow run; returns the metrics (also written: ``write_metrics``). ``run_fn``
+    gets the typed ``Config`` (a composed ``DictConfig`` given here is converted once)."""
+    cfg = typed_config(cfg)
     preflight(cfg, name)  # a dead endpoint fails the stage before any model loads
-    seed_everything(int(cfg.seed))
+    seed_everything(cfg.seed)
     started = time.perf_counter()
     with stage_run(
         name,
@@ -310,7 +315,7 @@ def stage_main(name: str, run_fn: RunFn, metrics_path: MetricsPathFn | None = No
             sys.stderr.write(f"{stage_id}: error: {bare} are not overrides: write key=value (e.g. train.steps=4)\n")
             return EXIT_USAGE
         try:
-            cfg = load_params(PARAMS_FILE, overrides)
+            cfg = typed_config(load_params(PARAMS_FILE, overrides))  # checked, then typed once
             execute(stage_id, run_fn, cfg, (metrics_path or default_metrics_path(name))(cfg))
         except (Exception, KeyboardInterrupt) as exc:
             return _failure(stage_id, exc)

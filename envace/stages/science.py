@@ -35,7 +35,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from envace.config import PARAMS_FILE, load_params, to_plain
+from envace.config import PARAMS_FILE, load_params, to_plain, typed_config
+from envace.config_schema import Config
 from envace.engines.local.precision import cpu_model
 from envace.reporting.science import aggregate
 from envace.stages import evaluate, prepare_data, rehearsal_sweep, template_prompts, train
@@ -199,7 +200,7 @@ def write_task_outcomes(directory: Path, pattern: str, out: Path) -> dict[str, A
     return outcomes
 
 
-def _stages() -> dict[str, tuple[str, Callable[..., dict[str, Any]], Callable[[DictConfig], Path]]]:
+def _stages() -> dict[str, tuple[str, Callable[..., dict[str, Any]], Callable[[Config], Path]]]:
     return {
         "prepare_data": ("prepare_data", prepare_data.run, default_metrics_path("prepare_data")),
         "template_prompts": ("template_prompts", template_prompts.run, default_metrics_path("template_prompts")),
@@ -233,14 +234,15 @@ def run_part(part: str, variant: str | None, seed: int | None, extra: list[str])
     seconds: dict[str, float] = {}
     for stage, overrides in zip(PART_STAGES[part], part_overrides(cfg, part, variant, seed)):
         name, run_fn, metrics_path = stages[stage]
-        stage_cfg = load_params(PARAMS_FILE, [*overrides, *extra])
+        stage_cfg = typed_config(load_params(PARAMS_FILE, [*overrides, *extra]))
         logger.info("science %s: %s with %s", part, name, " ".join(overrides))
         started = time.perf_counter()
         execute(f"science_{part}/{name}", run_fn, stage_cfg, metrics_path(stage_cfg))
         seconds[name] = time.perf_counter() - started
         if name in OUTCOME_FILES:
             key, pattern = OUTCOME_FILES[name]
-            write_task_outcomes(Path(stage_cfg.paths[key]) / "toolworld", pattern, Path(stage_cfg.paths.metrics))
+            records = Path(getattr(stage_cfg.paths, key)) / "toolworld"
+            write_task_outcomes(records, pattern, Path(stage_cfg.paths.metrics))
     # wall time of each stage run, for the report's cost table (the file is part of the part's outputs)
     write_json(
         Path(stage_cfg.paths.metrics) / f"timing_{part}.json",

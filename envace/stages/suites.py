@@ -26,9 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig
-
 from envace.config import to_plain
+from envace.config_schema import Config
 from envace.envs.bfcl.episode import BfclConfig
 from envace.envs.tau2.config import Tau2Config
 from envace.envs.toolworld import ToolWorldEnv, task_from_cm2_row
@@ -66,35 +65,34 @@ SUITE_OPTION_USERS: dict[str, tuple[str, ...]] = {
 SUITE_OPTIONS = tuple(dict.fromkeys(o for opts in SUITE_OPTION_USERS.values() for o in opts))
 
 
-def eval_suite(cfg: DictConfig, benchmark: str, section: str = "eval") -> Suite:
-    """The resolved settings of ``benchmark``. ``section="eval"``: ``eval.*`` overridden by
-    ``eval.suites.<benchmark>``. ``section="rehearsal"``: the sweep's own task count and budgets
+def eval_suite(cfg: Config, benchmark: str, section: str = "eval") -> Suite:
+    """The resolved settings of ``benchmark`` from the typed config. ``section="eval"``: ``eval.*`` overridden
+    by ``eval.suites.<benchmark>``. ``section="rehearsal"``: the sweep's own task count and budgets
     (``rehearsal.*``); the benchmark's split and options still come from ``eval.suites.<benchmark>``."""
-    over = cfg.eval.suites.get(benchmark) or {}
-    options = {k: to_plain(over[k]) for k in SUITE_OPTIONS if over.get(k) is not None}
+    over = getattr(cfg.eval.suites, benchmark)
+    options = {k: to_plain(getattr(over, k)) for k in SUITE_OPTIONS if getattr(over, k) is not None}
     if section == "rehearsal":
         r = cfg.rehearsal
-        budgets = Budgets(int(r.max_steps_per_turn), int(r.act_max_new_tokens), float(r.act_temperature), int(cfg.seed))
-        return Suite(benchmark, str(over.get("split") or r.split), int(r.n_tasks), budgets, options)
+        budgets = Budgets(r.max_steps_per_turn, r.act_max_new_tokens, r.act_temperature, cfg.seed)
+        return Suite(benchmark, over.split or r.split, r.n_tasks, budgets, options)
     ev = cfg.eval
 
-    def pick(key: str) -> Any:
-        return ev[key] if over.get(key) is None else over[key]
+    def pick(key: str) -> Any:  # eval.suites.<benchmark>.<key>, null = eval.<key>
+        value = getattr(over, key)
+        return getattr(ev, key) if value is None else value
 
-    budgets = Budgets(
-        int(pick("max_steps_per_turn")), int(pick("act_max_new_tokens")), float(ev.temperature), int(cfg.seed)
-    )
-    trials = int(over.get("trials") or 1)
+    budgets = Budgets(pick("max_steps_per_turn"), pick("act_max_new_tokens"), ev.temperature, cfg.seed)
+    trials = over.trials or 1
     if trials < 1:
         raise ValueError(f"eval.suites.{benchmark}.trials={trials}: must be >= 1")
     return Suite(
         benchmark,
-        str(over.get("split") or ev.split),
-        int(pick("n_tasks")),
+        over.split or ev.split,
+        pick("n_tasks"),
         budgets,
         options,
         trials,
-        int(pick("gold_fidelity_tasks")) if ev.fidelity else 0,
+        pick("gold_fidelity_tasks") if ev.fidelity else 0,
     )
 
 
@@ -117,15 +115,15 @@ def _act_loop(budgets: Budgets) -> Any:
     return ActLoopConfig(**vars(budgets))
 
 
-def _toolworld_kwargs(cfg: DictConfig, suite: Suite, rehearser: Any) -> dict[str, Any]:
+def _toolworld_kwargs(cfg: Config, suite: Suite, rehearser: Any) -> dict[str, Any]:
     return {"config": _act_loop(suite.budgets), "env": ToolWorldEnv(toolworld_config(cfg))}
 
 
-def _bfcl_kwargs(cfg: DictConfig, suite: Suite, rehearser: Any) -> dict[str, Any]:
+def _bfcl_kwargs(cfg: Config, suite: Suite, rehearser: Any) -> dict[str, Any]:
     return {"config": BfclConfig(**vars(suite.budgets))}
 
 
-def _tau2_kwargs(cfg: DictConfig, suite: Suite, rehearser: Any) -> dict[str, Any]:
+def _tau2_kwargs(cfg: Config, suite: Suite, rehearser: Any) -> dict[str, Any]:
     # τ² budgets a whole episode in orchestrator steps (max_steps), not steps per user turn
     b = suite.budgets
     return {
@@ -133,7 +131,7 @@ def _tau2_kwargs(cfg: DictConfig, suite: Suite, rehearser: Any) -> dict[str, Any
     }
 
 
-def _finmcp_kwargs(cfg: DictConfig, suite: Suite, rehearser: Any) -> dict[str, Any]:
+def _finmcp_kwargs(cfg: Config, suite: Suite, rehearser: Any) -> dict[str, Any]:
     o = suite.options
     unrecorded = o.get("unrecorded", "error")
     if unrecorded == "rehearse" and rehearser is None:
@@ -148,7 +146,7 @@ def _finmcp_kwargs(cfg: DictConfig, suite: Suite, rehearser: Any) -> dict[str, A
     }
 
 
-def _vitabench_kwargs(cfg: DictConfig, suite: Suite, rehearser: Any) -> dict[str, Any]:
+def _vitabench_kwargs(cfg: Config, suite: Suite, rehearser: Any) -> dict[str, Any]:
     o = suite.options
     extra = {"max_steps": int(o["max_steps"])} if "max_steps" in o else {}
     return {
@@ -161,7 +159,7 @@ def _vitabench_kwargs(cfg: DictConfig, suite: Suite, rehearser: Any) -> dict[str
 
 
 # benchmark name -> constructor kwargs of its adapter (one line per benchmark; names = config.Benchmark)
-BENCHMARK_KWARGS: dict[str, Callable[[DictConfig, Suite, Any], dict[str, Any]]] = {
+BENCHMARK_KWARGS: dict[str, Callable[[Config, Suite, Any], dict[str, Any]]] = {
     "toolworld": _toolworld_kwargs,
     "bfcl": _bfcl_kwargs,
     "tau2": _tau2_kwargs,
@@ -170,7 +168,7 @@ BENCHMARK_KWARGS: dict[str, Callable[[DictConfig, Suite, Any], dict[str, Any]]] 
 }
 
 
-def make_adapter(cfg: DictConfig, suite: Suite, rehearser: Any = None) -> Any:
+def make_adapter(cfg: Config, suite: Suite, rehearser: Any = None) -> Any:
     """The adapter registered as ``suite.benchmark``, configured by the suite. ``rehearser``: the evaluated
     model's REHEARSE backend, for adapters that can fall back on it (FinMCP ``unrecorded=rehearse``)."""
     unknown = sorted(set(suite.options) - set(SUITE_OPTION_USERS[suite.benchmark]))
@@ -183,7 +181,7 @@ def make_adapter(cfg: DictConfig, suite: Suite, rehearser: Any = None) -> Any:
     return get_benchmark(suite.benchmark, **BENCHMARK_KWARGS[suite.benchmark](cfg, suite, rehearser))
 
 
-def _toolworld_probe_set(cfg: DictConfig, rows: list[dict[str, Any]]) -> Any:
+def _toolworld_probe_set(cfg: Config, rows: list[dict[str, Any]]) -> Any:
     """The oracle's episodes (real responses) on ``train.fidelity_tasks`` of the validation ``rows``."""
     if not rows:
         raise ValueError(
@@ -197,7 +195,7 @@ def _toolworld_probe_set(cfg: DictConfig, rows: list[dict[str, Any]]) -> Any:
 
 
 # data.source -> the training-time fidelity probe set from validation rows (None: no real executor)
-PROBE_SETS: dict[str, Callable[[DictConfig, list[dict[str, Any]]], Any] | None] = {
+PROBE_SETS: dict[str, Callable[[Config, list[dict[str, Any]]], Any] | None] = {
     "toolworld": _toolworld_probe_set,
     "cm2": None,
 }

@@ -20,10 +20,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from envace.config import to_plain
+from envace.config_schema import Config
 from envace.core.prompts import DEFAULT_ROLE_PROMPTS, ChatFormatter, act_messages
 from envace.core.rehearse_context import Answered, Said, rehearse_context
 from envace.data.cm2 import cm2_row_to_episode_spec
@@ -124,7 +124,7 @@ def length_stats(records: list[dict[str, Any]], role: str) -> dict[str, float]:
     }
 
 
-def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
+def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     configure_torch(cfg)
     _, tokenizer = load_model_and_tokenizer(model_spec(cfg))
     formatter = ChatFormatter(tokenizer)

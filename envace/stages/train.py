@@ -19,9 +19,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
 from envace.config import flatten, to_plain
+from envace.config_schema import Config
 from envace.engines import get_engine, training_curves
 from envace.inference.preflight import preflight
 from envace.mlflow_logging import train_logging
@@ -37,13 +36,13 @@ logger = logging.getLogger(__name__)
 WORK_ROOT = Path(".envace") / "train"
 
 
-def split_rows(cfg: DictConfig, split: str) -> list[dict[str, Any]]:
+def split_rows(cfg: Config, split: str) -> list[dict[str, Any]]:
     """Prepared rows of ``split`` whose prompts fit (``kept_uuids.json``)."""
     kept = set(read_json(Path(cfg.paths.prompts) / "kept_uuids.json").get(split, []))
     return [row for row in read_jsonl(Path(cfg.paths.prepared) / f"{split}.jsonl") if row["uuid"] in kept]
 
 
-def training_rows(cfg: DictConfig) -> list[dict[str, Any]]:
+def training_rows(cfg: Config) -> list[dict[str, Any]]:
     rows = split_rows(cfg, "train")
     if not rows:
         raise ValueError(f"train: no training rows left after template_prompts ({cfg.paths.prompts}/kept_uuids.json)")
@@ -61,7 +60,7 @@ def write_step_csv(path: Path, history: list[dict[str, Any]]) -> None:
 ROLE_MODELS = (("act", "act"), ("rehearse", "rehearse"))  # role -> its own model's name (else: policy)
 
 
-def export_checkpoint(result: Any, work: Path, cfg: DictConfig, digest: str) -> dict[str, Any]:
+def export_checkpoint(result: Any, work: Path, cfg: Config, digest: str) -> dict[str, Any]:
     """Move the engine's final weights (and the SFT warm-up's, when it ran) into paths.checkpoints with a
     manifest."""
     final = {name: Path(path) for name, path in result.artifacts.items()}
@@ -89,7 +88,7 @@ def export_checkpoint(result: Any, work: Path, cfg: DictConfig, digest: str) -> 
     return manifest
 
 
-def run(cfg: DictConfig, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
+def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     preflight(cfg, "train")  # the judge/simulator endpoints answer, before the model loads
     configure_torch(cfg)
     name, source = to_plain(cfg.engine.name), to_plain(cfg.data.source)

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
 from envace.config import flatten, to_plain
+from envace.config_schema import Config
+from envace.core.rollout_budget import budget_values
 from envace.engines.lora import lora_spec
 from envace.engines.verl.engine import VerlEngineConfig
 from envace.judges import checklist_reward_fn, get_judge
@@ -23,18 +23,18 @@ from envace.tracking_store import default_tracking_uri
 CONFIG_KEYS = ("seed", "model", "data", "algo", "engine", "rollout", "train", "judge")
 
 
-def config_hash(cfg: DictConfig) -> str:
-    plain = {key: flatten(cfg[key]) if key != "seed" else cfg.seed for key in CONFIG_KEYS}
+def config_hash(cfg: Config) -> str:
+    plain = {key: flatten(getattr(cfg, key)) if key != "seed" else cfg.seed for key in CONFIG_KEYS}
     return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _judge_reward(cfg: DictConfig) -> Any:
+def _judge_reward(cfg: Config) -> Any:
     settings = to_plain(cfg.judge)  # every judge.* key is a judge setting (envace.judges.base.LLM_SETTING_NAMES)
     return checklist_reward_fn(get_judge(settings.pop("name"), **settings))
 
 
 # judge.name -> reward function (None = the engine's built-in verifiable tool-world reward)
-REWARDS: dict[str, Callable[[DictConfig], Any]] = {
+REWARDS: dict[str, Callable[[Config], Any]] = {
     "verifiable": lambda cfg: None,
     "rule": _judge_reward,
     "llm": _judge_reward,
@@ -42,30 +42,19 @@ REWARDS: dict[str, Callable[[DictConfig], Any]] = {
 }
 
 
-def probe_every(cfg: DictConfig) -> int:
+def probe_every(cfg: Config) -> int:
     """``train.fidelity_every`` where the probe can run (engine local, data with a real executor), else 0."""
     every = int(cfg.train.fidelity_every)
     return every if to_plain(cfg.engine.name) == "local" and PROBE_SETS[to_plain(cfg.data.source)] else 0
 
 
-def local_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> Any:
+def local_engine_config(cfg: Config, output_dir: Path, tracker: Tracker) -> Any:
     # lazy: envace.engines.local loads torch, transformers and peft (seconds); a dead judge or simulator endpoint
     # fails the stage (preflight) before that
     from envace.engines.local.config import LocalEngineConfig, OptimConfig, RolloutConfig, SFTConfig
 
     r, a, t, e = cfg.rollout, cfg.algo, cfg.train, cfg.engine
-    speed = {k: e[k] for k in ("share_prefix", "micro_batch_tokens", "grad_checkpointing", "logprob_check")}
-    keys = (
-        "samples_per_prompt",
-        "act_temperature",
-        "rehearse_temperature",
-        "max_steps_per_turn",
-        "max_act_tokens",
-        "max_rehearse_tokens",
-        "max_stream_tokens",
-        "rehearse_context_tokens",
-        "enforce_required_items",
-    )
+    speed = {k: getattr(e, k) for k in ("share_prefix", "micro_batch_tokens", "grad_checkpointing", "logprob_check")}
     return LocalEngineConfig(
         model=model_spec(cfg),
         variant=to_plain(a.name),
@@ -81,7 +70,7 @@ def local_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> 
         grpo_responses=to_plain(a.grpo_responses),
         fidelity_every=probe_every(cfg),
         lora=lora_spec(a),
-        rollout=RolloutConfig(**{k: r[k] for k in keys}),
+        rollout=RolloutConfig(samples_per_prompt=r.samples_per_prompt, **budget_values(r)),
         optim=OptimConfig(
             lr=a.lr,
             clip_ratio=a.clip_ratio,
@@ -96,15 +85,15 @@ def local_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> 
     )
 
 
-def verl_engine_config(cfg: DictConfig, output_dir: Path, tracker: Tracker) -> Any:
+def verl_engine_config(cfg: Config, output_dir: Path, tracker: Tracker) -> Any:
     """verl rebuilds everything from the whole config; its MLflow logging nests under this stage's run."""
     uri = default_tracking_uri() if tracker.run_id else None
-    return VerlEngineConfig(
-        cfg=to_plain(cfg), output_dir=str(output_dir), tracking_uri=uri, parent_run_id=tracker.run_id
-    )
+    return VerlEngineConfig(cfg=cfg, output_dir=str(output_dir), tracking_uri=uri, parent_run_id=tracker.run_id)
 
 
-ENGINE_CONFIGS: dict[str, Callable[[DictConfig, Path, Tracker], Any]] = {  # engine.name -> its typed config
+# engine.name -> its engine's config, built from the typed Config (envace.config.typed_config, converted once
+# by the train stage)
+ENGINE_CONFIGS: dict[str, Callable[[Config, Path, Tracker], Any]] = {
     "local": local_engine_config,
     "verl": verl_engine_config,
 }

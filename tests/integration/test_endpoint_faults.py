@@ -30,7 +30,7 @@ import pandas as pd
 import pytest
 from json_http import JsonHandler, threaded_servers
 
-from envace.config import ConfigError, compose, write_params
+from envace.config import ConfigError, compose, typed_config, write_params
 from envace.judges.budget import JudgeFailureBudgetExceeded
 from envace.stages import prepare_data, runner, template_prompts, train
 
@@ -170,7 +170,7 @@ def test_refused_judge_fails_the_train_stage_within_10s_in_one_line(prepared, mo
     assert cfg.judge.name.value == "llm" and cfg.judge.api_key_env is None  # the CLI group beats the profile's
     started = time.perf_counter()
     with pytest.raises(ConfigError) as info:
-        train.run(cfg)
+        train.run(typed_config(cfg))
     seconds = time.perf_counter() - started
     message = str(info.value)
     print(f"\nrefused judge, train.run: failed after {seconds:.2f} s: {message}")
@@ -217,7 +217,7 @@ def test_thirty_percent_faults_training_completes_failures_excluded_and_counted(
         "judge.max_failure_rate=0.5",
     )
     started = time.perf_counter()
-    metrics = train.run(cfg)
+    metrics = train.run(typed_config(cfg))
     seconds = time.perf_counter() - started
     steps = pd.read_csv(root / "plots" / "train_steps.csv")
     excluded, trajectories = int(steps["judge_failures"].sum()), int(steps["trajectories"].sum())
@@ -240,7 +240,7 @@ def test_all_requests_failing_stops_the_stage_fast_with_the_budget_message(prepa
     cfg = llm_judge_cfg(paths, server.base_url, "judge.timeout_s=0.5")  # default retries, backoff and budget
     started = time.perf_counter()
     with pytest.raises(JudgeFailureBudgetExceeded) as info:
-        train.run(cfg)
+        train.run(typed_config(cfg))
     done = time.perf_counter()
     message = str(info.value)
     print(

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 
-from envace.config import compose
+from envace.config import compose, typed_config
 from envace.core.rehearsal import RehearsalConfig, RehearsalMode, RehearsalScope
 from envace.envs.base import Task
 from envace.envs.toolworld import ToolWorldEnv
@@ -73,7 +73,7 @@ def multi_turn_task() -> Task:
 
 def configured(**changes: Any) -> RehearsalSettings:
     """The rehearsal settings of the default composition (what the sweep stage runs), small budgets."""
-    settings = rehearsal_settings(compose())
+    settings = rehearsal_settings(typed_config(compose()))
     return replace(settings, config=replace(settings.config, **BUDGETS, **changes))
 
 

@@ -9,7 +9,7 @@ import os
 import pandas as pd
 import pytest
 
-from envace.config import compose, to_plain
+from envace.config import compose, to_plain, typed_config
 from envace.stages import STAGES, runner
 from envace.utils.io import read_json, read_jsonl
 
@@ -240,9 +240,9 @@ def test_evaluate_runs_user_supplied_finmcp_and_vitabench_data(chain, paths_unde
 def test_a_suite_option_the_benchmark_does_not_use_is_refused(chain, paths_under):
     from envace.stages.suites import eval_suite, make_adapter
 
-    cfg = compose(["profile=smoke", "tracking=none", "eval.suites.bfcl.max_steps=3"])
+    cfg = typed_config(compose(["profile=smoke", "tracking=none", "eval.suites.bfcl.max_steps=3"]))
     with pytest.raises(ValueError, match=r"eval.suites.bfcl sets \['max_steps'\].*tau2: max_steps"):
         make_adapter(cfg, eval_suite(cfg, "bfcl"))
-    cfg = compose(["profile=smoke", "tracking=none"])
+    cfg = typed_config(compose(["profile=smoke", "tracking=none"]))
     with pytest.raises(ValueError, match="eval.suites.finmcp.data_path"):
         make_adapter(cfg, eval_suite(cfg, "finmcp"))

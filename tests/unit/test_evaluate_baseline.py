@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from envace.config import compose
+from envace.config import compose, typed_config
 from envace.reporting.science_stats import gain_vs_base, trial_keyed
 from envace.stages.common import MANIFEST, baseline_kind
 from envace.utils.io import write_json
@@ -13,7 +13,7 @@ from envace.utils.io import write_json
 def _cfg(tmp_path, baseline: str, manifest: dict | None):
     if manifest is not None:
         write_json(tmp_path / MANIFEST, manifest)
-    return compose(["profile=smoke", f"paths.checkpoints={tmp_path}", f"eval.baseline={baseline}"])
+    return typed_config(compose(["profile=smoke", f"paths.checkpoints={tmp_path}", f"eval.baseline={baseline}"]))
 
 
 def test_auto_picks_the_sft_weights_only_when_the_run_had_a_warm_up(tmp_path):

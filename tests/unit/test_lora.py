@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from envace.config import compose
+from envace.config import compose, typed_config
 from envace.engines.local.checkpoint import load_latest, save_checkpoint
 from envace.engines.local.lora import adapter_keys, add_lora, merged_copy
 from envace.engines.lora import LoraSpec, lora_spec
@@ -31,8 +31,8 @@ def spec(rank: int = 4, alpha: int = 8) -> LoraSpec:
 
 def test_lora_is_off_by_default_and_algo_lora_rank_turns_it_on(tmp_path):
     assert lora_spec(compose().algo) is None
-    assert local_engine_config(compose(["profile=smoke"]), tmp_path, NULL_TRACKER).lora is None
-    cfg = compose(["profile=smoke", "algo=per_role", "algo.lora_rank=8"])
+    assert local_engine_config(typed_config(compose(["profile=smoke"])), tmp_path, NULL_TRACKER).lora is None
+    cfg = typed_config(compose(["profile=smoke", "algo=per_role", "algo.lora_rank=8"]))
     assert local_engine_config(cfg, tmp_path, NULL_TRACKER).lora == LoraSpec(8, 16, PROJ, 0.0)
     assert LoraSpec(8, 16, PROJ, 0.0).scale == 2.0
 

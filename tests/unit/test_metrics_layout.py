@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from envace.config import compose
+from envace.config import compose, typed_config
 from envace.reporting.sweep_layout import cell_name, cells_list, keyed_cells
 from envace.reporting.tables import testtime_table as build_testtime_table
 from envace.stages import runner
@@ -67,7 +67,7 @@ def test_dvc_sees_every_cell_and_the_report_reads_the_rows_it_read_before(tmp_pa
     details = json.loads((tmp_path / "metrics" / "rehearsal_sweep.details.json").read_text())
     assert details["benchmarks"] == ["toolworld"] and details["cells"]["toolworld/none/n0/none"]["mode"] == "none"
     cfg = compose(["profile=smoke", "tracking=none", "eval.benchmarks=[toolworld]", *paths_under(tmp_path)])
-    loaded = load_metrics(cfg)["rehearsal_sweep"]
+    loaded = load_metrics(typed_config(cfg))["rehearsal_sweep"]
     assert loaded["cells"] == ROWS and loaded["n_tasks"] == {"toolworld": 4}
     expected = build_testtime_table({"rehearsal_sweep": {**metrics, "cells": ROWS}})  # the list form, as before
     assert build_testtime_table({"rehearsal_sweep": loaded}).to_dict("records") == expected.to_dict("records")
@@ -92,7 +92,7 @@ def test_load_metrics_merges_each_stage_with_its_details(tmp_path, paths_under):
     runner.write_metrics(root / "evaluate_toolworld.json", evaluate, runner.headline_for("evaluate@toolworld"))
     assert "variant" not in json.loads((root / "train.json").read_text())
     cfg = compose(["profile=smoke", "tracking=none", "eval.benchmarks=[toolworld]", *paths_under(tmp_path)])
-    assert load_metrics(cfg) == {"train": train, "evaluate_toolworld": evaluate}
+    assert load_metrics(typed_config(cfg)) == {"train": train, "evaluate_toolworld": evaluate}
 
 
 def test_make_help_shows_expanded_values():

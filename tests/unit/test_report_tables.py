@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from envace.config import compose
+from envace.config import compose, typed_config
 from envace.experiments import SCHEMA_VERSION
 from envace.reporting.comparison import RunResult, ablation_table, collected_runs, latest_per, model_size
 from envace.reporting.intervals import bootstrap_over_seeds, bootstrap_overall, wilson
@@ -156,7 +156,7 @@ def make_report(tmp_path, paths_under):
     def build(benchmarks: str = "[toolworld]", **kwargs):
         _metrics_dir(tmp_path, **kwargs)
         cfg = compose(["profile=smoke", "tracking=none", f"eval.benchmarks={benchmarks}", *paths_under(tmp_path)])
-        summary = report.run(cfg)
+        summary = report.run(typed_config(cfg))
         return tmp_path / "reports", summary
 
     return build

@@ -9,36 +9,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from envace.core.records import Role
+from envace.core.rollout_budget import RolloutBudget
 from envace.engines.lora import LoraSpec
 from envace.models import ModelSpec
 
 
 @dataclass(frozen=True)
-class RolloutConfig:
-    """How trajectories are sampled.
+class RolloutConfig(RolloutBudget):
+    """How trajectories are sampled: the shared budget (``envace.core.rollout_budget``) plus the local-only knobs.
 
     ``reuse_kv=False`` is the naive baseline of the rollout benchmark: every stream is re-encoded
     from scratch before each generation and the K samples of a prompt prefill it separately.
     """
 
     samples_per_prompt: int = 4
-    act_temperature: float = 1.0
-    rehearse_temperature: float = 1.0
-    max_steps_per_turn: int = 4
-    max_act_tokens: int = 256
-    max_rehearse_tokens: int = 256
-    max_stream_tokens: int = 4096
-    # conversation shown per REHEARSE call message (envace.core.rehearse_context; ≈ 4 characters a token)
-    rehearse_context_tokens: int = 512
-    # end a trajectory at a user turn whose required checklist item failed (where the rule judge can tell)
-    enforce_required_items: bool = True
     reuse_kv: bool = True
-
-    def temperature(self, role: Role) -> float:
-        return self.act_temperature if role is Role.ACT else self.rehearse_temperature
-
-    def max_new_tokens(self, role: Role) -> int:
-        return self.max_act_tokens if role is Role.ACT else self.max_rehearse_tokens
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Our config (plain dict, as ``OmegaConf.to_container(cfg, resolve=True)`` gives it) → ``main_ppo`` overrides.
+"""Our config (the typed ``envace.config_schema.Config``) → ``main_ppo`` overrides.
 
 ``build_overrides`` returns Hydra overrides for ``python -m verl.trainer.main_ppo`` (verl's
 ``ppo_trainer.yaml``); ``compose_verl_config`` composes that config with them exactly as ``main_ppo``
@@ -31,17 +31,22 @@ job starts). The mapping, section by section:
 - ``+envace.*``: the agent-loop settings (``LoopSettings``); ``+ray_kwargs.ray_init.runtime_env.env_vars.*``:
   environment for every Ray worker (MLflow run, plugin module) — never secrets (verl logs its config).
 
-Optional ``engine`` keys for verl, read when present (defaults in ``VERL_ENGINE_DEFAULTS``):
-``rollout_name``, ``tensor_parallel``, ``gpu_memory_utilization``, ``max_token_len_per_gpu``,
-``agent_workers``, ``chat_template``, ``val_every``, ``simulator`` ({base_url, model, api_key_env}; else
-the env vars ``ENVACE_SIMULATOR_URL`` / ``ENVACE_SIMULATOR_MODEL``), ``overrides`` (raw overrides
-appended last). Extra overrides given later win (Hydra applies them in order).
+The verl-only ``engine`` options (``rollout_name``, ``tensor_parallel``, ``gpu_memory_utilization``,
+``max_token_len_per_gpu``, ``agent_workers``, ``chat_template``, ``val_every``) are set by
+``conf/engine/verl.yaml`` and null in the other engine files; null means the value in that file
+(``engine_option``, its one reader), where
+``max_token_len_per_gpu: null`` means 2 × ``rollout.max_stream_tokens``. ``engine.simulator``'s null
+``base_url`` / ``model`` fall back to the env vars ``ENVACE_SIMULATOR_URL`` / ``ENVACE_SIMULATOR_MODEL``;
+``engine.overrides`` (raw overrides) are appended last. Extra overrides given later win (Hydra applies them
+in order). Every public function takes the ``Config`` (a ``DictConfig`` or plain mapping of it is converted
+once by ``envace.config.typed_config``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import importlib.util
 import logging
 import math
@@ -53,9 +58,12 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
+from envace.config import CONF_DIR, typed_config
+from envace.config_schema import Config, EngineConfig
 from envace.core.records import Role
+from envace.core.rollout_budget import budget_values
 from envace.engines.base import get_variant
 from envace.engines.lora import lora_spec
 from envace.engines.verl.advantages import VERL_GRPO_NAME, VERL_ROLEWISE_NAME
@@ -63,17 +71,8 @@ from envace.engines.verl.settings import AGENT_LOOP_NAME, SETTINGS_NODE, TRAINER
 
 logger = logging.getLogger(__name__)
 
-VERL_ENGINE_DEFAULTS: dict[str, Any] = {
-    "rollout_name": "vllm",
-    "tensor_parallel": 1,
-    "gpu_memory_utilization": 0.6,
-    "max_token_len_per_gpu": None,  # None: 2 × rollout.max_stream_tokens
-    "agent_workers": 8,
-    "chat_template": "auto",
-    "val_every": -1,
-    "simulator": None,
-    "overrides": [],
-}
+VERL_ENGINE_FILE = CONF_DIR / "engine" / "verl.yaml"
+ConfigLike = Config | DictConfig | Mapping[str, Any]
 _SAFE_STRING = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]*$")
 _RESERVED = {"null", "true", "false", "none", "nan", "inf"}
 
@@ -123,10 +122,15 @@ def _overrides(values: Mapping[str, Any], prefix: str = "", add: bool = False) -
     return [f"{sign}{prefix}{key}={hydra_value(value)}" for key, value in values.items()]
 
 
-def engine_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The verl-specific ``engine`` options with their defaults."""
-    given = plain(cfg.get("engine") or {})
-    return {key: default if given.get(key) is None else given[key] for key, default in VERL_ENGINE_DEFAULTS.items()}
+@functools.lru_cache(maxsize=1)
+def _verl_engine_file() -> dict[str, Any]:
+    return OmegaConf.to_container(OmegaConf.load(VERL_ENGINE_FILE), resolve=True)
+
+
+def engine_option(engine: EngineConfig, name: str) -> Any:
+    """``engine.<name>``; when it is null, its value in ``conf/engine/verl.yaml`` (the one place it is set)."""
+    value = getattr(engine, name)
+    return _verl_engine_file()[name] if value is None else value
 
 
 def rows_per_trajectory(variant_name: str) -> int:
@@ -135,23 +139,23 @@ def rows_per_trajectory(variant_name: str) -> int:
     return 1 + int(Role.REHEARSE in variant.trainable_roles and variant.rehearse_by_policy)
 
 
-def check_supported(cfg: Mapping[str, Any]) -> None:
+def check_supported(cfg: ConfigLike) -> None:
     """Refuse configurations the verl engine cannot run or would train wrongly, saying what to change."""
-    variant = get_variant(plain(cfg["algo"]["name"]))
+    cfg = typed_config(cfg)
+    variant, rollout = get_variant(cfg.algo.name.value), cfg.rollout
     if variant.separate_models:
         raise VerlConfigError(
             f"algo.name={variant.name}: one model per role needs two actors; the verl engine "
             "trains one (shared weights). Run per_role with engine=local"
         )
-    rollout = cfg["rollout"]
-    if int(rollout["max_stream_tokens"]) <= int(rollout["max_prompt_tokens"]):
+    if rollout.max_stream_tokens <= rollout.max_prompt_tokens:
         raise VerlConfigError(
-            f"rollout.max_stream_tokens={rollout['max_stream_tokens']} must exceed "
-            f"rollout.max_prompt_tokens={rollout['max_prompt_tokens']} (room for responses)"
+            f"rollout.max_stream_tokens={rollout.max_stream_tokens} must exceed "
+            f"rollout.max_prompt_tokens={rollout.max_prompt_tokens} (room for responses)"
         )
-    if int(cfg["train"]["steps"]) < 1:
+    if cfg.train.steps < 1:
         raise VerlConfigError("train.steps must be >= 1 for engine=verl (0 = no RL: use engine=local)")
-    act_t, rehearse_t = float(rollout["act_temperature"]), float(rollout["rehearse_temperature"])
+    act_t, rehearse_t = rollout.act_temperature, rollout.rehearse_temperature
     if rows_per_trajectory(variant.name) == 2 and rehearse_t != act_t:
         raise VerlConfigError(
             f"rollout.rehearse_temperature={rehearse_t} differs from rollout.act_temperature={act_t}, but verl "
@@ -162,89 +166,78 @@ def check_supported(cfg: Mapping[str, Any]) -> None:
         )
 
 
-def loop_settings(cfg: Mapping[str, Any]) -> LoopSettings:
+def loop_settings(cfg: ConfigLike) -> LoopSettings:
     """The agent-loop settings (``+envace.*``) implied by our config."""
-    algo, rollout, judge = plain(cfg["algo"]), plain(cfg["rollout"]), plain(cfg.get("judge") or {})
-    variant = get_variant(algo["name"])
-    sim = engine_options(cfg)["simulator"] or {
-        "base_url": os.environ.get("ENVACE_SIMULATOR_URL"),
-        "model": os.environ.get("ENVACE_SIMULATOR_MODEL"),
-    }
+    cfg = typed_config(cfg)
+    algo, judge, sim = cfg.algo, cfg.judge, cfg.engine.simulator
+    variant = get_variant(algo.name.value)
     return LoopSettings(
+        **budget_values(cfg.rollout),
         variant=variant.name,
-        responses="policy" if variant.rehearse_by_policy else str(algo.get("grpo_responses", "executor")),
-        data_source=str(plain(cfg["data"]["source"])),
-        reward=str(judge.get("name", "verifiable")),
-        baseline=str(algo.get("baseline", "output_mean")),
-        act_temperature=float(rollout["act_temperature"]),
-        rehearse_temperature=float(rollout["rehearse_temperature"]),
-        max_steps_per_turn=int(rollout["max_steps_per_turn"]),
-        max_act_tokens=int(rollout["max_act_tokens"]),
-        max_rehearse_tokens=int(rollout["max_rehearse_tokens"]),
-        max_stream_tokens=int(rollout["max_stream_tokens"]),
-        rehearse_context_tokens=int(rollout.get("rehearse_context_tokens", 512)),
-        enforce_required_items=bool(rollout.get("enforce_required_items", True)),
-        chat_template=str(engine_options(cfg)["chat_template"]),
-        seed=int(cfg.get("seed", 0)),
+        responses="policy" if variant.rehearse_by_policy else algo.grpo_responses.value,
+        data_source=cfg.data.source.value,
+        reward=judge.name.value,
+        baseline=algo.baseline.value,
+        chat_template=str(engine_option(cfg.engine, "chat_template")),
+        seed=cfg.seed,
         judge=EndpointSettings(
-            base_url=judge.get("base_url"),
-            model=judge.get("model"),
-            api_key_env=judge.get("api_key_env"),
-            max_retries=int(judge.get("max_retries", 3)),
-            timeout_s=float(judge.get("timeout_s", 60.0)),
+            base_url=judge.base_url,
+            model=judge.model,
+            api_key_env=judge.api_key_env,
+            max_retries=judge.max_retries,
+            timeout_s=judge.timeout_s,
         ),
         simulator=EndpointSettings(
-            base_url=sim.get("base_url"), model=sim.get("model"), api_key_env=sim.get("api_key_env")
+            base_url=sim.base_url or os.environ.get("ENVACE_SIMULATOR_URL"),
+            model=sim.model or os.environ.get("ENVACE_SIMULATOR_MODEL"),
+            api_key_env=sim.api_key_env,
         ),
     )
 
 
-def _algorithm(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    algo = plain(cfg["algo"])
-    rolewise = get_variant(algo["name"]).rolewise_baseline
+def _algorithm(cfg: Config) -> dict[str, Any]:
+    rolewise = get_variant(cfg.algo.name.value).rolewise_baseline
     return {
         "algorithm.adv_estimator": VERL_ROLEWISE_NAME if rolewise else VERL_GRPO_NAME,
-        "algorithm.norm_adv_by_std_in_grpo": bool(algo.get("norm_by_std", False)),
+        "algorithm.norm_adv_by_std_in_grpo": cfg.algo.norm_by_std,
         "algorithm.use_kl_in_reward": False,
     }
 
 
-def _actor(cfg: Mapping[str, Any], model_path: str) -> dict[str, Any]:
-    algo, rollout = plain(cfg["algo"]), plain(cfg["rollout"])
-    max_tokens = engine_options(cfg)["max_token_len_per_gpu"] or 2 * int(rollout["max_stream_tokens"])
-    kl = float(algo.get("kl_coef", 0.0))
+def _actor(cfg: Config, model_path: str) -> dict[str, Any]:
+    algo, rollout = cfg.algo, cfg.rollout
+    max_tokens = engine_option(cfg.engine, "max_token_len_per_gpu") or 2 * rollout.max_stream_tokens
     prefix = "actor_rollout_ref.actor."
-    values = {
+    return {
         "actor_rollout_ref.model.path": model_path,
         "actor_rollout_ref.model.enable_gradient_checkpointing": True,
         "actor_rollout_ref.model.use_remove_padding": True,
-        prefix + "optim.lr": float(algo["lr"]),
+        prefix + "optim.lr": algo.lr,
         prefix + "optim.weight_decay": 0.0,
-        prefix + "optim.clip_grad": float(algo["grad_clip"]),
-        prefix + "grad_clip": float(algo["grad_clip"]),
+        prefix + "optim.clip_grad": algo.grad_clip,
+        prefix + "grad_clip": algo.grad_clip,
         prefix + "optim.lr_scheduler_type": "constant",
         prefix + "optim.lr_warmup_steps": 0,
-        prefix + "clip_ratio": float(algo["clip_ratio"]),
-        prefix + "ppo_epochs": int(algo["ppo_epochs"]),
+        prefix + "clip_ratio": algo.clip_ratio,
+        prefix + "ppo_epochs": algo.ppo_epochs,
         prefix + "loss_agg_mode": "token-mean",
         prefix + "entropy_coeff": 0.0,
         prefix + "policy_loss.loss_mode": "vanilla",
-        prefix + "use_kl_loss": kl > 0,
-        prefix + "kl_loss_coef": kl,
+        prefix + "use_kl_loss": algo.kl_coef > 0,
+        prefix + "kl_loss_coef": algo.kl_coef,
         prefix + "kl_loss_type": "low_var_kl",
         prefix + "use_dynamic_bsz": True,
         prefix + "ppo_max_token_len_per_gpu": int(max_tokens),
-        prefix + "ppo_mini_batch_size": int(rollout["prompts_per_step"]) * rows_per_trajectory(algo["name"]),
-        prefix + "data_loader_seed": int(cfg.get("seed", 0)),
+        prefix + "ppo_mini_batch_size": rollout.prompts_per_step * rows_per_trajectory(algo.name.value),
+        prefix + "data_loader_seed": cfg.seed,
         prefix + "checkpoint.save_contents": ["model", "optimizer", "extra", "hf_model"],
         prefix + "checkpoint.load_contents": ["model", "optimizer", "extra"],  # resume from the sharded state
     }
-    return values
 
 
-def _lora(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def _lora(cfg: Config) -> dict[str, Any]:
     try:
-        spec = lora_spec(plain(cfg["algo"]))
+        spec = lora_spec(cfg.algo)
     except ValueError as exc:
         raise VerlConfigError(str(exc)) from exc
     prefix = "actor_rollout_ref.model."
@@ -262,44 +255,44 @@ def _lora(cfg: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _rollout(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    rollout, options = plain(cfg["rollout"]), engine_options(cfg)
-    stream, prompt = int(rollout["max_stream_tokens"]), int(rollout["max_prompt_tokens"])
+def _rollout(cfg: Config) -> dict[str, Any]:
+    rollout, engine = cfg.rollout, cfg.engine
+    stream, prompt = rollout.max_stream_tokens, rollout.max_prompt_tokens
     prefix = "actor_rollout_ref.rollout."
     return {
-        prefix + "name": options["rollout_name"],
-        prefix + "n": int(rollout["samples_per_prompt"]),
-        prefix + "temperature": float(rollout["act_temperature"]),
+        prefix + "name": engine_option(engine, "rollout_name"),
+        prefix + "n": rollout.samples_per_prompt,
+        prefix + "temperature": rollout.act_temperature,
         prefix + "top_p": 1.0,
         prefix + "top_k": -1,
         prefix + "prompt_length": prompt,
         prefix + "response_length": stream - prompt,
         prefix + "max_model_len": stream,
         prefix + "calculate_log_probs": True,
-        prefix + "tensor_model_parallel_size": int(options["tensor_parallel"]),
-        prefix + "gpu_memory_utilization": float(options["gpu_memory_utilization"]),
-        prefix + "seed": int(cfg.get("seed", 0)),
+        prefix + "tensor_model_parallel_size": int(engine_option(engine, "tensor_parallel")),
+        prefix + "gpu_memory_utilization": float(engine_option(engine, "gpu_memory_utilization")),
+        prefix + "seed": cfg.seed,
         prefix + "log_prob_use_dynamic_bsz": True,
         prefix + "agent.default_agent_loop": AGENT_LOOP_NAME,
-        prefix + "agent.num_workers": int(options["agent_workers"]),
+        prefix + "agent.num_workers": int(engine_option(engine, "agent_workers")),
         "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": True,
         "reward.num_workers": 1,  # rewards are computed inside the agent loop; verl's reward workers stay idle
     }
 
 
-def _data(cfg: Mapping[str, Any], train_files: Sequence[str], val_files: Sequence[str]) -> dict[str, Any]:
-    rollout = plain(cfg["rollout"])
+def _data(cfg: Config, train_files: Sequence[str], val_files: Sequence[str]) -> dict[str, Any]:
+    rollout = cfg.rollout
     return {
         "data.train_files": [str(f) for f in train_files],
         "data.val_files": [str(f) for f in val_files],
         "data.prompt_key": "prompt",
-        "data.train_batch_size": int(rollout["prompts_per_step"]),
-        "data.max_prompt_length": int(rollout["max_prompt_tokens"]),
-        "data.max_response_length": int(rollout["max_stream_tokens"]) - int(rollout["max_prompt_tokens"]),
+        "data.train_batch_size": rollout.prompts_per_step,
+        "data.max_prompt_length": rollout.max_prompt_tokens,
+        "data.max_response_length": rollout.max_stream_tokens - rollout.max_prompt_tokens,
         "data.filter_overlong_prompts": False,
         "data.return_raw_chat": True,
         "data.shuffle": True,
-        "data.seed": int(cfg.get("seed", 0)),
+        "data.seed": cfg.seed,
         "data.dataloader_num_workers": 0,
     }
 
@@ -309,33 +302,33 @@ def checkpoint_dir(output_dir: Path | str) -> Path:
     return Path(output_dir).resolve() / "checkpoints"
 
 
-def _trainer(cfg: Mapping[str, Any], output_dir: Path | str, extra_loggers: Sequence[str]) -> dict[str, Any]:
-    train, engine, tracking = plain(cfg["train"]), plain(cfg["engine"]), plain(cfg.get("tracking") or {})
-    steps, every = int(train["steps"]), int(train.get("checkpoint_every", 0))
-    loggers = ["console", "mlflow"] if tracking.get("backend", "mlflow") == "mlflow" else ["console"]
+def _trainer(cfg: Config, output_dir: Path | str, extra_loggers: Sequence[str]) -> dict[str, Any]:
+    train, engine, tracking = cfg.train, cfg.engine, cfg.tracking
+    steps, every = train.steps, train.checkpoint_every
+    loggers = ["console", "mlflow"] if tracking.backend.value == "mlflow" else ["console"]
     loggers += [name for name in extra_loggers if name not in loggers]
     return {
         "trainer.use_v1": True,
         "trainer.v1.trainer_mode": TRAINER_MODE,
         "trainer.logger": loggers,
-        "trainer.project_name": str(tracking.get("experiment", "envace")),
-        "trainer.experiment_name": f"{plain(cfg.get('experiment_name', 'default'))}-{plain(cfg['algo']['name'])}",
-        "trainer.nnodes": int(engine.get("nnodes", 1)),
-        "trainer.n_gpus_per_node": int(engine.get("n_gpus_per_node", 1)),
+        "trainer.project_name": tracking.experiment,
+        "trainer.experiment_name": f"{cfg.experiment_name}-{cfg.algo.name.value}",
+        "trainer.nnodes": engine.nnodes,
+        "trainer.n_gpus_per_node": engine.n_gpus_per_node,
         "trainer.device": "cuda",
         "trainer.total_training_steps": steps,
         "trainer.total_epochs": steps,
         "trainer.save_freq": every if every > 0 else steps,
-        "trainer.resume_mode": "auto" if train.get("resume", True) else "disable",
+        "trainer.resume_mode": "auto" if train.resume else "disable",
         "trainer.default_local_dir": str(checkpoint_dir(output_dir)),
-        "trainer.max_actor_ckpt_to_keep": int(train.get("keep_checkpoints", 2)) or None,
+        "trainer.max_actor_ckpt_to_keep": train.keep_checkpoints or None,
         "trainer.val_before_train": False,
-        "trainer.test_freq": int(engine_options(cfg)["val_every"]),
+        "trainer.test_freq": int(engine_option(engine, "val_every")),
     }
 
 
 def build_overrides(
-    cfg: Mapping[str, Any],
+    cfg: ConfigLike,
     *,
     train_files: Sequence[str],
     val_files: Sequence[str],
@@ -344,9 +337,9 @@ def build_overrides(
     env_vars: Mapping[str, str] | None = None,
     extra_loggers: Sequence[str] = (),
 ) -> list[str]:
-    """``main_ppo`` overrides for our config (module docstring). ``cfg``: a plain dict (enums allowed), a
-    ``DictConfig`` or the ``Config`` dataclass; ``extra_loggers`` adds verl backends (the launcher adds ``file``)."""
-    cfg = plain(cfg)
+    """``main_ppo`` overrides for our config (module docstring). ``cfg``: the typed ``Config`` (a ``DictConfig``
+    or plain mapping of it is converted once); ``extra_loggers`` adds verl backends (the launcher adds ``file``)."""
+    cfg = typed_config(cfg)
     check_supported(cfg)
     values: dict[str, Any] = {}
     for section in (
@@ -361,7 +354,7 @@ def build_overrides(
     overrides = _overrides(values)
     overrides += _overrides(loop_settings(cfg).to_flat(), prefix=f"{SETTINGS_NODE}.", add=True)
     overrides += _overrides(dict(env_vars or {}), prefix="ray_kwargs.ray_init.runtime_env.env_vars.", add=True)
-    return overrides + [str(o) for o in engine_options(cfg)["overrides"]]
+    return overrides + [str(o) for o in cfg.engine.overrides]
 
 
 def verl_config_dir() -> Path:

@@ -10,8 +10,9 @@ specs, callbacks)`` like for the local engine. Differences, because verl runs in
   ``data``: the files also hold the raw rows that real executors are rebuilt from;
 - ``callbacks`` are replayed after training from verl's per-step metric lines (``<output_dir>/metrics``).
 
-``VerlEngineConfig.cfg`` is our whole config as a plain dict; ``output_dir`` the stage's work directory
-(stable per config, so ``train.resume`` continues from verl's latest checkpoint there).
+``VerlEngineConfig.cfg`` is our whole config as the typed ``Config`` (a ``DictConfig`` or plain mapping given
+there is converted once, on construction); ``output_dir`` the stage's work directory (stable per config, so
+``train.resume`` continues from verl's latest checkpoint there).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envace.config import typed_config
+from envace.config_schema import Config
 from envace.engines.base import Engine, EpisodeSpec, StepCallback, TrainResult, register_engine
 from envace.engines.verl.config_builder import checkpoint_dir
 from envace.engines.verl.launcher import launch_verl_training
@@ -33,13 +36,16 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class VerlEngineConfig:
-    cfg: Mapping[str, Any]
+    cfg: Config
     output_dir: str
     tracking_uri: str | None = None
     parent_run_id: str | None = None
     extra_overrides: tuple[str, ...] = ()
     dry_run: bool = False
     metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cfg", typed_config(self.cfg))
 
 
 def read_step_metrics(metrics_dir: Path) -> dict[int, dict[str, float]]:

@@ -1,6 +1,6 @@
 """Launching verl: dataset preparation, the ``main_ppo`` command, Ray multi-node commands, MLflow wiring.
 
-Single node (the ``train`` stage): ``launch_verl_training(cfg_dict)`` writes the verl datasets, builds
+Single node (the ``train`` stage): ``launch_verl_training(cfg)`` (the typed ``Config``) writes the verl datasets, builds
 ``python -m verl.trainer.main_ppo <overrides>`` (``config_builder``), logs it and runs it as a
 subprocess (verl starts its own local Ray cluster); ``dry_run=True`` composes verl's config with the
 overrides (struct errors surface here, on a CPU machine) and prints the command instead.
@@ -33,17 +33,17 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
-from omegaconf import OmegaConf
 
+from envace.config import load_params, typed_config
+from envace.config_schema import Config, ModelConfig
 from envace.engines.verl.config_builder import (
+    ConfigLike,
     VerlConfigError,
     build_overrides,
     check_supported,
     compose_verl_config,
-    plain,
 )
 from envace.engines.verl.episodes import act_prompt_uuids, read_jsonl, split_records, write_dataset
 
@@ -78,13 +78,13 @@ class LaunchPlan:
 
 
 # ---- model and data -----------------------------------------------------------------------------
-def _path_model(model: Mapping[str, Any]) -> str:
-    if not model.get("path"):
+def _path_model(model: ModelConfig) -> str:
+    if not model.path:
         raise VerlConfigError("model.kind=path needs model.path (a local HF model directory)")
-    return str(Path(str(model["path"])).expanduser().resolve())
+    return str(Path(model.path).expanduser().resolve())
 
 
-def _smollm2_model(model: Mapping[str, Any]) -> str:
+def _smollm2_model(model: ModelConfig) -> str:
     # lazy: envace.models loads transformers (~4.5 s); the train stage imports this module to build its config,
     # and a dead judge endpoint must fail it before that (tests/integration/test_endpoint_faults.py)
     from envace.models import ModelSpec
@@ -93,24 +93,24 @@ def _smollm2_model(model: Mapping[str, Any]) -> str:
     return str(ensure_smollm2_cache(model_cache_root(ModelSpec(kind="smollm2"))))
 
 
-def _tiny_model(model: Mapping[str, Any]) -> str:
+def _tiny_model(model: ModelConfig) -> str:
     raise VerlConfigError(
         "model.kind=tiny is built in memory; verl loads models from a directory. Save it "
         "first (scripts/gpu_smoke.py does: build_tiny_model_dir) and use model.kind=path"
     )
 
 
-MODEL_DIRS: dict[str, Callable[[Mapping[str, Any]], str]] = {
+MODEL_DIRS: dict[str, Callable[[ModelConfig], str]] = {
     "path": _path_model,
     "smollm2": _smollm2_model,
     "tiny": _tiny_model,
 }
 
 
-def model_dir(cfg: Mapping[str, Any]) -> str:
+def model_dir(cfg: ConfigLike) -> str:
     """The local model directory verl loads (never a hub id)."""
-    model = plain(cfg["model"])
-    kind = str(model.get("kind", "path"))
+    model = typed_config(cfg).model
+    kind = model.kind.value
     if kind not in MODEL_DIRS:
         raise VerlConfigError(f"model.kind={kind!r}; valid for verl: {sorted(MODEL_DIRS)}")
     return MODEL_DIRS[kind](model)
@@ -121,7 +121,7 @@ def data_files(output_dir: Path) -> dict[str, Path]:
 
 
 def prepare_verl_data(
-    cfg: Mapping[str, Any], output_dir: Path | str, *, uuids: Sequence[str] | None = None
+    cfg: ConfigLike, output_dir: Path | str, *, uuids: Sequence[str] | None = None
 ) -> dict[str, Path]:
     """Write ``<output_dir>/data/{train,val}.parquet`` from the pipeline's files.
 
@@ -129,12 +129,12 @@ def prepare_verl_data(
     episodes are built from ``prepare_data``'s ``{split}.jsonl`` rows. ``uuids`` restricts the train split
     (the ``train`` stage's own selection). An empty val split reuses the train file.
     """
-    cfg = plain(cfg)
-    paths, source = plain(cfg["paths"]), str(plain(cfg["data"]["source"]))
+    cfg = typed_config(cfg)
+    paths, source = cfg.paths, cfg.data.source.value
     files = data_files(Path(output_dir))
     for split in SPLITS:
-        parquet = Path(paths["prompts"]) / f"{split}.parquet"
-        prepared = Path(paths["prepared"]) / f"{split}.jsonl"
+        parquet = Path(paths.prompts) / f"{split}.parquet"
+        prepared = Path(paths.prepared) / f"{split}.jsonl"
         if not parquet.is_file() or not prepared.is_file():
             raise FileNotFoundError(
                 f"verl data: {parquet} or {prepared} is missing; run the prepare_data and template_prompts stages first"
@@ -154,9 +154,9 @@ def prepare_verl_data(
     return files
 
 
-def _check_batch(cfg: Mapping[str, Any], train_file: Path) -> None:
+def _check_batch(cfg: Config, train_file: Path) -> None:
     n_rows = len(pd.read_parquet(train_file, columns=["agent_name"]))
-    batch = int(plain(cfg["rollout"])["prompts_per_step"])
+    batch = cfg.rollout.prompts_per_step
     if n_rows < batch:
         raise VerlConfigError(
             f"rollout.prompts_per_step={batch} but only {n_rows} training instructions; verl "
@@ -191,17 +191,17 @@ def create_child_run(tracking_uri: str, parent_run_id: str, name: str = "verl") 
 
 
 def mlflow_env(
-    cfg: Mapping[str, Any], *, tracking_uri: str | None, parent_run_id: str | None, create: bool
+    cfg: ConfigLike, *, tracking_uri: str | None, parent_run_id: str | None, create: bool
 ) -> tuple[dict[str, str], list[str]]:
     """Env vars attaching verl's MLflow logger to a child of the parent run (and notes for the log)."""
-    tracking = plain(cfg.get("tracking") or {})
-    if tracking.get("backend", "mlflow") != "mlflow":
+    tracking = typed_config(cfg).tracking
+    if tracking.backend.value != "mlflow":
         return {}, ["tracking.backend is not mlflow: verl logs to the console only"]
     uri = absolute_tracking_uri(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db")
     env = {"MLFLOW_TRACKING_URI": uri}
     parent = parent_run_id or os.environ.get("ENVACE_PARENT_RUN_ID")
     if not parent:
-        return env, [f"no parent run: verl creates its own run in experiment {tracking.get('experiment', 'envace')!r}"]
+        return env, [f"no parent run: verl creates its own run in experiment {tracking.experiment!r}"]
     if not create:
         return env, [f"a child run of {parent} is created at launch and passed as MLFLOW_RUN_ID"]
     env["MLFLOW_RUN_ID"] = create_child_run(uri, parent)
@@ -242,13 +242,14 @@ def multinode_commands(
     }
 
 
-def default_output_dir(cfg: Mapping[str, Any]) -> Path:
-    name = f"{plain(cfg.get('experiment_name', 'default'))}-{plain(cfg['algo']['name'])}"
+def default_output_dir(cfg: ConfigLike) -> Path:
+    cfg = typed_config(cfg)
+    name = f"{cfg.experiment_name}-{cfg.algo.name.value}"
     return (Path(".envace") / "verl" / name).resolve()
 
 
 def plan_launch(
-    cfg: Mapping[str, Any],
+    cfg: ConfigLike,
     *,
     output_dir: Path | str | None = None,
     dry_run: bool = False,
@@ -260,7 +261,7 @@ def plan_launch(
 ) -> LaunchPlan:
     """Compute the launch (data paths, env vars, overrides, command); creates the MLflow child run
     unless ``dry_run``. Does not write datasets (``prepare_verl_data`` does)."""
-    cfg = plain(cfg)
+    cfg = typed_config(cfg)
     check_supported(cfg)
     out = Path(output_dir).resolve() if output_dir else default_output_dir(cfg)
     files = dict(files or data_files(out))
@@ -288,7 +289,7 @@ def plan_launch(
 
 
 def launch_verl_training(
-    cfg_dict: Mapping[str, Any],
+    cfg: ConfigLike,
     *,
     dry_run: bool = False,
     output_dir: Path | str | None = None,
@@ -299,13 +300,13 @@ def launch_verl_training(
 ) -> int:
     """Train with verl on this node: prepare data, build and log the command, run it; returns its exit code.
 
-    ``cfg_dict`` is our config as a plain dict (``OmegaConf.to_container(cfg, resolve=True)``). With
+    ``cfg`` is our typed ``Config`` (a ``DictConfig`` or plain mapping of it is converted once). With
     ``dry_run`` nothing is written or started: verl's config is composed with the overrides (when verl is
     installed) and the command is printed; returns 0.
     """
-    cfg_dict = plain(cfg_dict)
+    cfg = typed_config(cfg)
     plan = plan_launch(
-        cfg_dict,
+        cfg,
         output_dir=output_dir,
         dry_run=dry_run,
         tracking_uri=tracking_uri,
@@ -323,7 +324,7 @@ def launch_verl_training(
             logger.warning("verl config not checked: %s", exc)
         sys.stdout.write(plan.shell() + "\n")
         return 0
-    prepare_verl_data(cfg_dict, plan.output_dir, uuids=uuids)
+    prepare_verl_data(cfg, plan.output_dir, uuids=uuids)
     (plan.output_dir / "metrics").mkdir(parents=True, exist_ok=True)
     (plan.output_dir / "command.sh").write_text(plan.shell() + "\n", encoding="utf-8")
     env = {**os.environ, **plan.env_vars}
@@ -356,14 +357,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("verl_overrides", nargs="*", help="extra main_ppo overrides, appended last (they win)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = OmegaConf.to_container(OmegaConf.load(args.params), resolve=True)
+    cfg = typed_config(load_params(args.params))  # schema and cross-field checks, as a stage loads it
     if not args.multinode:
         return launch_verl_training(
             cfg, dry_run=args.dry_run, output_dir=args.output_dir, extra_overrides=args.verl_overrides
         )
     plan = plan_launch(cfg, output_dir=args.output_dir, extra_overrides=args.verl_overrides)
     prepare_verl_data(cfg, plan.output_dir)
-    gpus = int(plain(cfg["engine"]).get("n_gpus_per_node", 8))
+    gpus = cfg.engine.n_gpus_per_node
     for name, path in write_multinode_scripts(plan, args.multinode, gpus).items():
         sys.stdout.write(f"# {name}: {path}\n{path.read_text(encoding='utf-8').splitlines()[-1]}\n")
     return 0

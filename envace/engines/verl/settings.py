@@ -3,7 +3,9 @@
 The settings travel inside verl's Hydra config as a top-level ``envace`` node (the launcher adds it with
 ``+envace.<key>=<value>`` overrides), so every Ray worker that instantiates the agent loop reads the same
 values from ``trainer_config.config.envace``. ``LoopSettings.from_mapping`` rebuilds them and checks them;
-``LoopSettings.to_flat`` is the inverse used by the config builder.
+``LoopSettings.to_flat`` is the inverse used by the config builder. The temperatures and turn/token limits are
+the rollout budget (``envace.core.rollout_budget.RolloutBudget``, which ``LoopSettings`` extends and which checks
+them); the local engine's ``RolloutConfig`` extends the same class.
 
 Choices:
 - ``responses`` says who answers tool calls: ``policy`` (the REHEARSE role, the method), ``executor``
@@ -21,6 +23,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from envace.core.records import Role
+from envace.core.rollout_budget import RolloutBudget
 from envace.engines.base import get_variant
 
 AGENT_LOOP_NAME = "envace_act_rehearse"
@@ -42,28 +45,22 @@ class EndpointSettings:
 
 
 @dataclass(frozen=True)
-class LoopSettings:
-    """Everything the agent loop reads from ``config.envace`` (plain values only)."""
+class LoopSettings(RolloutBudget):
+    """Everything the agent loop reads from ``config.envace`` (plain values only): the rollout budget
+    (``envace.core.rollout_budget``, checked there) and the verl-side choices below."""
 
     variant: str = "envace"
     responses: str = "policy"
     data_source: str = "toolworld"
     reward: str = "verifiable"  # judge name (envace.judges) or "verifiable"
     baseline: str = "output_mean"
-    act_temperature: float = 1.0
-    rehearse_temperature: float = 1.0
-    max_steps_per_turn: int = 4
-    max_act_tokens: int = 256
-    max_rehearse_tokens: int = 256
-    max_stream_tokens: int = 4096
-    rehearse_context_tokens: int = 512  # conversation per REHEARSE call message (envace.core.rehearse_context)
-    enforce_required_items: bool = True  # end at a user turn whose required checklist item failed
     chat_template: str = "auto"
     seed: int = 0
     judge: EndpointSettings = field(default_factory=EndpointSettings)
     simulator: EndpointSettings = field(default_factory=EndpointSettings)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         variant = get_variant(self.variant)  # unknown names raise listing the valid ones
         if self.responses not in RESPONSE_SOURCES:
             raise ValueError(f"envace.responses={self.responses!r}; valid: {list(RESPONSE_SOURCES)}")
@@ -79,19 +76,10 @@ class LoopSettings:
             )
         if self.chat_template not in CHAT_TEMPLATES:
             raise ValueError(f"envace.chat_template={self.chat_template!r}; valid: {list(CHAT_TEMPLATES)}")
-        for name in ("max_steps_per_turn", "max_act_tokens", "max_rehearse_tokens", "max_stream_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"envace.{name}={getattr(self, name)} must be >= 1")
 
     @property
     def trainable_roles(self) -> frozenset[Role]:
         return get_variant(self.variant).trainable_roles
-
-    def temperature(self, role: Role) -> float:
-        return self.act_temperature if role is Role.ACT else self.rehearse_temperature
-
-    def max_new_tokens(self, role: Role) -> int:
-        return self.max_act_tokens if role is Role.ACT else self.max_rehearse_tokens
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None) -> LoopSettings:
