@@ -27,7 +27,9 @@ def chain(tmp_path_factory, paths_under):
     try:
         for name in STAGES:
             module = importlib.import_module(f"envace.stages.{name}")
-            path = root / "metrics" / f"{name}.json"
+            # evaluate writes per benchmark, as dvc.yaml's evaluate@<benchmark> does (the report reads those)
+            stem = f"evaluate_{to_plain(cfg.eval.benchmarks)[0]}" if name == "evaluate" else name
+            path = root / "metrics" / f"{stem}.json"
             metrics[name] = runner.execute(name, module.run, cfg, path)
     finally:
         os.chdir(old)
