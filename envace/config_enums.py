@@ -38,7 +38,7 @@ class ModelKind(str, enum.Enum):
     path = "path"
 
 
-class DataSource(str, enum.Enum):
+class DataSourceName(str, enum.Enum):
     toolworld = "toolworld"
     cm2 = "cm2"
 

@@ -17,7 +17,7 @@ from envace.config_enums import (
     AlgoName,
     Baseline,
     Benchmark,
-    DataSource,
+    DataSourceName,
     EngineName,
     EvalBaseline,
     JudgeName,
@@ -58,7 +58,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    source: DataSource = DataSource.toolworld
+    source: DataSourceName = DataSourceName.toolworld
     n_train: int = 8  # tool world: tasks per split; CM2: cap on accepted rows (0 = all)
     n_val: int = 4
     n_test: int = 4

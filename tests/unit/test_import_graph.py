@@ -131,3 +131,14 @@ def test_one_episode_spec_class():
 
     defining = [p for p in ROOT.rglob("*.py") if "class EpisodeSpec" in p.read_text() and defines(p)]
     assert [p.relative_to(ROOT.parent).as_posix() for p in defining] == ["envace/core/records.py"]
+
+
+def test_no_two_classes_share_a_name():
+    """One class per name across envace/ (a record, an enum and a protocol of one concept each have their
+    own name: e.g. ``DataSourceName`` the config's enum, ``DataSource`` the registered source)."""
+    places: dict[str, list[str]] = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                places.setdefault(node.name, []).append(path.relative_to(ROOT.parent).as_posix())
+    assert {name: where for name, where in places.items() if len(where) > 1} == {}

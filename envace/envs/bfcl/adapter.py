@@ -171,7 +171,7 @@ class BfclAdapter(BenchmarkAdapter):
                 self.skipped[category] = spec.reason
                 logger.warning("BFCL %s skipped: %s", category, spec.reason)
                 continue
-            chosen = sample_tasks([_Stub(e) for e in load_category(category)], limit, seed)
+            chosen = sample_tasks([_BfclSampleRef(e) for e in load_category(category)], limit, seed)
             out.extend(entry_to_task(stub.entry, subset) for stub in chosen)
         return out
 
@@ -335,7 +335,7 @@ class BfclAdapter(BenchmarkAdapter):
         return {"categories": category_table(subset, records), "aggregates": bfcl_summary(category_counts(records))}
 
 
-class _Stub:
+class _BfclSampleRef:
     """Task-like wrapper of an entry for ``sample_tasks`` (which reads only ``task_id``)."""
 
     def __init__(self, entry: BfclEntry) -> None:

@@ -121,7 +121,7 @@ class Tau2Adapter(BenchmarkAdapter):
                 for t in data.load_tau2_tasks(domain, split)
                 if self.config.mode is not Tau2Mode.SOLO or data.solo_valid(t)
             ]
-            chosen = sample_tasks([_Stub(f"{domain}:{t.id}", t) for t in inner], limit, seed)
+            chosen = sample_tasks([_Tau2SampleRef(f"{domain}:{t.id}", t) for t in inner], limit, seed)
             out.extend(data.to_task(s.inner, domain, split, self.config.mode) for s in chosen)
         return out
 
@@ -229,7 +229,7 @@ class Tau2Adapter(BenchmarkAdapter):
         return {"trials": trials, "domains": domain_table(subset, self, records, trials)}
 
 
-class _Stub:
+class _Tau2SampleRef:
     """Minimal task-like object for ``sample_tasks`` (only ``task_id`` is read)."""
 
     def __init__(self, task_id: str, inner: Any) -> None:
