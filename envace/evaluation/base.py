@@ -21,7 +21,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from envace.core.rehearsal import RehearsalContext
 from envace.core.seeds import derive_seed
@@ -32,18 +32,32 @@ from envace.evaluation.programs import ACTOR, GenerationLedger, Program, drive
 from envace.evaluation.records import EpisodeRecord
 from envace.inference.base import ChatBackend
 
+T = TypeVar("T")
+
+
+def _task_id(task: Any) -> str:
+    return task.task_id
+
 
 def sample_tasks(
-    tasks: Sequence[Task], limit: int | None, seed: int, where: Callable[[Task], bool] | None = None
-) -> list[Task]:
+    tasks: Sequence[T],
+    limit: int | None,
+    seed: int,
+    where: Callable[[T], bool] | None = None,
+    task_id: Callable[[T], str] = _task_id,
+) -> list[T]:
     """Deterministic subset of at most ``limit`` tasks (original order kept). ``where``: only tasks it
-    accepts — asked lazily, in sampling order, so a costly test runs on as few tasks as needed."""
+    accepts — asked lazily, in sampling order, so a costly test runs on as few tasks as needed.
+
+    The order is seeded by each item's id: ``task_id(item)`` (default: its ``task_id`` attribute), so a
+    benchmark can sample its raw entries before turning only the chosen ones into ``Task``s.
+    """
     if limit is not None and limit < 0:
         raise ValueError(f"limit={limit}: must be >= 0 or None (all tasks)")
     if where is None and (limit is None or limit >= len(tasks)):
         return list(tasks)
     keep: set[int] = set()
-    for i in sorted(range(len(tasks)), key=lambda i: (derive_seed(seed, tasks[i].task_id), i)):
+    for i in sorted(range(len(tasks)), key=lambda i: (derive_seed(seed, task_id(tasks[i])), i)):
         if limit is not None and len(keep) >= limit:
             break
         if where is None or where(tasks[i]):

@@ -42,9 +42,11 @@ def _alone(model, tokens):
         return model(torch.tensor([tokens])).logits[0, -1]
 
 
-def test_holes_and_positions_match_unbatched(model):
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "hf"])
+def test_holes_and_positions_match_unbatched(model, lean):
     streams = {"a": list(range(1, 30)), "b": list(range(40, 47)), "c": list(range(50, 90))}
-    kv = BatchedStreams(model, list(streams))
+    kv = BatchedStreams(model, list(streams), lean=lean)
+    assert (kv.lean is not None) == lean
     last = kv.append({k: v[:5] for k, v in streams.items()})
     for piece in (
         {"a": streams["a"][5:9], "b": streams["b"][5:6]},
@@ -58,8 +60,9 @@ def test_holes_and_positions_match_unbatched(model):
     assert kv.cache_len > max(len(t) for t in streams.values())  # holes were inserted
 
 
-def test_repeat_and_retain(model):
-    kv = BatchedStreams(model, ["p0", "p1"])
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "hf"])
+def test_repeat_and_retain(model, lean):
+    kv = BatchedStreams(model, ["p0", "p1"], lean=lean)
     kv.append({"p0": [1, 2, 3], "p1": [4, 5]})
     kv.repeat([["x0", "x1"], ["y0", "y1"]])
     out = kv.append({"x1": [7], "y0": [8, 9]})
@@ -148,3 +151,47 @@ def test_gqa_attention_matches_sdpa_and_growing_cache(model):
         out = kv.append({"a": list(range(1 + start % 90, 8 + start % 90))})
     stream = [t for start in range(0, 200, 7) for t in range(1 + start % 90, 8 + start % 90)]
     torch.testing.assert_close(out["a"], _alone(model, stream), atol=1e-4, rtol=1e-4)
+
+
+def test_lean_forward_is_the_default_for_llama_only(model):
+    """Llama models decode through LeanLlama by default; other architectures keep HF's forward."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from envace.engines.local.lean import LeanLlama
+
+    assert BatchedStreams(model, ["a"]).lean is not None
+    qwen = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=97,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).eval()
+    assert not LeanLlama.supports(qwen) and BatchedStreams(qwen, ["a"]).lean is None
+    with pytest.raises(ValueError, match="not a plain Llama"):
+        LeanLlama(qwen)
+    # a forward hook, or a projection wrapped by another module (LoRA), must see HF's forward run
+    hooked = copy.deepcopy(model)
+    hooked.model.layers[0].mlp.register_forward_hook(lambda *a: None)
+    assert not LeanLlama.supports(hooked) and BatchedStreams(hooked, ["a"]).lean is None
+    wrapped = copy.deepcopy(model)
+    wrapped.model.layers[1].self_attn.v_proj = torch.nn.Sequential(wrapped.model.layers[1].self_attn.v_proj)
+    assert not LeanLlama.supports(wrapped)
+
+
+def test_lean_bf16_decoding_matches_hf_bf16(model):
+    """On the bf16 decoding copy, the lean forward's logits equal HF's up to bf16 rounding, step after step."""
+    runs = {}
+    for lean in (True, False):
+        kv = BatchedStreams(model, ["a", "b"], precision="bf16", lean=lean)
+        outs = [kv.append({"a": list(range(1, 40)), "b": list(range(50, 60))})]
+        for i in range(6):
+            outs.append(kv.append({"a": [i + 3], "b": [i + 60]} if i % 3 else {"a": [i + 3]}))
+        runs[lean] = outs
+    for got, want in zip(runs[True], runs[False]):
+        assert got.keys() == want.keys()
+        for key in got:
+            torch.testing.assert_close(got[key], want[key], atol=3e-2, rtol=3e-2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import platform
 
 import pytest
 import torch
@@ -245,8 +246,14 @@ def test_packed_forward_attends_segment_by_segment(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_segment_attention_equals_masked_attention_with_gradients(dtype):
-    """Segment-wise attention = one SDPA under the block-causal pack mask: outputs and input gradients."""
+@pytest.mark.parametrize("flash_min", [0, 8, 10**9], ids=["prefix-flash", "mixed", "prefix-matmul"])
+def test_segment_attention_equals_masked_attention_with_gradients(dtype, flash_min, monkeypatch):
+    """Segment-wise attention = one SDPA under the block-causal pack mask: outputs and input gradients.
+
+    ``flash_min`` moves the prefix-length threshold of the flash kernel, so that every prefix, some, or none
+    takes it (at the real threshold, 384 tokens, these toy prefixes would never reach it).
+    """
+    monkeypatch.setattr(attention, "CAUSAL_FLASH_MIN_TOKENS", flash_min)
     g = torch.Generator().manual_seed(0)
     width, heads, kv_heads, dim = 23, 4, 2, 8
     rows = ((6, ((6, 10), (10, 15), (15, 21))), (9, ((9, 12),)), (20, ()))
@@ -270,3 +277,12 @@ def test_segment_attention_equals_masked_attention_with_gradients(dtype):
     grads_want = torch.autograd.grad((want * weights).sum(), (q, k, v))
     for a, b in zip(grads_got, grads_want):
         torch.testing.assert_close(a, b, **tol)
+
+
+def test_mmap_threshold_is_fixed_unless_the_user_set_one(monkeypatch):
+    """On glibc the engine pins malloc's mmap threshold; a user's MALLOC_MMAP_THRESHOLD_ wins."""
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    assert precision.fix_mmap_threshold() is False
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
+    expected = platform.libc_ver()[0] == "glibc"
+    assert precision.fix_mmap_threshold() is expected

@@ -181,6 +181,14 @@ def test_sample_tasks_is_deterministic_and_keeps_order():
     assert [t.task_id for t in sample_tasks(many, 5, seed=4)] != [t.task_id for t in a]
 
 
+def test_sample_tasks_samples_raw_entries_by_a_key_function():
+    """Raw entries (here plain dicts) sample exactly as the tasks carrying their ids would."""
+    many = [kv_task(i, "alpha") for i in range(20)]
+    entries = [{"id": t.task_id, "n": i} for i, t in enumerate(many)]
+    chosen = sample_tasks(entries, 5, seed=3, task_id=lambda e: e["id"])
+    assert [e["id"] for e in chosen] == [t.task_id for t in sample_tasks(many, 5, seed=3)]
+
+
 def test_sample_tasks_where_equals_filtering_first_and_asks_lazily():
     many = [kv_task(i, "alpha") for i in range(20)]
     even = [t for t in many if int(t.task_id.split("-")[1]) % 2 == 0]

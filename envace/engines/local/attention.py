@@ -81,7 +81,8 @@ def _decode_attention(
     if key.dtype == torch.float32:
         scores = torch.matmul(grouped, key.transpose(-1, -2))
     else:  # bf16: the CPU bmm copies a transposed cache operand; (k qᵀ)ᵀ reads it in place (~3.7x)
-        scores = torch.matmul(key, grouped.transpose(-1, -2)).transpose(-1, -2)
+        # made contiguous before the float32 math: a softmax over a strided last dim runs ~8x slower
+        scores = torch.matmul(key, grouped.transpose(-1, -2)).transpose(-1, -2).contiguous()
     scores = scores.float() * scale  # [B, Hkv, G*q, L]
     if mask is not None:  # None only for a single query token, which may see the whole cache
         m = mask.expand(b, 1, q, key.shape[2]).unsqueeze(2).expand(b, 1, group, q, key.shape[2])
@@ -139,8 +140,7 @@ def segment_attention(
     rows = []
     for b, (prefix, spans) in enumerate(layout.rows):
         q, k, v = query[b : b + 1], key[b : b + 1], value[b : b + 1]
-        blocked = layout.blocked(b, 0, group, query.device)
-        pieces = [masked_attention(q[:, :, :prefix], k[:, :, :prefix], v[:, :, :prefix], blocked, scaling)]
+        pieces = [prefix_attention(q[:, :, :prefix], k[:, :, :prefix], v[:, :, :prefix], layout, b, scaling)]
         for j, (start, end) in enumerate(spans, start=1):
             keys = torch.cat([k[:, :, :prefix], k[:, :, start:end]], dim=2)
             values = torch.cat([v[:, :, :prefix], v[:, :, start:end]], dim=2)
@@ -151,6 +151,32 @@ def segment_attention(
             pieces.append(query.new_zeros(1, query.shape[1], layout.width - used, query.shape[3]))
         rows.append(torch.cat(pieces, dim=2))
     return torch.cat(rows, dim=0).transpose(1, 2).contiguous()
+
+
+# from this many prefix tokens on, the prefix's causal self-attention runs in torch's flash kernel
+# (``is_causal``: it skips the blocks above the diagonal and never materialises the scores); below it the
+# two plain matmuls win. SmolLM2 shapes (9 query / 3 key heads, D = 64), bf16, forward + backward, one AMD
+# EPYC core: 200 tokens 3.1 vs 6.2 ms, 400: 22 vs 19 ms, 1,000: 178 vs 70 ms, 2,500: 1,113 vs 338 ms
+# (the matmul path's [G*P, P] float32 scores fall out of cache). Suffixes keep the matmuls: their mask is
+# not top-left causal, and with a mask the flash kernel is no faster (200 behind 1,500: 46 vs 41 ms).
+CAUSAL_FLASH_MIN_TOKENS = 384
+
+
+def prefix_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    layout: PackLayout,
+    row: int,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Causal self-attention of row ``row``'s shared prefix, ``[1, H, P, D]``: flash kernel or matmuls by length."""
+    if query.shape[2] >= CAUSAL_FLASH_MIN_TOKENS:
+        return F.scaled_dot_product_attention(
+            query, key, value, scale=scaling, is_causal=True, enable_gqa=key.shape[1] != query.shape[1]
+        )
+    blocked = layout.blocked(row, 0, query.shape[1] // key.shape[1], query.device)
+    return masked_attention(query, key, value, blocked, scaling)
 
 
 def masked_attention(

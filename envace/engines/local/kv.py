@@ -29,9 +29,14 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from envace.engines.local.lean import LeanLlama
 from envace.engines.local.precision import inference_model
 
 logger = logging.getLogger(__name__)
+
+
+def _ints(piece: Sequence[int] | torch.Tensor) -> list[int]:
+    return piece.tolist() if torch.is_tensor(piece) else [int(t) for t in piece]
 
 
 class GrowingLayer(DynamicLayer):
@@ -98,12 +103,18 @@ def make_cache(model: Any) -> DynamicCache:
 class BatchedStreams:
     """Rows keyed by hashable ids (e.g. trajectory indices) sharing one cache of ``model``."""
 
-    def __init__(self, model: Any, keys: Sequence[Any], pad_id: int = 0, precision: str = "fp32"):
+    def __init__(
+        self, model: Any, keys: Sequence[Any], pad_id: int = 0, precision: str = "fp32", lean: bool | None = None
+    ):
         if len(set(keys)) != len(keys):
             raise ValueError(f"BatchedStreams: duplicate row keys {list(keys)}")
         # bf16: forwards run on a bf16-weight copy of the model (``inference_model``; cache in bf16),
         # fp32: on the model itself
         self.model = inference_model(model, precision)
+        # Llama-family models decode through ``LeanLlama`` (same computation, a fraction of HF's per-call
+        # overhead); ``lean=False`` forces HF's forward, None = wherever the model qualifies
+        use_lean = LeanLlama.supports(self.model) if lean is None else lean
+        self.lean = LeanLlama(self.model) if use_lean else None
         self.pad_id = pad_id
         self.precision = precision
         self.keys: list[Any] = list(keys)
@@ -138,32 +149,32 @@ class BatchedStreams:
             empty = [k for k, n in zip(self.keys, lengths) if n == 0]
             raise ValueError(f"BatchedStreams: first append must feed every row; rows {empty} got no tokens")
         rows = len(self.keys)
-        ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
-        new_mask = torch.zeros(rows, width, dtype=torch.bool)
-        for r, k in enumerate(self.keys):
-            if lengths[r]:
-                ids[r, : lengths[r]] = torch.tensor(list(pieces[k]), dtype=torch.long)
-                new_mask[r, : lengths[r]] = True
-        ids, new_mask = ids.to(self.device), new_mask.to(self.device)
+        # one tensor call for the whole batch (a decode step feeds one token to each of many rows)
+        padded = [_ints(pieces.get(k, ())) + [self.pad_id] * (width - n) for k, n in zip(self.keys, lengths)]
+        ids = torch.tensor(padded, dtype=torch.long, device=self.device)
+        lengths_t = torch.tensor(lengths, device=self.device)
+        new_mask = torch.arange(width, device=self.device).unsqueeze(0) < lengths_t.unsqueeze(1)
         positions = self.next_pos.unsqueeze(1) + torch.arange(width, device=self.device).unsqueeze(0)
         self.mask = torch.cat([self.mask, new_mask], dim=1)
         last = torch.tensor([max(n - 1, 0) for n in lengths], device=self.device)
         keep = torch.unique(last)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=self.mask.long(),
-            position_ids=positions,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=keep,
-        )
-        self.cache = out.past_key_values
-        lengths_t = torch.tensor(lengths, device=self.device)
+        if self.lean is not None:
+            all_logits = self.lean(ids, positions, self.mask, self.cache, keep)
+        else:
+            out = self.model(
+                input_ids=ids,
+                attention_mask=self.mask.long(),
+                position_ids=positions,
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=keep,
+            )
+            self.cache, all_logits = out.past_key_values, out.logits
         self.next_pos = self.next_pos + lengths_t
         self.fed_tokens += int(lengths_t.sum())
         column = torch.searchsorted(keep, last)
         # sampling happens on the CPU (per-trajectory CPU generators): one [rows, vocab] transfer per step
-        logits = out.logits[torch.arange(rows, device=self.device), column].float().cpu()
+        logits = all_logits[torch.arange(rows, device=self.device), column].float().cpu()
         return {k: logits[r] for r, k in enumerate(self.keys) if lengths[r]}
 
     def repeat(self, new_keys: Sequence[Sequence[Any]]) -> None:

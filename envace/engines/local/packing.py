@@ -268,7 +268,7 @@ def _chunk_logprobs(
 
 
 def head_logprobs(
-    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperatures: torch.Tensor, chunk: int = 512
+    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperatures: torch.Tensor, chunk: int = 256
 ) -> torch.Tensor:
     """log softmax(head(h) / T)[target] for ``(N, H)`` hidden states, ``chunk`` rows of logits at a time.
 

@@ -171,8 +171,8 @@ class BfclAdapter(BenchmarkAdapter):
                 self.skipped[category] = spec.reason
                 logger.warning("BFCL %s skipped: %s", category, spec.reason)
                 continue
-            chosen = sample_tasks([_BfclSampleRef(e) for e in load_category(category)], limit, seed)
-            out.extend(entry_to_task(stub.entry, subset) for stub in chosen)
+            chosen = sample_tasks(load_category(category), limit, seed, task_id=lambda e: e.id)
+            out.extend(entry_to_task(entry, subset) for entry in chosen)
         return out
 
     # ---- executors ----------------------------------------------------------------------------
@@ -333,14 +333,6 @@ class BfclAdapter(BenchmarkAdapter):
     def summarize(self, subset: str, records: Sequence[EpisodeRecord]) -> dict[str, Any]:
         records = list(records)
         return {"categories": category_table(subset, records), "aggregates": bfcl_summary(category_counts(records))}
-
-
-class _BfclSampleRef:
-    """Task-like wrapper of an entry for ``sample_tasks`` (which reads only ``task_id``)."""
-
-    def __init__(self, entry: BfclEntry) -> None:
-        self.task_id = entry.id
-        self.entry = entry
 
 
 def with_trial(task: Task, trial: int) -> Task:

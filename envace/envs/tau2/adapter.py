@@ -121,8 +121,8 @@ class Tau2Adapter(BenchmarkAdapter):
                 for t in data.load_tau2_tasks(domain, split)
                 if self.config.mode is not Tau2Mode.SOLO or data.solo_valid(t)
             ]
-            chosen = sample_tasks([_Tau2SampleRef(f"{domain}:{t.id}", t) for t in inner], limit, seed)
-            out.extend(data.to_task(s.inner, domain, split, self.config.mode) for s in chosen)
+            chosen = sample_tasks(inner, limit, seed, task_id=lambda t, d=domain: f"{d}:{t.id}")
+            out.extend(data.to_task(t, domain, split, self.config.mode) for t in chosen)
         return out
 
     def real_executor(self, task: Task) -> Executor:
@@ -227,11 +227,3 @@ class Tau2Adapter(BenchmarkAdapter):
             per_task[r.task_id] = per_task.get(r.task_id, 0) + 1
         trials = max(per_task.values(), default=1)
         return {"trials": trials, "domains": domain_table(subset, self, records, trials)}
-
-
-class _Tau2SampleRef:
-    """Minimal task-like object for ``sample_tasks`` (only ``task_id`` is read)."""
-
-    def __init__(self, task_id: str, inner: Any) -> None:
-        self.task_id = task_id
-        self.inner = inner
