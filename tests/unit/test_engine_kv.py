@@ -22,19 +22,21 @@ from envace.engines.local.kv import BatchedStreams
 torch.set_num_threads(1)
 
 
+SIZES = {
+    "vocab_size": 97,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+}
+
+
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
-    return LlamaForCausalLM(cfg).eval()
+    return LlamaForCausalLM(LlamaConfig(**SIZES)).eval()
 
 
 def _alone(model, tokens):
@@ -160,16 +162,7 @@ def test_lean_forward_is_the_default_for_llama_only(model):
     from envace.engines.local.lean import LeanLlama
 
     assert BatchedStreams(model, ["a"]).lean is not None
-    qwen = Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=97,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    ).eval()
+    qwen = Qwen2ForCausalLM(Qwen2Config(**SIZES)).eval()
     assert not LeanLlama.supports(qwen) and BatchedStreams(qwen, ["a"]).lean is None
     with pytest.raises(ValueError, match="not a plain Llama"):
         LeanLlama(qwen)
