@@ -88,7 +88,7 @@ science: install ## the science matrix: data, one shared SFT, then SFT eval + va
 
 science-testtime: install ## test-time sweep on the science cells ($(SCIENCE_JOBS) at a time; after `make science`), then the aggregate
 	$(PY) -m envace.config profile=$(PROFILE) $(OVERRIDES)
-	$(call science_phase,:testtime@)
+	$(call science_phase,:testtime(_base$$|@))
 	dvc repro --single-item science/dvc.yaml:aggregate
 	@echo "Science report: $(CURDIR)/science/report/science.md"
 

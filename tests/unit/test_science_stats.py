@@ -112,8 +112,11 @@ def _write(path, data):
     path.write_text(json.dumps(data))
 
 
-def test_aggregate_writes_science_json_and_the_report(tmp_path):
-    """Per-part files as the science stages write them -> science.json's layout and science.md's tables."""
+@pytest.mark.parametrize("split", [False, True], ids=["one-sweep", "base-half-apart"])
+def test_aggregate_writes_science_json_and_the_report(tmp_path, split):
+    """Per-part files as the science stages write them -> science.json's layout and science.md's tables.
+    ``split``: the base rehearser's cells come from stage testtime_base (base_rehearser/testtime/<cell>),
+    as the DAG runs them; the aggregate folds them in with the same pairing as one whole sweep."""
     import json
 
     from envace.reporting.science import aggregate
@@ -146,12 +149,20 @@ def test_aggregate_writes_science_json_and_the_report(tmp_path):
             "toolworld/parallel/n2/base": {"success_rate": 0.1, "n_attempts": 2},
         }
     }
-    tt = m / "testtime" / "envace-seed0"
-    _write(tt / "rehearsal_sweep.json", sweep)
-    _write(
-        tt / "tasks.json",
-        {"n0-none-none": rows(base), "n2-parallel-trained": rows([1] * 8 + [0] * 32), "n2-parallel-base": rows(base)},
-    )
+    tasks = {
+        "n0-none-none": rows(base),
+        "n2-parallel-trained": rows([1] * 8 + [0] * 32),
+        "n2-parallel-base": rows(base),
+    }
+    halves = {m / "testtime" / "envace-seed0": lambda key: True}
+    if split:
+        halves = {
+            m / "testtime" / "envace-seed0": lambda key: not key.endswith("base"),
+            m / "base_rehearser" / "testtime" / "envace-seed0": lambda key: key.endswith("base"),
+        }
+    for tt, keep in halves.items():
+        _write(tt / "rehearsal_sweep.json", {"cells": {k: v for k, v in sweep["cells"].items() if keep(k)}})
+        _write(tt / "tasks.json", {k: v for k, v in tasks.items() if keep(k)})
     aggregate(cfg)
     out = json.loads((tmp_path / "science.json").read_text())
     assert out["envace/seed1"]["success"] == pytest.approx(11 / 40) and out["envace/seed1"]["n"] == 40
@@ -161,8 +172,36 @@ def test_aggregate_writes_science_json_and_the_report(tmp_path):
     assert diffs["envace-sft_base"]["all"]["diff"] == pytest.approx(10.5 / 40 - 0.1)
     assert diffs["envace-sft_base"]["all"]["verdict"] == "A > B"  # a consistent gain on the same tasks
     assert out["aggregate"]["variants"]["envace"]["held_out_domain"]["n_tasks"] == 8
-    assert "envace/seed0/parallel/n2/trained" in out["testtime"]
+    assert {"envace/seed0/parallel/n2/trained", "envace/seed0/parallel/n2/base"} <= set(out["testtime"])
+    assert out["testtime_comparisons"]["envace/seed0/parallel/n2/base-vs-n0"]["diff"] == pytest.approx(0.0)
     assert out["testtime_comparisons"]["envace/seed0/parallel/n2/trained-vs-base"]["diff"] == pytest.approx(0.1)
     report = (tmp_path / "report" / "science.md").read_text()
     assert "envace − sft_base = +16.2" in report and "paper (Qwen3-8B, reference)" in report
     assert {p.name for p in (tmp_path / "report").glob("*.png")} >= {"science_main.png", "science_testtime.png"}
+
+
+def test_the_base_half_may_not_repeat_a_cell_of_the_trained_half(tmp_path):
+    from envace.reporting.science import fold_base_rehearser
+
+    cell = {"cells": {"toolworld/none/n0/none": {"success_rate": 0.1, "n_attempts": 0}}}
+    for half in ("testtime", "base_rehearser/testtime"):
+        _write(tmp_path / half / "envace-seed0" / "rehearsal_sweep.json", cell)
+    from envace.reporting.science_stats import testtime_cells
+
+    summary = {"testtime": testtime_cells(tmp_path), "aggregate": {}}
+    with pytest.raises(ValueError, match=r"repeats test-time cells .*envace/seed0/none/n0/none.*testtime_base"):
+        fold_base_rehearser(summary, tmp_path, n_boot=10)
+
+
+def test_the_base_half_is_the_first_seeds_grid_without_n0():
+    from envace.stages.science_testtime import base_overrides
+
+    cfg = compose(["profile=cpu", "science.seeds=[3,1]", "science.testtime_n_attempts=[0,1,4]"])
+    seed, overrides = base_overrides(cfg)
+    assert seed == 3
+    assert "rehearsal.rehearsers=[base]" in overrides and "rehearsal.n_attempts=[1,4]" in overrides
+    s = cfg.science
+    assert f"paths.metrics={s.metrics}/base_rehearser/testtime/envace-seed3" in overrides
+    assert f"paths.rehearsal={s.dir}/testtime_base/envace-seed3" in overrides
+    with pytest.raises(ValueError, match="no N > 0"):
+        base_overrides(compose(["profile=cpu", "science.testtime_n_attempts=[0]"]))
