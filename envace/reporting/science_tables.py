@@ -80,6 +80,13 @@ def differences_table(agg: Mapping[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def parse_error_share(tasks: list[Mapping[str, Any]]) -> str:
+    """The share of a cell's committed episodes that ended because ACT's output did not parse."""
+    if not tasks:
+        return "–"
+    return pct(sum(t.get("termination") == "act_parse_error" for t in tasks) / len(tasks))
+
+
 def testtime_table(testtime: Mapping[str, Any], comparisons: Mapping[str, Any]) -> pd.DataFrame:
     rows = []
     for key, c in sorted(testtime.items()):
@@ -98,6 +105,7 @@ def testtime_table(testtime: Mapping[str, Any], comparisons: Mapping[str, Any]) 
                 "rehearsal tokens / task": f"{c.get('cost/rehearsal_completion_tokens', 0):.0f}",
                 "rehearsal s / task": f"{c.get('cost/rehearsal_wall_s', 0):.1f}",
                 "real calls / task": f"{c.get('cost/real_env_calls', 0):.2f}",
+                "ended by ACT parse error %": parse_error_share(c.get("tasks", [])),
                 "committed executions / task": f"{c.get('cost/committed_executions', 0):.0f}",
                 reference.REFERENCE_COLUMN: reference.testtime_reference(n_attempts, mode, rehearser) or "–",
             }

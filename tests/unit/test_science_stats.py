@@ -205,3 +205,18 @@ def test_the_base_half_is_the_first_seeds_grid_without_n0():
     assert f"paths.rehearsal={s.dir}/testtime_base/envace-seed3" in overrides
     with pytest.raises(ValueError, match="no N > 0"):
         base_overrides(compose(["profile=cpu", "science.testtime_n_attempts=[0]"]))
+
+
+def test_testtime_table_reports_how_many_episodes_ended_on_an_act_parse_error():
+    from envace.reporting.science_tables import testtime_table
+
+    ended = [{"termination": t} for t in ("act_parse_error", "final_reply", "act_parse_error", "max_steps")]
+    cells = {
+        "envace/seed0/none/n0/none": {"success_rate": 0.25, "tasks": ended[1:]},
+        "envace/seed0/parallel/n2/trained": {"success_rate": 0.0, "tasks": ended},
+        "envace/seed0/parallel/n4/base": {"success_rate": 0.0},
+    }
+    table = testtime_table(cells, {}).set_index("N")
+    assert table.loc[0, "ended by ACT parse error %"] == "33.3"
+    assert table.loc[2, "ended by ACT parse error %"] == "50.0"
+    assert table.loc[4, "ended by ACT parse error %"] == "–"  # no per-task rows: not measured
