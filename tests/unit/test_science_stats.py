@@ -220,3 +220,28 @@ def test_testtime_table_reports_how_many_episodes_ended_on_an_act_parse_error():
     assert table.loc[0, "ended by ACT parse error %"] == "33.3"
     assert table.loc[2, "ended by ACT parse error %"] == "50.0"
     assert table.loc[4, "ended by ACT parse error %"] == "–"  # no per-task rows: not measured
+
+
+def _stage_overrides(stage: str) -> list[str]:
+    """The key=value arguments that science/dvc.yaml's ``stage`` passes on its command line."""
+    import shlex
+    from pathlib import Path
+
+    import yaml
+
+    spec = yaml.safe_load((Path(__file__).parents[2] / "science" / "dvc.yaml").read_text())["stages"][stage]
+    return [a for a in shlex.split(spec["cmd"]) if "=" in a and not a.startswith("-")]
+
+
+def test_sft_eval_compares_the_sft_checkpoint_with_the_untrained_model_and_scores_gold_calls():
+    """``auto`` would pick the SFT weights the checkpoint lists, i.e. the evaluated policy itself."""
+    from envace.config import typed_config
+    from envace.config_enums import EvalBaseline
+
+    cfg = compose(["profile=cpu"])
+    (overrides,) = part_overrides(cfg, "sft_eval")
+    part_only = typed_config(compose(["profile=cpu", *overrides]))
+    final = typed_config(compose(["profile=cpu", *overrides, *_stage_overrides("sft_eval")]))
+    assert part_only.eval.baseline == EvalBaseline.auto and not part_only.eval.fidelity  # what the stage corrects
+    assert final.eval.baseline == EvalBaseline.base
+    assert final.eval.compare_base and final.eval.fidelity and final.eval.gold_fidelity_tasks > 0
