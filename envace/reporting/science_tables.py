@@ -126,7 +126,7 @@ def fidelity_table(root: Path, cells: Mapping[str, Any]) -> pd.DataFrame:
             rows.append(
                 {
                     "rehearser": name,
-                    "calls": fid.get("n_calls"),
+                    "calls": fid.get("n"),  # FidelityStats.to_json: the number of scored calls
                     "exact match": pct(fid.get("exact_match")),
                     "field F1": pct(fid.get("field_f1")),
                     "error agreement": pct(fid.get("error_agreement")),

@@ -245,3 +245,18 @@ def test_sft_eval_compares_the_sft_checkpoint_with_the_untrained_model_and_score
     assert part_only.eval.baseline == EvalBaseline.auto and not part_only.eval.fidelity  # what the stage corrects
     assert final.eval.baseline == EvalBaseline.base
     assert final.eval.compare_base and final.eval.fidelity and final.eval.gold_fidelity_tasks > 0
+
+
+def test_gold_fidelity_table_counts_the_scored_calls(tmp_path):
+    from envace.reporting.science_tables import fidelity_table
+
+    gold = {"n": 11, "exact_match": 0.0909, "field_f1": 0.3256, "error_agreement": 0.9091}
+    _write(tmp_path / "sft" / "evaluate_toolworld.json", {"policy": {"fidelity_gold": gold}, "base": {}})
+    (row,) = fidelity_table(tmp_path, {}).to_dict("records")
+    assert row == {
+        "rehearser": "sft_base",
+        "calls": 11,
+        "exact match": "9.1",
+        "field F1": "32.6",
+        "error agreement": "90.9",
+    }
