@@ -226,13 +226,13 @@ class EvalConfig:
     compare_base: bool = True
     baseline: EvalBaseline = EvalBaseline.auto  # the compared model: sft (RL's starting point) | base | auto
     fidelity: bool = True  # REHEARSE on the real calls each evaluated model made
-    gold_fidelity_tasks: int = 0  # and on the oracle's calls of this many tasks with a real executor (0 = off)
+    gold_fidelity_tasks: int = 0  # REHEARSE on the oracle's calls of this many tasks (0 = off; independent of fidelity)
     temperature: float = 0.0
     max_steps_per_turn: int = 4
     act_max_new_tokens: int = 64
     rehearse_max_new_tokens: int = 64
     precision: str = "auto"  # auto | fp32 | bf16 for the local model backends (as engine.precision)
-    prefix_cache_tokens: int = 16384  # local backends: KV prefix cache across turns (0 = off)
+    prefix_cache_tokens: int = 65536  # local backends: KV prefix cache across turns and rows (0 = off)
 
 
 @dataclass

@@ -1,10 +1,11 @@
 """``LocalHFBackend``: a ``ChatBackend`` over an in-process Hugging Face causal LM.
 
 Requests are rendered with a ``ChatFormatter`` (the tokenizer's tool-capable chat template), sorted
-by prompt length and decoded in batches of ``batch_size`` by an own loop over
-``envace.engines.local.kv.BatchedStreams``: one KV cache whose rows are the requests, padding holes
-masked and position ids explicit, so each row is computed as if it were alone (up to floating-point
-effects of the batch shape). Finished rows leave the batch at once.
+by prompt length and decoded in batches of ``batch_size``. Each request's prompt is prefilled on its
+own (``_prefill``: no padding to the batch's longest prompt), then the batch decodes together through
+``envace.engines.local.kv.BatchedStreams``: one KV cache whose rows are the requests, holes masked and
+position ids explicit, so each row is computed as if it were alone (up to floating-point effects of the
+batch shape). Finished rows leave the batch at once.
 
 Sampling (``sample_next_tokens``): each request has its own temperature (0 = greedy) and its own CPU
 ``torch.Generator`` seeded with ``request.seed``. Every step runs one float32 softmax(logits / T)
@@ -13,20 +14,25 @@ cumulative probability exceeds it (inverse CDF: cumsum + searchsorted); greedy r
 A request's output depends on its seed, not on which requests share its batch.
 
 Prefix cache (``envace.inference.prefix_cache.PrefixKVCache``, ``prefix_cache_tokens`` stored tokens,
-0 = off): the KV of every finished row (prompt + generated tokens but the last) is kept in an LRU;
-a new prompt reuses the KV of its longest common token prefix with any entry (at least
-``MIN_PREFIX_TOKENS``) and feeds only the rest. Turn t of an episode thus encodes only the new
-messages, and prompts sharing a system prompt share its encoding. Rows of one batch may reuse
-prefixes of different lengths: each row's prefix is written left-aligned into the fresh cache, the
-gap to the longest one is a masked hole (the ``BatchedStreams`` layout).
+0 = off): the KV of every prefilled prompt, and of every finished row (prompt + generated tokens but
+the last), is kept in an LRU; a prompt reuses the KV of its longest common token prefix with any entry
+(at least ``MIN_PREFIX_TOKENS``) and feeds only the rest. Turn t of an episode thus encodes only the new
+messages; rows of one batch that share a head (parallel rehearsal attempts send the same prompt; tasks
+of a domain share the system prompt and tool schemas) encode it once, since each row's prompt is stored
+before the next row is prefilled. In the decode batch each row's prompt KV is written left-aligned, the
+gap to the longest one a masked hole (the ``BatchedStreams`` layout).
 
-Precision (``envace.engines.local.precision``): ``auto | fp32 | bf16``; forward passes run under
-``autocast`` (bf16 matmuls, float32 weights), logits are up-cast and sampled in float32.
+Why prefill row by row: a padded batched prefill computes every row at the width of the longest
+remaining prompt, and after prefix reuse the rows' remaining lengths differ by 10-100×, while on a CPU a
+batch-1 prefill runs at the same tokens/s as a batched one (SmolLM2-135M, bf16, one AMD EPYC core: 351
+vs 352 tokens/s for 1 vs 8 rows of 1,200 tokens). Measured on the science test-time sweep (8 tool-world
+tasks, parallel N=2, the trained SmolLM2 rehearser, one core of that EPYC): 298 s padded with a
+16,384-token cache, 126 s row by row, 102 s row by row with a 131,072-token cache. Decoding then
+dominates: ~100 ms a step for 8 rows behind ~1,000 cached tokens, ~180 ms for 16 (82 vs 88 tokens/s),
+so batches larger than 8 buy little.
 
-Measured (SmolLM2-135M, one thread, a shared 2-core Xeon with avx512_bf16, greedy, 5 tool schemas,
-3 turns of ≤48 new tokens): cache on vs off 1.25× faster for one conversation (853 of 1284 prompt
-tokens reused), 1.5× for four conversations batched; bf16 autocast was *slower* than fp32 on that CPU
-(prefill 1.9×, decode 1.2×), so ``auto`` (bf16 there) is no speed-up for this backend on it.
+Precision (``envace.engines.local.precision``): ``auto | fp32 | bf16``; bf16 forwards run on a bf16
+copy of the weights (``inference_model``); logits are up-cast and sampled in float32.
 
 Generation stops at an end-of-turn token (``ChatFormatter.end_of_turn_token_ids``), at the
 request's ``max_new_tokens``, or at one of its ``stop`` strings (the text is cut before it).
@@ -206,16 +212,18 @@ class LocalHFBackend:
         n_batches = (len(prepared) + self.batch_size - 1) // self.batch_size
         for b in range(n_batches):
             batch = prepared[b * self.batch_size : (b + 1) * self.batch_size]
-            started, reused = time.perf_counter(), self.cached_tokens_reused
+            started, reused, encoded = time.perf_counter(), self.cached_tokens_reused, self.prompt_tokens_encoded
             results = self._generate_batch(batch)
             for item, output in zip(batch, results, strict=True):
                 outputs[item.index] = output
             logger.info(
-                "%s: batch %d/%d (%d requests, %d cached prompt tokens reused, %d generated tokens) in %.1f s",
+                "%s: batch %d/%d (%d requests, %d prompt tokens encoded, %d cached ones reused, %d generated "
+                "tokens) in %.1f s",
                 self.name,
                 b + 1,
                 n_batches,
                 len(batch),
+                self.prompt_tokens_encoded - encoded,
                 self.cached_tokens_reused - reused,
                 sum(o.completion_tokens for o in results),
                 time.perf_counter() - started,
@@ -239,42 +247,64 @@ class LocalHFBackend:
         return _Row(item, max(limit, 0), generator)
 
     def _decode(self, rows: dict[int, _Row]) -> None:
-        """One token per live row per forward pass until each row is done (appends to ``row.tokens``)."""
+        """Encode the prompts (``_prefill``), then one token per live row per forward pass until each row is
+        done (appends to ``row.tokens``)."""
         streams = BatchedStreams(self.model, list(rows), pad_id=self.pad_token_id, precision=self.precision)
-        feed = self._reuse_prefixes(streams, rows)
+        logits = self._prefill(streams, rows)
+        live = list(rows)
         with torch.no_grad():
-            while feed:
-                logits = streams.append(feed)
-                live = list(feed)
+            while live:
                 tokens = sample_next_tokens(
                     torch.stack([logits[i] for i in live]),
                     [float(rows[i].item.request.temperature) for i in live],
                     [rows[i].generator for i in live],
                 )
-                feed = {}
+                feed: dict[int, list[int]] = {}
                 for i, token in zip(live, tokens.tolist(), strict=True):
                     rows[i].tokens.append(token)
                     if self._row_done(rows[i], token):
                         self._remember(streams, i, rows[i])
                     else:
                         feed[i] = [token]
-                if feed and len(feed) < len(live):
+                if not feed:
+                    return
+                if len(feed) < len(live):
                     streams.retain(list(feed))
+                logits = streams.append(feed)
+                live = list(feed)
 
-    def _reuse_prefixes(self, streams: BatchedStreams, rows: dict[int, _Row]) -> dict[int, list[int]]:
-        """Seed ``streams`` with each row's longest cached prompt prefix; returns the prompt tokens left to feed."""
-        hits = {
-            i: self.prefix_cache.lookup(row.item.prompt_ids) if self.prefix_cache else None for i, row in rows.items()
-        }
-        if any(hit is not None for hit in hits.values()):
-            seed_prefixes(streams, [hits[key] for key in streams.keys])
-        for i, hit in hits.items():
-            if hit is not None:
-                rows[i].reused = hit.length
-                self.prefix_cache_hits += 1
-                self.cached_tokens_reused += hit.length
-            self.prompt_tokens_encoded += len(rows[i].item.prompt_ids) - rows[i].reused
-        return {i: row.item.prompt_ids[row.reused :] for i, row in rows.items()}
+    def _prefill(self, streams: BatchedStreams, rows: dict[int, _Row]) -> dict[int, torch.Tensor]:
+        """Encode each row's prompt on its own, then lay the rows' KV side by side in the empty ``streams``.
+
+        Returns each row's float32 logits after its last prompt token. Why one row at a time and not one
+        padded batch: a padded forward computes every row at the width of the longest remaining prompt,
+        and after prefix reuse the rows' remaining lengths differ by 10-100×, while on a CPU a batch-1
+        prefill runs at the same tokens/s as a batched one. Each row reuses the longest cached prefix,
+        including the prompts of the rows encoded before it in this batch (stored at once): parallel
+        rehearsal attempts send the same prompt, and tasks of one domain share the system prompt and
+        tool schemas. The decode that follows is batched as before (``seed_prefixes`` layout).
+        """
+        logits: dict[int, torch.Tensor] = {}
+        prompts: dict[int, PrefixHit] = {}
+        lean = streams.lean if streams.lean is not None else False
+        with torch.no_grad():
+            for i, row in rows.items():
+                ids = row.item.prompt_ids
+                single = BatchedStreams(self.model, [i], pad_id=self.pad_token_id, precision=self.precision, lean=lean)
+                hit = self.prefix_cache.lookup(ids) if self.prefix_cache else None
+                if hit is not None:
+                    seed_prefixes(single, [hit])
+                    row.reused = hit.length
+                    self.prefix_cache_hits += 1
+                    self.cached_tokens_reused += hit.length
+                self.prompt_tokens_encoded += len(ids) - row.reused
+                logits[i] = single.append({i: ids[row.reused :]})[i]
+                kv = tuple((layer.keys[0].clone(), layer.values[0].clone()) for layer in single.cache.layers)
+                prompts[i] = PrefixHit(len(ids), kv)
+                if self.prefix_cache is not None and self.prefix_cache.fits(len(ids)):
+                    self.prefix_cache.store(ids, kv)
+        seed_prefixes(streams, [prompts[key] for key in streams.keys])
+        return logits
 
     def _row_done(self, row: _Row, token: int) -> bool:
         """End of turn, budget spent, or a stop string in the text so far."""

@@ -30,7 +30,7 @@ from envace.config import to_plain
 from envace.reporting import reference
 from envace.reporting.figures import save_figure
 from envace.reporting.science_plots import curves_by_variant, curves_figure, main_figure, testtime_figure
-from envace.reporting.science_stats import summarize, testtime_cells, testtime_comparisons
+from envace.reporting.science_stats import summarize
 from envace.reporting.science_tables import (
     calibration_table,
     differences_table,
@@ -44,7 +44,6 @@ from envace.reporting.science_tables import (
 from envace.utils.io import atomic_dir, write_json
 
 logger = logging.getLogger(__name__)
-BASE_REHEARSER_DIR = "base_rehearser"  # under science.metrics: stage testtime_base's files
 
 # the paper's four claims: (name, the difference that tests it, what the paper reports)
 CLAIMS = (
@@ -141,30 +140,12 @@ def markdown(frame: pd.DataFrame) -> str:
     return frame.to_markdown(index=False) if not frame.empty else "_(nothing measured)_"
 
 
-def fold_base_rehearser(summary: dict[str, Any], root: Path, n_boot: int) -> None:
-    """Add the ``testtime_base`` stage's cells (``root/base_rehearser/testtime/<cell>/``, the base
-    rehearser's half of a seed's grid, envace.stages.science_testtime) to ``summary["testtime"]`` and
-    recompute the test-time comparisons, so that they pair with the trained half's N=0 and cells."""
-    extra = testtime_cells(root / BASE_REHEARSER_DIR)
-    if not extra:
-        return
-    clash = sorted(set(extra) & set(summary["testtime"]))
-    if clash:
-        raise ValueError(
-            f"science aggregate: {root / BASE_REHEARSER_DIR} repeats test-time cells of {root / 'testtime'}: "
-            f"{clash}; the base half must hold only base-rehearser cells with N > 0 (re-run stage testtime_base)"
-        )
-    summary["testtime"].update(extra)
-    summary["aggregate"]["testtime"] = testtime_comparisons(summary["testtime"], n_boot)
-
-
 def aggregate(cfg: DictConfig) -> dict[str, Any]:
     """Write ``science.json`` and ``science.reports`` from the per-part files under ``science.metrics``."""
     s = cfg.science
     root = Path(s.metrics)
     variants = [str(v) for v in to_plain(s.variants)]
     summary = summarize(root, variants, int(s.bootstrap_resamples))
-    fold_base_rehearser(summary, root, int(s.bootstrap_resamples))
     result = science_json(summary, cfg)
     agg = summary["aggregate"]
     tables = {

@@ -53,6 +53,9 @@ class Outcomes:
         return float(self.matrix.mean()) if self.matrix.size else float("nan")
 
 
+BASE_REHEARSER_DIR = "base_rehearser"  # under science.metrics: stage testtime_base's files
+
+
 def outcomes_of(runs: Sequence[Sequence[Mapping[str, Any]]], where: str = "") -> Outcomes:
     """Stack per-run task rows (``tasks.json`` lists) into one matrix; every run must hold the same tasks."""
     if not runs:
@@ -186,9 +189,24 @@ def comparisons(variants: Iterable[str]) -> list[tuple[str, str]]:
 
 
 def testtime_cells(root: Path) -> dict[str, dict[str, Any]]:
-    """``{"<variant>/seed<k>/<mode>/n<N>/<rehearser>": metrics + per-task rows}`` from ``root/testtime``."""
+    """``{"<variant>/seed<k>/<mode>/n<N>/<rehearser>": metrics + per-task rows}`` of both halves of the
+    test-time sweep: ``root/testtime`` (stage ``testtime``: every seed's trained-rehearser cells and N=0)
+    and ``root/base_rehearser/testtime`` (stage ``testtime_base``: the first seed's base-rehearser cells),
+    one dict, so that every cell pairs with its seed's N=0 on the same tasks. A cell in both is refused."""
+    out = _sweep_cells(root / "testtime")
+    extra = _sweep_cells(root / BASE_REHEARSER_DIR / "testtime")
+    clash = sorted(set(extra) & set(out))
+    if clash:
+        raise ValueError(
+            f"science aggregate: {root / BASE_REHEARSER_DIR} repeats test-time cells of {root / 'testtime'}: "
+            f"{clash}; the base half must hold only base-rehearser cells with N > 0 (re-run stage testtime_base)"
+        )
+    return {**out, **extra}
+
+
+def _sweep_cells(directory: Path) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for path, variant, seed in cell_dirs(root / "testtime", "rehearsal_sweep.json"):
+    for path, variant, seed in cell_dirs(directory, "rehearsal_sweep.json"):
         sweep = read_metrics(path / "rehearsal_sweep.json")
         tasks = read_json(path / "tasks.json") if (path / "tasks.json").exists() else {}
         for key, cell in sweep.get("cells", {}).items():

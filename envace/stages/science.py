@@ -7,14 +7,21 @@ matrix's data, checkpoints and metrics in their own places (``science.*`` in con
 - ``data``: the tool world at ``science.n_train/n_val/n_test`` tasks, generated with ``science.data_seed``;
 - ``sft``: the SFT warm-up of the base model (``science.sft_epochs`` over the gold ACT/REHEARSE targets,
   no GRPO step), run once: every cell starts from this checkpoint, the fair comparison;
-- ``sft_eval``: the SFT checkpoint (``policy``) and the untrained base (``base``) on the test split — the
-  calibration and the "trained − SFT base" reference;
+- ``sft_eval``: the SFT checkpoint (``policy``) and the untrained base model (``base``, never ``auto``,
+  which would pick the SFT weights themselves) on the test split, with REHEARSE fidelity on both models'
+  own calls and on the oracle's calls — the calibration and the "trained − SFT base" reference;
 - ``cell --variant V --seed K``: ``science.steps`` GRPO steps of variant V with training seed K from the
   SFT checkpoint, then the test split. ``data.seed`` stays ``science.data_seed``, so every cell meets the
-  same training pool, probe tasks and test tasks (paired comparisons); only training randomness varies;
-- ``testtime --seed K``: the rehearsal sweep on the ``science.testtime_variant`` cell of seed K — the whole
-  grid (N × mode × {trained, base}) for the first seed, N in ``testtime_other_seeds_n_attempts``
-  (parallel, trained) for the others. The ``base`` rehearser is the SFT checkpoint (the policy before RL);
+  same training pool, probe tasks and test tasks (paired comparisons); only training randomness varies.
+  The cell's evaluation scores REHEARSE on the oracle's calls (``science.gold_fidelity_tasks``), not on
+  the model's own calls (that pass costs ~6 min of a core per cell; the training probe covers it);
+- ``testtime --seed K``: the rehearsal sweep on the ``science.testtime_variant`` cell of seed K with the
+  trained rehearser: N in ``testtime_n_attempts`` × ``testtime_modes`` for the first seed (N=0 included,
+  the shared baseline), N in ``testtime_other_seeds_n_attempts`` (parallel) for the others;
+- ``testtime_base``: the first seed's grid with the ``base`` rehearser (the SFT checkpoint, the policy
+  before RL) at every N > 0 — a stage of its own so that two workers share that seed's grid; its files go
+  to ``<science.metrics>/base_rehearser/testtime/<cell>/`` and the aggregate folds them into the seed's
+  sweep (same tasks, same N=0);
 - ``aggregate``: ``metrics/science.json`` and ``reports/science*`` (envace.reporting.science).
 
 Per-cell metrics (``science.metrics/<part>/``) are small, git-tracked files (DVC outputs with
@@ -39,6 +46,7 @@ from envace.config import PARAMS_FILE, load_params, to_plain, typed_config
 from envace.config_schema import Config
 from envace.engines.local.precision import cpu_model
 from envace.reporting.science import aggregate
+from envace.reporting.science_stats import BASE_REHEARSER_DIR
 from envace.stages import evaluate, prepare_data, rehearsal_sweep, template_prompts, train
 from envace.stages.runner import EXIT_USAGE, _failure, configure_logging, default_metrics_path, execute
 from envace.utils.io import read_jsonl, write_json
@@ -46,7 +54,7 @@ from envace.utils.telemetry import telemetry_off
 
 logger = logging.getLogger(__name__)
 
-PARTS = ("data", "sft", "sft_eval", "cell", "testtime", "aggregate")
+PARTS = ("data", "sft", "sft_eval", "cell", "testtime", "testtime_base", "aggregate")
 TASK_FIELDS = (
     "task_id",
     "domain",
@@ -97,12 +105,27 @@ def _from_sft(cfg: DictConfig) -> list[str]:
     ]
 
 
-def _eval(s: DictConfig, compare_base: bool) -> list[str]:
+def _eval(s: DictConfig, sft_eval: bool) -> list[str]:
+    """``sft_eval``: the SFT checkpoint against the untrained model (``baseline=base``: ``auto`` would pick
+    the SFT weights the checkpoint lists, i.e. the evaluated policy), with fidelity on the models' own
+    calls; a cell: the trained model alone, fidelity on the oracle's calls only."""
     return [
-        f"eval.compare_base={str(compare_base).lower()}",
-        "eval.fidelity=false",
+        f"eval.compare_base={str(sft_eval).lower()}",
+        *(["eval.baseline=base"] if sft_eval else []),
+        f"eval.fidelity={str(sft_eval).lower()}",
         f"eval.gold_fidelity_tasks={s.gold_fidelity_tasks}",
     ]
+
+
+def base_attempts(s: DictConfig) -> list[int]:
+    """The N of ``testtime_base``: the first seed's grid without N=0."""
+    attempts = [int(n) for n in to_plain(s.testtime_n_attempts) if int(n) != 0]
+    if not attempts:
+        raise ValueError(
+            "science testtime_base: science.testtime_n_attempts has no N > 0, so there is nothing to rehearse "
+            "with the base model; add one (e.g. science.testtime_n_attempts=[0,2]) or skip this stage"
+        )
+    return attempts
 
 
 def part_overrides(cfg: DictConfig, part: str, variant: str | None = None, seed: int | None = None) -> list[list[str]]:
@@ -160,22 +183,28 @@ def part_overrides(cfg: DictConfig, part: str, variant: str | None = None, seed:
             *_into(s, f"cells/{name}"),
         ]
         return [train, evaluate]
-    if part == "testtime":
+    if part in ("testtime", "testtime_base"):
         first = int(seed) == int(s.seeds[0])
-        attempts = to_plain(s.testtime_n_attempts if first else s.testtime_other_seeds_n_attempts)
+        if part == "testtime_base":
+            if not first:
+                raise ValueError(f"science testtime_base: runs on the first seed ({s.seeds[0]}), not {seed}")
+            attempts, rehearser, into = base_attempts(s), "base", f"{BASE_REHEARSER_DIR}/testtime/{name}"
+            rehearsal_dir = f"{s.dir}/testtime_base/{name}"
+        else:
+            attempts = to_plain(s.testtime_n_attempts if first else s.testtime_other_seeds_n_attempts)
+            rehearser, into, rehearsal_dir = "trained", f"testtime/{name}", f"{s.dir}/testtime/{name}"
         modes = to_plain(s.testtime_modes) if first else ["parallel"]
-        rehearsers = ["trained", "base"] if first else ["trained"]
         return [
             [
                 *cell,
-                f"paths.rehearsal={s.dir}/testtime/{name}",
+                f"paths.rehearsal={rehearsal_dir}",
                 "rehearsal.benchmarks=[toolworld]",
                 "rehearsal.split=test",
                 f"rehearsal.n_tasks={s.testtime_n_tasks}",
                 f"rehearsal.n_attempts=[{','.join(map(str, attempts))}]",
                 f"rehearsal.modes=[{','.join(modes)}]",
-                f"rehearsal.rehearsers=[{','.join(rehearsers)}]",
-                *_into(s, f"testtime/{name}"),
+                f"rehearsal.rehearsers=[{rehearser}]",
+                *_into(s, into),
             ]
         ]
     raise ValueError(f"science: unknown part {part!r}; one of {PARTS}")
@@ -217,6 +246,7 @@ PART_STAGES = {
     "sft_eval": ("evaluate",),
     "cell": ("train", "evaluate"),
     "testtime": ("rehearsal_sweep",),
+    "testtime_base": ("rehearsal_sweep",),
 }
 
 
@@ -226,7 +256,9 @@ def run_part(part: str, variant: str | None, seed: int | None, extra: list[str])
     if part == "aggregate":
         aggregate(cfg)
         return
-    if part in ("cell", "testtime"):
+    if part == "testtime_base":
+        seed = int(to_plain(cfg.science.seeds)[0]) if seed is None else seed
+    if part in ("cell", "testtime", "testtime_base"):
         if seed is None or (part == "cell" and variant is None):
             raise ValueError(f"science {part}: give --seed" + (" and --variant" if part == "cell" else ""))
         variant = variant or to_plain(cfg.science.testtime_variant)
@@ -258,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("part", choices=PARTS)
     parser.add_argument("--variant", default=None, help="cell: the algo.name of the cell")
-    parser.add_argument("--seed", type=int, default=None, help="cell/testtime: the training seed of the cell")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="cell/testtime: the training seed of the cell (testtime_base: the first)"
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     try:
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)

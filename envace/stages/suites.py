@@ -92,7 +92,7 @@ def eval_suite(cfg: Config, benchmark: str, section: str = "eval") -> Suite:
         budgets,
         options,
         trials,
-        pick("gold_fidelity_tasks") if ev.fidelity else 0,
+        pick("gold_fidelity_tasks"),  # its own switch: the oracle-call probe runs without eval.fidelity
     )
 
 

@@ -158,10 +158,35 @@ def test_prefix_cache_exact(tiny_model, temperature):
     assert with_cache == without  # texts, token counts and finish reasons
     assert len({o.text for turn in with_cache for o in turn}) > 3  # not a degenerate constant reply
     assert fresh.prefix_cache is None and fresh.prefix_cache_hits == fresh.cached_tokens_reused == 0
-    # turns 2 and 3: both conversations hit (prefixes of different lengths), the short fresh row in
-    # the same batch does not
-    assert cached.prefix_cache_hits == 4
+    # turn 1: the conversation without tools reuses the system-prompt head of the one with tools, encoded
+    # just before it in the same batch; turns 2 and 3: both conversations hit (prefixes of different
+    # lengths), the short fresh row in the same batch does not
+    assert cached.prefix_cache_hits == 5
     assert cached.prompt_tokens_encoded + cached.cached_tokens_reused == fresh.prompt_tokens_encoded
+
+
+@pytest.mark.parametrize("cache_tokens", [4096, 0])
+def test_prompts_are_encoded_row_by_row_and_shared_within_a_batch(tiny_model, cache_tokens):
+    """A batch's prompts are not padded to the longest one; an identical prompt (parallel rehearsal
+    attempts) is encoded once when the cache is on. Outputs are those of each request alone."""
+    model, tok = tiny_model
+    backend = LocalHFBackend(model, tok, batch_size=4, precision="fp32", prefix_cache_tokens=cache_tokens)
+    long = (SYSTEM, {"role": "user", "content": " ".join(USER_TURNS)})
+    short = ({"role": "user", "content": "hi"},)
+    requests = [
+        ChatRequest(messages=long, temperature=0.8, seed=1, max_new_tokens=6),
+        ChatRequest(messages=long, temperature=0.8, seed=2, max_new_tokens=6),
+        ChatRequest(messages=short, temperature=0.8, seed=3, max_new_tokens=6),
+    ]
+    outputs = backend.generate(requests)
+    alone = [LocalHFBackend(model, tok, precision="fp32", prefix_cache_tokens=0).generate([r])[0] for r in requests]
+    assert outputs == alone
+    n_long, n_short = outputs[0].prompt_tokens, outputs[2].prompt_tokens
+    if cache_tokens:  # the second copy of the long prompt feeds only its last token
+        assert backend.prefix_cache_hits == 1 and backend.cached_tokens_reused == n_long - 1
+        assert backend.prompt_tokens_encoded == n_long + 1 + n_short
+    else:  # each prompt encoded in full, once
+        assert backend.prompt_tokens_encoded == 2 * n_long + n_short
 
 
 def test_prefix_cache_reuses_the_previous_turn(tiny_model):

@@ -99,7 +99,9 @@ def test_testtime_grid_is_whole_for_the_first_seed_only():
     cfg = compose(["profile=cpu"])
     (first,) = part_overrides(cfg, "testtime", "envace", 0)
     (other,) = part_overrides(cfg, "testtime", "envace", 1)
-    assert "rehearsal.rehearsers=[trained,base]" in first and "rehearsal.modes=[parallel,sequential]" in first
+    (base,) = part_overrides(cfg, "testtime_base", "envace", 0)  # the first seed's base-rehearser half
+    assert "rehearsal.rehearsers=[trained]" in first and "rehearsal.modes=[parallel,sequential]" in first
+    assert "rehearsal.rehearsers=[base]" in base and "rehearsal.modes=[parallel,sequential]" in base
     assert f"rehearsal.n_attempts=[{','.join(map(str, cfg.science.testtime_n_attempts))}]" in first
     assert "rehearsal.rehearsers=[trained]" in other and "rehearsal.n_attempts=[0,2]" in other
     assert np.all([f"rehearsal.n_tasks={cfg.science.testtime_n_tasks}" in o for o in (first, other)])
@@ -181,30 +183,30 @@ def test_aggregate_writes_science_json_and_the_report(tmp_path, split):
 
 
 def test_the_base_half_may_not_repeat_a_cell_of_the_trained_half(tmp_path):
-    from envace.reporting.science import fold_base_rehearser
+    from envace.reporting.science_stats import testtime_cells
 
     cell = {"cells": {"toolworld/none/n0/none": {"success_rate": 0.1, "n_attempts": 0}}}
     for half in ("testtime", "base_rehearser/testtime"):
         _write(tmp_path / half / "envace-seed0" / "rehearsal_sweep.json", cell)
-    from envace.reporting.science_stats import testtime_cells
-
-    summary = {"testtime": testtime_cells(tmp_path), "aggregate": {}}
     with pytest.raises(ValueError, match=r"repeats test-time cells .*envace/seed0/none/n0/none.*testtime_base"):
-        fold_base_rehearser(summary, tmp_path, n_boot=10)
+        testtime_cells(tmp_path)
 
 
 def test_the_base_half_is_the_first_seeds_grid_without_n0():
-    from envace.stages.science_testtime import base_overrides
-
     cfg = compose(["profile=cpu", "science.seeds=[3,1]", "science.testtime_n_attempts=[0,1,4]"])
-    seed, overrides = base_overrides(cfg)
-    assert seed == 3
+    (overrides,) = part_overrides(cfg, "testtime_base", "envace", 3)
     assert "rehearsal.rehearsers=[base]" in overrides and "rehearsal.n_attempts=[1,4]" in overrides
     s = cfg.science
     assert f"paths.metrics={s.metrics}/base_rehearser/testtime/envace-seed3" in overrides
     assert f"paths.rehearsal={s.dir}/testtime_base/envace-seed3" in overrides
+    (trained,) = part_overrides(cfg, "testtime", "envace", 3)  # the trained half keeps N=0
+    assert "rehearsal.rehearsers=[trained]" in trained and "rehearsal.n_attempts=[0,1,4]" in trained
+    (other,) = part_overrides(cfg, "testtime", "envace", 1)
+    assert "rehearsal.n_attempts=[0,2]" in other and "rehearsal.modes=[parallel]" in other
     with pytest.raises(ValueError, match="no N > 0"):
-        base_overrides(compose(["profile=cpu", "science.testtime_n_attempts=[0]"]))
+        part_overrides(compose(["profile=cpu", "science.testtime_n_attempts=[0]"]), "testtime_base", "envace", 0)
+    with pytest.raises(ValueError, match="first seed"):
+        part_overrides(cfg, "testtime_base", "envace", 1)
 
 
 def test_testtime_table_reports_how_many_episodes_ended_on_an_act_parse_error():
@@ -233,18 +235,23 @@ def _stage_overrides(stage: str) -> list[str]:
     return [a for a in shlex.split(spec["cmd"]) if "=" in a and not a.startswith("-")]
 
 
-def test_sft_eval_compares_the_sft_checkpoint_with_the_untrained_model_and_scores_gold_calls():
-    """``auto`` would pick the SFT weights the checkpoint lists, i.e. the evaluated policy itself."""
+def test_sft_eval_compares_the_sft_checkpoint_with_the_untrained_model_and_cells_score_gold_calls():
+    """``auto`` would pick the SFT weights the checkpoint lists, i.e. the evaluated policy itself; a cell
+    scores REHEARSE on the oracle's calls without the (costly) pass over its own calls."""
     from envace.config import typed_config
     from envace.config_enums import EvalBaseline
+    from envace.stages.suites import eval_suite
 
     cfg = compose(["profile=cpu"])
     (overrides,) = part_overrides(cfg, "sft_eval")
-    part_only = typed_config(compose(["profile=cpu", *overrides]))
     final = typed_config(compose(["profile=cpu", *overrides, *_stage_overrides("sft_eval")]))
-    assert part_only.eval.baseline == EvalBaseline.auto and not part_only.eval.fidelity  # what the stage corrects
     assert final.eval.baseline == EvalBaseline.base
     assert final.eval.compare_base and final.eval.fidelity and final.eval.gold_fidelity_tasks > 0
+    assert eval_suite(final, "toolworld").gold_fidelity_tasks == final.eval.gold_fidelity_tasks
+    _, evaluation = part_overrides(cfg, "cell", "envace", 0)
+    cell = typed_config(compose(["profile=cpu", *evaluation, *_stage_overrides("cell")]))
+    assert not cell.eval.compare_base and not cell.eval.fidelity
+    assert eval_suite(cell, "toolworld").gold_fidelity_tasks == cfg.science.gold_fidelity_tasks > 0
 
 
 def test_gold_fidelity_table_counts_the_scored_calls(tmp_path):

@@ -104,7 +104,12 @@ class BatchedStreams:
     """Rows keyed by hashable ids (e.g. trajectory indices) sharing one cache of ``model``."""
 
     def __init__(
-        self, model: Any, keys: Sequence[Any], pad_id: int = 0, precision: str = "fp32", lean: bool | None = None
+        self,
+        model: Any,
+        keys: Sequence[Any],
+        pad_id: int = 0,
+        precision: str = "fp32",
+        lean: bool | LeanLlama | None = None,
     ):
         if len(set(keys)) != len(keys):
             raise ValueError(f"BatchedStreams: duplicate row keys {list(keys)}")
@@ -112,9 +117,13 @@ class BatchedStreams:
         # fp32: on the model itself
         self.model = inference_model(model, precision)
         # Llama-family models decode through ``LeanLlama`` (same computation, a fraction of HF's per-call
-        # overhead); ``lean=False`` forces HF's forward, None = wherever the model qualifies
-        use_lean = LeanLlama.supports(self.model) if lean is None else lean
-        self.lean = LeanLlama(self.model) if use_lean else None
+        # overhead); ``lean=False`` forces HF's forward, None = wherever the model qualifies; a ``LeanLlama``
+        # built for this model by another streams object is reused (its fused weights cost ~0.1 s to build)
+        if isinstance(lean, LeanLlama):
+            self.lean: LeanLlama | None = lean
+        else:
+            use_lean = LeanLlama.supports(self.model) if lean is None else lean
+            self.lean = LeanLlama(self.model) if use_lean else None
         self.pad_id = pad_id
         self.precision = precision
         self.keys: list[Any] = list(keys)
