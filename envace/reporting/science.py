@@ -106,6 +106,14 @@ def science_json(summary: Mapping[str, Any], cfg: DictConfig) -> dict[str, Any]:
 
 
 # ---- the report -------------------------------------------------------------------------------------
+# further differences read under a claim where the run has them: (claim's key, difference, what it isolates)
+ALSO = {
+    "envace-grpo": (
+        ("envace-frozen_rehearse", "the same imagined rollouts with REHEARSE not trained (frozen_rehearse)"),
+    ),
+}
+
+
 def claims_reading(agg: Mapping[str, Any]) -> list[str]:
     lines = []
     for title, key, paper in CLAIMS:
@@ -133,6 +141,12 @@ def claims_reading(agg: Mapping[str, Any]) -> list[str]:
             f"- **{title}** (paper: {paper}): {key.replace('-', ' − ')} = {signed(d)} points "
             f"({d['n_tasks']} tasks × seeds {tuple(d['n_seeds'])}) → this run {word[d['verdict']]}."
         )
+        for other, what in ALSO.get(key, ()):
+            o = agg["differences"].get(other, {}).get("all")
+            if o is not None:
+                lines.append(
+                    f"  - against {what}: {other.replace('-', ' − ')} = {signed(o)} points → {word[o['verdict']]}."
+                )
     return lines
 
 

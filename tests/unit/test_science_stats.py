@@ -267,3 +267,16 @@ def test_gold_fidelity_table_counts_the_scored_calls(tmp_path):
         "field F1": "32.6",
         "error agreement": "90.9",
     }
+
+
+def test_claim_two_also_reads_the_frozen_rehearse_ablation_when_it_ran():
+    from envace.reporting.science import claims_reading
+
+    def diff(value, lo, hi, verdict):
+        return {"all": {"diff": value, "ci95": [lo, hi], "verdict": verdict, "n_tasks": 40, "n_seeds": [3, 3]}}
+
+    agg = {"differences": {"envace-grpo": diff(0.0, -0.05, 0.05, "cannot tell")}, "testtime": {}}
+    assert not any("frozen_rehearse" in line for line in claims_reading(agg))
+    agg["differences"]["envace-frozen_rehearse"] = diff(-0.1, -0.2, -0.025, "A < B")
+    (line,) = [x for x in claims_reading(agg) if "frozen_rehearse" in x]
+    assert "envace − frozen_rehearse = -10.0 [-20.0, -2.5] points → contradicts it" in line
