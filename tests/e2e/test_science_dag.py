@@ -39,7 +39,7 @@ def test_make_science_smoke_then_noop(project):
     assert "envace/seed1/sequential/n1/trained" not in out["testtime"]  # other seeds: parallel, trained only
     # the first seed's base-rehearser half ran as stage testtime_base, in its own files, folded in above
     base_half = project / "science" / "metrics" / "base_rehearser" / "testtime" / "envace-seed0"
-    assert {"tasks.json", "rehearsal_sweep.json", "timing_testtime.json"} <= {p.name for p in base_half.iterdir()}
+    assert {"tasks.json", "rehearsal_sweep.json", "timing_testtime_base.json"} <= {p.name for p in base_half.iterdir()}
     assert "envace/seed0/parallel/n1/base-vs-n0" in out["testtime_comparisons"]
 
     status = run(["dvc", "status", "science/dvc.yaml"], project, timeout=120)
