@@ -9,7 +9,7 @@ conf/config.yaml declares the value), so reading a schema default never disagree
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, make_dataclass
-from typing import List, Optional, Union, get_type_hints
+from typing import Dict, List, Optional, Union, get_type_hints
 
 from omegaconf import MISSING
 
@@ -241,6 +241,7 @@ class RehearsalSweepConfig:
     split: str = "test"  # default split; eval.suites.<benchmark>.split overrides it per benchmark
     n_attempts: List[int] = field(default_factory=lambda: [0, 1, 2, 3])
     modes: List[RehearsalMode] = field(default_factory=lambda: [RehearsalMode.parallel, RehearsalMode.sequential])
+    max_n_by_mode: Dict[str, int] = field(default_factory=dict)  # per-mode cap on N, e.g. {sequential: 2}
     rehearsers: List[Rehearser] = field(default_factory=lambda: [Rehearser.trained, Rehearser.base])
     scope: RehearsalScope = RehearsalScope.turn  # task: rehearses future user turns (report: "sees future turns")
     summarizer: Summarizer = Summarizer.policy
@@ -279,6 +280,7 @@ class ScienceConfig:
     testtime_variant: AlgoName = MISSING
     testtime_n_attempts: List[int] = MISSING
     testtime_modes: List[RehearsalMode] = MISSING
+    testtime_max_n_by_mode: Dict[str, int] = field(default_factory=dict)
     testtime_n_tasks: int = MISSING
     testtime_other_seeds_n_attempts: List[int] = MISSING
     bootstrap_resamples: int = MISSING

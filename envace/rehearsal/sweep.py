@@ -5,6 +5,11 @@ not depend on the mode or the rehearser, so it is run once and reported as a sin
 ``mode="none"`` and ``rehearser="none"`` — the shared baseline of every row of the table. Cells are
 returned in a fixed order: the baseline first, then by N, mode, rehearser name (as given).
 
+At N=1 the two modes are one program (a single attempt with no earlier attempts to read), so N=1 runs
+once, in the first mode given; the other modes' N=1 cells are copies of it marked ``same_as`` (its key),
+with the same outcomes and costs. ``max_n_by_mode`` leaves out the cells of a mode above its cap (e.g.
+``{"sequential": 2}``: sequential N=4 costs about twice parallel N=4 on one core).
+
 Every cell's ``RehearsalConfig`` is built before the first cell runs, so a grid holding a refused cell
 (``parallel`` with N > 1 at ``act_temperature`` 0) fails at once, not after the cells before it. Each
 cell records its scope (``"none"`` for N=0); ``scope_label`` marks task scope as "sees future turns".
@@ -51,6 +56,7 @@ class CellResult:
     costs: CellCosts
     records: tuple[EpisodeRecord, ...] = ()
     scope: str = NONE  # "turn" | "task" | "none" (N=0)
+    same_as: str | None = None  # the key of the cell that was run for this one (N=1 in a second mode)
 
     @property
     def key(self) -> str:
@@ -71,6 +77,8 @@ class CellResult:
             "metrics": self.metrics.to_json(),
             "costs": self.costs.to_json(),
         }
+        if self.same_as is not None:
+            out["same_as"] = self.same_as
         if with_records:
             out["records"] = [r.to_json() for r in self.records]
         return out
@@ -92,11 +100,24 @@ def cell_costs(records: Sequence[EpisodeRecord]) -> CellCosts:
     )
 
 
-def _cells(n_values: Sequence[int], modes: Sequence[str], rehearsers: Sequence[str]) -> list[tuple[int, str, str]]:
-    """The grid; a negative N stays in it, so that building its ``RehearsalConfig`` refuses it."""
-    grid: list[tuple[int, str, str]] = [(0, NONE, NONE)] if 0 in n_values else []
+def _cells(
+    n_values: Sequence[int],
+    modes: Sequence[str],
+    rehearsers: Sequence[str],
+    max_n_by_mode: Mapping[str, int] | None = None,
+) -> list[tuple[int, str, str, str | None]]:
+    """The grid as (N, mode, rehearser, mode whose run it copies or None). A negative N stays in it, so
+    that building its ``RehearsalConfig`` refuses it."""
+    caps = {RehearsalMode(m).value: int(n) for m, n in (max_n_by_mode or {}).items()}
+    for mode, cap in caps.items():
+        if cap < 1:
+            raise ValueError(f"rehearsal sweep: max_n_by_mode[{mode!r}] = {cap}; a cap must be >= 1 (or drop the mode)")
+    grid: list[tuple[int, str, str, str | None]] = [(0, NONE, NONE, None)] if 0 in n_values else []
     for n in sorted({n for n in n_values if n != 0}):
-        grid.extend((n, RehearsalMode(m).value, r) for m in modes for r in rehearsers)
+        kept = [RehearsalMode(m).value for m in modes if n <= caps.get(RehearsalMode(m).value, n)]
+        for i, mode in enumerate(kept):
+            source = kept[0] if n == 1 and i > 0 else None
+            grid.extend((n, mode, r, source) for r in rehearsers)
     return grid
 
 
@@ -114,19 +135,28 @@ def run_rehearsal_sweep(
     progress: bool = True,
     keep_records: bool = True,
     on_cell: Callable[[CellResult], None] | None = None,
+    max_n_by_mode: Mapping[str, int] | None = None,
 ) -> list[CellResult]:
-    """Evaluate every (N, mode, rehearser) cell; N=0 once (shared baseline). ``settings``: the base
-    rehearsal settings (default ``RehearsalSettings()``); each cell overrides N and the mode.
+    """Evaluate every (N, mode, rehearser) cell; N=0 once (shared baseline), N=1 once (its other modes
+    are copies marked ``same_as``). ``settings``: the base rehearsal settings (default
+    ``RehearsalSettings()``); each cell overrides N and the mode. ``max_n_by_mode``: per-mode caps on N.
     ``on_cell`` is called with each finished cell (e.g. to log it as its own run)."""
     settings = settings or RehearsalSettings()
     if any(n != 0 for n in n_values) and (not rehearsers or not modes):
         raise ValueError("run_rehearsal_sweep: N > 0 needs at least one rehearser and one mode")
+    base = settings.config
     grid = [
-        (n, mode, name, replace(settings.config, n_attempts=n, mode=settings.config.mode if mode == NONE else mode))
-        for n, mode, name in _cells(n_values, modes, list(rehearsers))
+        (n, mode, name, source, replace(base, n_attempts=n, mode=base.mode if mode == NONE else mode))
+        for n, mode, name, source in _cells(n_values, modes, list(rehearsers), max_n_by_mode)
     ]  # every cell's config is checked (RehearsalConfig.__post_init__) before the first cell runs
-    results = []
-    for n, mode, name, config in grid:
+    results: list[CellResult] = []
+    for n, mode, name, source, config in grid:
+        if source is not None:
+            ran = next(c for c in results if (c.n_attempts, c.mode, c.rehearser) == (n, source, name))
+            results.append(replace(ran, mode=mode, same_as=ran.key))
+            if on_cell is not None:
+                on_cell(results[-1])
+            continue
         run = evaluate_with_rehearsal(
             adapter,
             actor,

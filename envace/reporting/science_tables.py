@@ -107,6 +107,7 @@ def testtime_table(testtime: Mapping[str, Any], comparisons: Mapping[str, Any]) 
                 "real calls / task": f"{c.get('cost/real_env_calls', 0):.2f}",
                 "ended by ACT parse error %": parse_error_share(c.get("tasks", [])),
                 "committed executions / task": f"{c.get('cost/committed_executions', 0):.0f}",
+                "same run as": c.get("same_as") or "–",  # N=1: one program in both modes, run once
                 reference.REFERENCE_COLUMN: reference.testtime_reference(n_attempts, mode, rehearser) or "–",
             }
         )

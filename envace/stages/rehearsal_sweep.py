@@ -80,6 +80,8 @@ def grid_rows(cells: list[Any], benchmark: str) -> list[dict[str, Any]]:
             "mean_score": cell.metrics.mean_score,
             **cost_metrics(cell),
         }
+        if getattr(cell, "same_as", None):
+            row["same_as"] = cell.same_as  # N=1 in a second mode: the same program, run once
         if baseline is not None:
             row["gain_vs_none"] = cell.metrics.success_rate - baseline
         rows.append(row)
@@ -142,6 +144,7 @@ def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
                 tasks,
                 rehearsal_settings(cfg),
                 concurrency=r.concurrency,
+                max_n_by_mode=to_plain(r.max_n_by_mode),
                 on_cell=lambda cell, b=benchmark: log_cell(tracker, b, cell, cfg),
             )
             rows += grid_rows(cells, benchmark)

@@ -17,7 +17,8 @@ matrix's data, checkpoints and metrics in their own places (``science.*`` in con
   the model's own calls (that pass costs ~6 min of a core per cell; the training probe covers it);
 - ``testtime --seed K``: the rehearsal sweep on the ``science.testtime_variant`` cell of seed K with the
   trained rehearser: N in ``testtime_n_attempts`` × ``testtime_modes`` for the first seed (N=0 included,
-  the shared baseline), N in ``testtime_other_seeds_n_attempts`` (parallel) for the others;
+  the shared baseline; each mode's N capped by ``testtime_max_n_by_mode``), N in
+  ``testtime_other_seeds_n_attempts`` (parallel) for the others;
 - ``testtime_base``: the first seed's grid with the ``base`` rehearser (the SFT checkpoint, the policy
   before RL) at every N > 0 — a stage of its own so that two workers share that seed's grid; its files go
   to ``<science.metrics>/base_rehearser/testtime/<cell>/`` and the aggregate folds them into the seed's
@@ -194,6 +195,9 @@ def part_overrides(cfg: DictConfig, part: str, variant: str | None = None, seed:
             attempts = to_plain(s.testtime_n_attempts if first else s.testtime_other_seeds_n_attempts)
             rehearser, into, rehearsal_dir = "trained", f"testtime/{name}", f"{s.dir}/testtime/{name}"
         modes = to_plain(s.testtime_modes) if first else ["parallel"]
+        # merged onto rehearsal.max_n_by_mode ("++": a typed dict under struct takes new keys only that way)
+        caps = to_plain(s.testtime_max_n_by_mode) if first else {}
+        cap_overrides = ["++rehearsal.max_n_by_mode={" + ",".join(f"{m}:{int(n)}" for m, n in caps.items()) + "}"]
         return [
             [
                 *cell,
@@ -203,6 +207,7 @@ def part_overrides(cfg: DictConfig, part: str, variant: str | None = None, seed:
                 f"rehearsal.n_tasks={s.testtime_n_tasks}",
                 f"rehearsal.n_attempts=[{','.join(map(str, attempts))}]",
                 f"rehearsal.modes=[{','.join(modes)}]",
+                *(cap_overrides if caps else []),
                 f"rehearsal.rehearsers=[{rehearser}]",
                 *_into(s, into),
             ]

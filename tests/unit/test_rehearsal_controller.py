@@ -347,6 +347,44 @@ def test_zero_attempts_is_plain_evaluation():
         evaluate_with_rehearsal(adapter, actor, None, TASKS, settings_for(1), progress=False)
 
 
+def test_sweep_caps_n_per_mode():
+    adapter, env = adapter_for()
+    rehearsers = {"trained": ScriptedRehearser("trained")}
+    cells = run_rehearsal_sweep(
+        adapter,
+        ScriptedPolicy(TASKS),
+        rehearsers,
+        [0, 1, 2, 4],
+        ["sequential", "parallel"],
+        TASKS,
+        settings_for(1),
+        progress=False,
+        max_n_by_mode={"sequential": 2},
+    )
+    assert [(c.key, c.same_as) for c in cells] == [
+        ("n0-none-none", None),
+        ("n1-sequential-trained", None),
+        ("n1-parallel-trained", "n1-sequential-trained"),
+        ("n2-sequential-trained", None),
+        ("n2-parallel-trained", None),
+        ("n4-parallel-trained", None),
+    ]
+    assert len(env.executors) == 5 * len(TASKS)
+    for bad, match in (({"sequentail": 2}, "sequentail"), ({"parallel": 0}, "must be >= 1")):
+        with pytest.raises(ValueError, match=match):
+            run_rehearsal_sweep(
+                adapter,
+                ScriptedPolicy(TASKS),
+                rehearsers,
+                [0, 1],
+                ["parallel"],
+                TASKS,
+                settings_for(1),
+                progress=False,
+                max_n_by_mode=bad,
+            )
+
+
 def test_sweep_grid_runs_zero_once():
     adapter, env = adapter_for()
     actor = ScriptedPolicy(TASKS)
@@ -367,5 +405,10 @@ def test_sweep_grid_runs_zero_once():
     ]
     assert all(c.metrics.success_rate == 1.0 and c.costs.committed_executions == 1.0 for c in cells)
     assert cells[0].costs.rehearsal_completion_tokens == 0 and cells[-1].costs.rehearsal_completion_tokens > 0
-    assert len(env.executors) == 9 * len(TASKS)  # one real executor per task per cell, nothing more
+    # one real executor per task per cell run, nothing more: N=1 runs once (its sequential cells copy it)
+    assert len(env.executors) == 7 * len(TASKS)
+    copies = {c.key: c.same_as for c in cells if c.same_as is not None}
+    assert copies == {"n1-sequential-trained": "n1-parallel-trained", "n1-sequential-base": "n1-parallel-base"}
+    assert cells[3].metrics == cells[1].metrics and cells[3].records == cells[1].records
+    assert cells[3].to_json()["same_as"] == "n1-parallel-trained" and "same_as" not in cells[1].to_json()
     assert json.loads(json.dumps(cells[1].to_json(with_records=True)))["records"][0]["task_id"] == "kv-0"

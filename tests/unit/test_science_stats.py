@@ -203,6 +203,10 @@ def test_the_base_half_is_the_first_seeds_grid_without_n0():
     assert "rehearsal.rehearsers=[trained]" in trained and "rehearsal.n_attempts=[0,1,4]" in trained
     (other,) = part_overrides(cfg, "testtime", "envace", 1)
     assert "rehearsal.n_attempts=[0,2]" in other and "rehearsal.modes=[parallel]" in other
+    # the first seed's per-mode caps reach the sweep (both halves), and compose as a typed dict
+    assert "++rehearsal.max_n_by_mode={sequential:2}" in trained and not any("max_n" in o for o in other)
+    assert "++rehearsal.max_n_by_mode={sequential:2}" in overrides
+    assert dict(compose(trained).rehearsal.max_n_by_mode) == {"sequential": 2}
     with pytest.raises(ValueError, match="no N > 0"):
         part_overrides(compose(["profile=cpu", "science.testtime_n_attempts=[0]"]), "testtime_base", "envace", 0)
     with pytest.raises(ValueError, match="first seed"):
