@@ -195,9 +195,9 @@ def part_overrides(cfg: DictConfig, part: str, variant: str | None = None, seed:
             attempts = to_plain(s.testtime_n_attempts if first else s.testtime_other_seeds_n_attempts)
             rehearser, into, rehearsal_dir = "trained", f"testtime/{name}", f"{s.dir}/testtime/{name}"
         modes = to_plain(s.testtime_modes) if first else ["parallel"]
-        # merged onto rehearsal.max_n_by_mode ("++": a typed dict under struct takes new keys only that way)
+        # merged onto params.yaml's rehearsal.max_n_by_mode (a YAML flow mapping: "mode: N", with the space)
         caps = to_plain(s.testtime_max_n_by_mode) if first else {}
-        cap_overrides = ["++rehearsal.max_n_by_mode={" + ",".join(f"{m}:{int(n)}" for m, n in caps.items()) + "}"]
+        cap_overrides = ["rehearsal.max_n_by_mode={" + ", ".join(f"{m}: {int(n)}" for m, n in caps.items()) + "}"]
         return [
             [
                 *cell,

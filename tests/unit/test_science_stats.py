@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
-from envace.config import compose
+from envace.config import compose, load_params
 from envace.reporting.science_stats import comparisons, mean_interval, outcomes_of, paired_difference
 from envace.stages.science import cell_name, part_overrides
 
@@ -204,9 +205,19 @@ def test_the_base_half_is_the_first_seeds_grid_without_n0():
     (other,) = part_overrides(cfg, "testtime", "envace", 1)
     assert "rehearsal.n_attempts=[0,2]" in other and "rehearsal.modes=[parallel]" in other
     # the first seed's per-mode caps reach the sweep (both halves), and compose as a typed dict
-    assert "++rehearsal.max_n_by_mode={sequential:2}" in trained and not any("max_n" in o for o in other)
-    assert "++rehearsal.max_n_by_mode={sequential:2}" in overrides
-    assert dict(compose(trained).rehearsal.max_n_by_mode) == {"sequential": 2}
+    assert "rehearsal.max_n_by_mode={sequential: 2}" in trained and not any("max_n" in o for o in other)
+    assert "rehearsal.max_n_by_mode={sequential: 2}" in overrides
+
+
+def test_the_stage_overrides_load_over_params_yaml(tmp_path):
+    """The parts' overrides go to ``load_params`` (params.yaml + a dot list), as the stages read them."""
+    cfg = compose(["profile=cpu", "+science.testtime_max_n_by_mode.parallel=3"])
+    params = tmp_path / "params.yaml"
+    OmegaConf.save(cfg, params)
+    (trained,) = part_overrides(cfg, "testtime", "envace", int(cfg.science.seeds[0]))
+    loaded = load_params(params, trained)
+    assert dict(loaded.rehearsal.max_n_by_mode) == {"sequential": 2, "parallel": 3}
+    assert list(loaded.rehearsal.n_attempts) == list(cfg.science.testtime_n_attempts)
     with pytest.raises(ValueError, match="no N > 0"):
         part_overrides(compose(["profile=cpu", "science.testtime_n_attempts=[0]"]), "testtime_base", "envace", 0)
     with pytest.raises(ValueError, match="first seed"):
