@@ -232,8 +232,10 @@ def test_testtime_table_reports_how_many_episodes_ended_on_an_act_parse_error():
         "envace/seed0/none/n0/none": {"success_rate": 0.25, "tasks": ended[1:]},
         "envace/seed0/parallel/n2/trained": {"success_rate": 0.0, "tasks": ended},
         "envace/seed0/parallel/n4/base": {"success_rate": 0.0},
+        "envace/seed0/sequential/n1/trained": {"success_rate": 0.0, "same_as": "n1-parallel-trained"},
     }
     table = testtime_table(cells, {}).set_index("N")
+    assert table.loc[1, "same run as"] == "n1-parallel-trained" and table.loc[4, "same run as"] == "–"
     assert table.loc[0, "ended by ACT parse error %"] == "33.3"
     assert table.loc[2, "ended by ACT parse error %"] == "50.0"
     assert table.loc[4, "ended by ACT parse error %"] == "–"  # no per-task rows: not measured
