@@ -199,11 +199,21 @@ def run_bare(out: Path, steps: int, device: str = "cuda") -> dict[str, Any]:
     report["estimator"] = estimator_on(device)
     has_verl = available("verl") and _core_algos_importable()
     report["loss"] = loss_on(device) if has_verl else "skipped: verl.trainer.ppo.core_algos not importable"
-    report["local_engine"] = local_engine_on(device, out, steps if has_verl else 0)
+    report["precision"] = precision_on(device)
+    engine, specs, report["local_engine"] = local_engine_on(device, out, steps if has_verl else 0)
+    report["rollouts"] = rollouts_on(engine, specs)
+    report["eval_backend"] = eval_backend_on(engine)
     checks = {
         "estimator_matches_cpu": report["estimator"]["matches_cpu"],
+        "auto_precision_is_bf16": report["precision"]["auto"] == "bf16" or device == "cpu",
+        "fp32_logprobs_match_cpu": report["precision"]["fp32_matches_cpu"],
+        "bf16_logprobs_within_tolerance": report["precision"]["bf16_within_tolerance"],
         "local_engine_finite": report["local_engine"]["finite"],
         "local_engine_parameters_changed": report["local_engine"]["parameters_changed"],
+        "local_engine_master_weights_fp32": report["local_engine"]["dtype"] == "torch.float32",
+        "rollouts_generated_both_roles": min(report["rollouts"]["by_role"].values()) > 0,
+        "rollout_logprob_diff_small": report["rollouts"]["logprob_diff"] < ROLLOUT_GAP_TOL,
+        "eval_prefix_cache_exact_fp32": report["eval_backend"]["fp32_same_with_and_without_cache"],
     }
     if has_verl:
         checks["loss_matches_cpu"] = report["loss"]["matches_cpu"]
@@ -257,19 +267,63 @@ def loss_on(device: str) -> dict[str, Any]:
     return {"loss": float(gpu.loss), "matches_cpu": bool(same and same_grad and math.isfinite(float(gpu.loss)))}
 
 
-def local_engine_on(device: str, out: Path, steps: int) -> dict[str, Any]:
+# bf16 autocast vs fp32 per-token log-probs on the tiny model (the CPU unit test's bounds,
+# tests/unit/test_engine_packing.py); and the mean |sampling - training| log-prob gap of one rollout batch
+BF16_MEAN_TOL, BF16_MAX_TOL, FP32_DEVICE_TOL, ROLLOUT_GAP_TOL = 0.02, 0.1, 1e-3, 0.05
+
+
+def _token_logprobs(model: Any, ids: Any, precision: str, device: str) -> Any:
+    import torch
+
+    from envace.engines.local.precision import autocast
+
+    with torch.no_grad(), autocast(precision, device):
+        logits = model(input_ids=ids.to(device)).logits.float()
+    return logits[:, :-1].log_softmax(-1).gather(-1, ids.to(device)[:, 1:, None])[..., 0].cpu()
+
+
+def precision_on(device: str) -> dict[str, Any]:
+    """``auto`` resolves on ``device``; fp32 and bf16-autocast log-probs there vs fp32 on the CPU."""
+    import copy
+
+    import torch
+
+    from envace.engines.local.precision import resolve_precision
+    from envace.models import ModelSpec, load_model_and_tokenizer
+
+    auto = resolve_precision("auto", device)
+    model = load_model_and_tokenizer(ModelSpec(dtype="float32", **TINY))[0].eval()
+    ids = torch.randint(0, model.config.vocab_size, (4, 256), generator=torch.Generator().manual_seed(0))
+    cpu = _token_logprobs(model, ids, "fp32", "cpu")
+    on_device = copy.deepcopy(model).to(device)
+    fp32_gap = (_token_logprobs(on_device, ids, "fp32", device) - cpu).abs()
+    bf16_gap = (_token_logprobs(on_device, ids, "bf16", device) - cpu).abs()
+    return {
+        "auto": auto,
+        "fp32_max_gap": float(fp32_gap.max()),
+        "bf16_mean_gap": float(bf16_gap.mean()),
+        "bf16_max_gap": float(bf16_gap.max()),
+        "fp32_matches_cpu": float(fp32_gap.max()) < FP32_DEVICE_TOL,
+        "bf16_within_tolerance": float(bf16_gap.mean()) < BF16_MEAN_TOL and float(bf16_gap.max()) < BF16_MAX_TOL,
+    }
+
+
+def local_engine_on(device: str, out: Path, steps: int) -> tuple[Any, list[Any], dict[str, Any]]:
+    """SFT warm-up (and RL steps where verl's loss is importable) on ``device``: fp32 master weights,
+    ``precision: auto`` (bf16 autocast on a CUDA device that supports it), as the cpu profile runs."""
     from envace.engines.local.config import LocalEngineConfig, OptimConfig, RolloutConfig, SFTConfig
     from envace.engines.local.engine import LocalEngine
     from envace.models import ModelSpec, load_model_and_tokenizer
 
     specs, _ = toolworld_specs(8)
-    spec = ModelSpec(dtype="bfloat16", **TINY)
+    spec = ModelSpec(dtype="float32", **TINY)
     before = {k: v.float().clone() for k, v in load_model_and_tokenizer(spec)[0].state_dict().items()}
     config = LocalEngineConfig(
         model=spec,
         steps=steps,
         prompts_per_step=2,
         device=device,
+        precision="auto",
         progress=False,
         output_dir=str(out / "local"),
         optim=OptimConfig(lr=1e-3),
@@ -277,19 +331,114 @@ def local_engine_on(device: str, out: Path, steps: int) -> dict[str, Any]:
         sft=SFTConfig(epochs=3, lr=2e-3),
     )
     started = time.time()
-    result = LocalEngine().train(config, specs)
+    engine = LocalEngine()
+    result = engine.train(config, specs)
     after = {k: v.float().cpu() for k, v in result.models["policy"].state_dict().items()}
     delta = max(float((after[k] - before[k]).abs().max()) for k in before)
     values = [v for h in result.history for v in h.values() if isinstance(v, float)]
+    return (
+        engine,
+        specs,
+        {
+            "precision": engine.precision,
+            "rl_steps": result.steps_done,
+            "sft_epochs": sum("sft/epoch" in h for h in result.history),
+            "dtype": str(next(result.models["policy"].parameters()).dtype),
+            "seconds": round(time.time() - started, 1),
+            "finite": all(math.isfinite(v) for v in values),
+            "parameters_changed": delta > 0,
+            "last": {k: v for k, v in (result.history[-1] if result.history else {}).items() if "loss" in k},
+        },
+    )
+
+
+def rollouts_on(engine: Any, specs: list[Any]) -> dict[str, Any]:
+    """One rollout batch of the SFT'd policy on its device (2 prompts x K=4, ACT and REHEARSE by the policy,
+    KV-cached decoding, batched sampling) and the mean |sampling - training-forward| log-prob gap of its
+    rows (the engine's opt-in ``logprob_check`` forward), without verl."""
+    from envace.core.records import Role
+    from envace.engines.local.batching import build_rows
+    from envace.engines.local.config import OptimConfig, RolloutConfig
+    from envace.engines.local.rollout import DecodeGuide, ResponseSource, RolloutRunner
+    from envace.engines.local.sft import gold_targets
+    from envace.engines.local.trainer import PolicyUpdater
+
+    policy = engine.models["policy"]
+    rollout = RolloutConfig(samples_per_prompt=4, max_act_tokens=96, max_rehearse_tokens=96, max_stream_tokens=2048)
+    # ACT replays the gold calls (a tiny model rarely emits a parseable one), so REHEARSE decodes for real
+    gold = [gold_targets(spec, engine.formatter) for spec in specs[:2]]
+
+    def act_gold(key: Any) -> Any:
+        outs = (gold[key.example] or {}).get(key.role, []) if key.role == Role.ACT else []
+        return outs[key.index] if key.index < len(outs) else None
+
+    runner = RolloutRunner(
+        engine.formatter, rollout, engine.role_prompts, DecodeGuide(act_gold), precision=engine.precision
+    )
+    started = time.time()
+    batch = runner.run(specs[:2], policy, ResponseSource(model=policy, trainable=True), seed=0, step=0)
+    seconds = time.time() - started
+    n_outputs = sum(len(s.outputs()) for t in batch.trajectories for s in t.streams)
+    temps = {r: rollout.temperature(r) for r in Role}
+    rows = build_rows(batch.trajectories, [0.0] * n_outputs, frozenset(Role), temps)
+    slot = engine.slots["policy"]
+    updater = PolicyUpdater(slot, OptimConfig(logprob_check=True), 0, engine.pad_id, policy.device, engine.precision)
+    diff = updater.prepare(rows)
     return {
-        "rl_steps": result.steps_done,
-        "sft_epochs": sum("sft/epoch" in h for h in result.history),
-        "dtype": str(next(result.models["policy"].parameters()).dtype),
-        "seconds": round(time.time() - started, 1),
-        "finite": all(math.isfinite(v) for v in values),
-        "parameters_changed": delta > 0,
-        "last": {k: v for k, v in (result.history[-1] if result.history else {}).items() if "loss" in k},
+        "trajectories": len(batch.trajectories),
+        "generated_tokens": int(sum(batch.generated_tokens.values())),
+        "by_role": {r.name: int(n) for r, n in batch.generated_tokens.items()},
+        "rows": len(rows),
+        "rehearse_outputs": sum(1 for t in batch.trajectories for r, _ in t.outputs() if r == Role.REHEARSE),
+        "seconds": round(seconds, 1),
+        "logprob_diff": float(diff) if diff is not None else float("nan"),
     }
+
+
+def eval_backend_on(engine: Any) -> dict[str, Any]:
+    """The evaluation backend on the policy's device: three turns of two conversations (one with tools),
+    greedy and sampled, with and without the prefix KV cache, in fp32 (must be identical) and under
+    ``auto`` precision (reported: bf16 kernels may round a cached prefix differently from a fresh one)."""
+    from envace.inference.base import ChatRequest
+    from envace.inference.local import LocalHFBackend
+
+    model, tok = engine.models["policy"], engine.formatter.tokenizer
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    users = ("The user wants to know the weather in Paris tomorrow.", "Then book a hotel.", "Anything else?")
+
+    def conversation(backend: LocalHFBackend, temperature: float) -> list[tuple[str, int]]:
+        chats: list[list[dict]] = [[{"role": "system", "content": "You help with travel."}] for _ in range(2)]
+        outputs = []
+        for text in users:
+            requests = []
+            for c, messages in enumerate(chats):
+                messages.append({"role": "user", "content": text})
+                requests.append(
+                    ChatRequest(
+                        messages=tuple(messages),
+                        tools=tools if c == 0 else None,
+                        temperature=temperature,
+                        seed=c,
+                        max_new_tokens=24,
+                    )
+                )
+            for messages, out in zip(chats, backend.generate(requests)):
+                messages.append({"role": "assistant", "content": out.text})
+                outputs.append((out.text, out.completion_tokens))
+        return outputs
+
+    report: dict[str, Any] = {}
+    for precision in ("fp32", "auto"):
+        same, hits = [], 0
+        for temperature in (0.0, 0.8):
+            cached = LocalHFBackend(model, tok, precision=precision)
+            fresh = LocalHFBackend(model, tok, precision=precision, prefix_cache_tokens=0)
+            same.append(conversation(cached, temperature) == conversation(fresh, temperature))
+            hits += cached.prefix_cache_hits
+        name = "fp32" if precision == "fp32" else f"auto_{cached.precision}"
+        report[f"{name}_same_with_and_without_cache"] = all(same)
+        report[f"{name}_prefix_cache_hits"] = hits
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,7 +48,8 @@ def run_smoke(mode: str, out: Path) -> dict:
 @pytest.mark.skipif(not cuda_available(), reason="needs a CUDA device")
 def test_bare_local_engine_estimator_and_loss_on_cuda(tmp_path: Path) -> None:
     report = run_smoke("bare", tmp_path)
-    assert report["estimator"]["matches_cpu"] and report["local_engine"]["dtype"] == "torch.bfloat16"
+    assert report["estimator"]["matches_cpu"] and report["local_engine"]["dtype"] == "torch.float32"
+    assert report["local_engine"]["precision"] == "bf16" and report["precision"]["auto"] == "bf16"
 
 
 @pytest.mark.skipif(
