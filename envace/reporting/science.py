@@ -110,6 +110,7 @@ def science_json(summary: Mapping[str, Any], cfg: DictConfig) -> dict[str, Any]:
 ALSO = {
     "envace-grpo": (
         ("envace-frozen_rehearse", "the same imagined rollouts with REHEARSE not trained (frozen_rehearse)"),
+        ("envace-frozen_act", "the same imagined rollouts with ACT not trained (frozen_act)"),
     ),
 }
 

@@ -297,3 +297,7 @@ def test_claim_two_also_reads_the_frozen_rehearse_ablation_when_it_ran():
     agg["differences"]["envace-frozen_rehearse"] = diff(-0.1, -0.2, -0.025, "A < B")
     (line,) = [x for x in claims_reading(agg) if "frozen_rehearse" in x]
     assert "envace − frozen_rehearse = -10.0 [-20.0, -2.5] points → contradicts it" in line
+    assert not any("frozen_act" in line for line in claims_reading(agg))
+    agg["differences"]["envace-frozen_act"] = diff(0.05, 0.0, 0.1, "cannot tell")
+    (line,) = [x for x in claims_reading(agg) if "frozen_act" in x]
+    assert "ACT not trained" in line and "envace − frozen_act = +5.0 [+0.0, +10.0] points → cannot tell" in line
