@@ -70,7 +70,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model, _ = load_model_and_tokenizer(ModelSpec(kind=args.model))
     use_gqa_attention(model)
-    precision = resolve_precision(args.precision)
+    precision = resolve_precision(args.precision, model=model)
     _, hf = one_round(model, args, precision, lean=False, steps=5)
     _, lean = one_round(model, args, precision, lean=True, steps=5)
     diff = max(float((a[k] - b[k]).abs().max()) for a, b in zip(hf, lean) for k in a)

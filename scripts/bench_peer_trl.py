@@ -17,8 +17,8 @@ Sides, each in its own child process (own peak RSS, own foreign-CPU figure), run
   cache expanded to its K samples) + the batched sampler, decoding to text, the reward and advantages
   (gen); then ``PolicyUpdater`` — shared-prefix packing, old log-probs from the update forward, LM
   head at the 64 completion positions only — forward, backward, clip, AdamW (train);
-- ``ours``: the same with the engine's defaults (``precision=auto``: bf16 autocast where the CPU has
-  bf16 matmuls, fp32 master weights).
+- ``ours``: the same with the engine's defaults (``precision=auto``: bf16 autocast, fp32 master weights,
+  where the CPU has bf16 matmuls and this model's own forward measures faster in bf16; else fp32).
 TRL does not share the prompt prefix: packing computes 2,560 of the 4,096 tokens per step; rates use
 the same 4,096-token numerator on both sides (identical *work*, less computation on ours).
 
@@ -291,7 +291,8 @@ def run_ours(args, precision_name: str) -> dict:
     tok = build_tokenizer()
     model = build_model(tok).eval()
     use_gqa_attention(model)
-    precision = resolve_precision(precision_name)
+    torch.set_num_threads(args.threads)  # the probe measures at the thread count the run uses
+    precision = resolve_precision(precision_name, model=model)
     cfg = OptimConfig(lr=1e-5, grad_clip=1.0, micro_batch_tokens=1 << 20, grad_checkpointing="off")
     slot = Slot("policy", model, frozenset({Role.ACT}), make_optimizer(model, cfg))
     prompts = build_prompts(args.prompts * args.steps, args.prompt_len)

@@ -112,7 +112,7 @@ def sample_workload(args: argparse.Namespace, path: Path) -> None:
         outs = (gold.get(key.example) or {}).get(key.role, [])
         return outs[key.index] if key.sample % 2 == 0 and key.index < len(outs) else None
 
-    runner = RolloutRunner(fmt, rollout, guide=DecodeGuide(mixed), precision=resolve_precision("auto"))
+    runner = RolloutRunner(fmt, rollout, guide=DecodeGuide(mixed), precision=resolve_precision("auto", model=model))
     forced = {}
     for step in range(args.steps):
         idx = step_examples(step, len(specs), args.prompts, args.seed)
@@ -151,7 +151,7 @@ def run_child(args: argparse.Namespace) -> dict:
     med = lambda key: statistics.median(h[key] for h in hist)
     return {
         "path": args.child,
-        "precision": resolve_precision(conf["precision"]),
+        "precision": "bf16" if hist[0].get("engine/bf16") else "fp32",  # what the engine resolved
         "step_s": med("time/step"),
         "update_s": med("time/update"),
         "rollout_s": med("time/rollout"),

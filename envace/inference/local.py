@@ -159,7 +159,7 @@ class LocalHFBackend:
         self.pad_token_id = pad if pad is not None else self.formatter.end_of_turn_token_ids[0]
         self.end_of_turn = frozenset(self.formatter.end_of_turn_token_ids)
         self.device = next(model.parameters()).device
-        self.precision = resolve_precision(precision, self.device)  # "bf16" | "fp32"
+        self.precision = resolve_precision(precision, self.device, model)  # "bf16" | "fp32"
         # the model's context window: longer prompts are refused (finish_reason "context_overflow"),
         # never fed past the positions it was trained on; completions are clipped to fit
         self.context_window = int(getattr(getattr(model, "config", None), "max_position_embeddings", 0) or 0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import platform
 
@@ -23,7 +24,16 @@ from envace.engines.local.packing import (
     packed_logprobs,
     plan_packs,
 )
-from envace.engines.local.precision import PRECISIONS, autocast, resolve_precision, resolve_threads
+from envace.engines.local.precision import (
+    BF16_MIN_SPEEDUP,
+    PRECISIONS,
+    autocast,
+    cpu_has_bf16,
+    decoder_of,
+    model_bf16_speedup,
+    resolve_precision,
+    resolve_threads,
+)
 from envace.engines.local.trainer import PolicyUpdater, Slot, make_optimizer, needs_checkpointing
 
 torch.set_num_threads(1)
@@ -194,6 +204,30 @@ def test_precision_resolution():
     assert set(PRECISIONS) == {"auto", "fp32", "bf16"}
     with pytest.raises(ValueError, match="precision"):
         resolve_precision("fp16")
+
+
+def test_model_probe_measures_the_model_and_leaves_it_as_it_was(caplog):
+    model = _model(layers=6)
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+    names, rng = [n for n, _ in model.named_parameters()], torch.get_rng_state()
+    ratio = model_bf16_speedup(model, torch.get_num_threads())
+    assert ratio is not None and ratio > 0
+    assert model_bf16_speedup(model, torch.get_num_threads()) == ratio  # cached per shape and thread count
+    assert len(model.model.layers) == 6 and [n for n, _ in model.named_parameters()] == names
+    assert torch.equal(torch.get_rng_state(), rng) and not model.training
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, before)
+    with caplog.at_level(logging.INFO, logger="envace.engines.local.precision"):
+        chosen = resolve_precision("auto", model=model)
+    if cpu_has_bf16():  # the model's own measurement decides
+        assert chosen == ("bf16" if ratio >= BF16_MIN_SPEEDUP else "fp32")
+        assert f"{ratio:.2f}x on the model's decoder" in caplog.text
+    else:
+        assert chosen == "fp32"
+    assert decoder_of(torch.nn.Linear(4, 4)) is None  # no decoder: the matmul probe decides
+    assert model_bf16_speedup(torch.nn.Linear(4, 4), 1) is None
 
 
 def test_bf16_update_keeps_fp32_state_and_learns():

@@ -232,7 +232,8 @@ def test_precision_bf16_runs_and_auto_resolves(tiny_model):
     assert bf16.generate(requests) == outputs  # deterministic, also through the cache
     assert all(p.dtype == torch.float32 for p in model.parameters())  # autocast only: weights untouched
     auto = LocalHFBackend(model, tok, precision="auto")
-    assert auto.precision == resolve_precision("auto")  # bf16 only where the CPU has it *and* it is faster
+    # bf16 only where the CPU has it *and* this model measures faster in it
+    assert auto.precision == resolve_precision("auto", model=model)
     assert LocalHFBackend(model, tok).precision == "fp32"  # the constructor's default: old behaviour
     with pytest.raises(ValueError, match="precision"):
         LocalHFBackend(model, tok, precision="fp16")

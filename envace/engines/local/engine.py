@@ -152,7 +152,7 @@ class LocalEngine(Engine):
         model, tokenizer = load_model_and_tokenizer(cfg.model)
         model.to(cfg.device)
         use_gqa_attention(model)
-        self.precision = resolve_precision(cfg.precision, cfg.device)
+        self.precision = resolve_precision(cfg.precision, cfg.device, model)
         logger.info("local engine: precision %s (engine.precision=%s) on %s", self.precision, cfg.precision, cfg.device)
         self.tokenizer = tokenizer
         self.formatter = ChatFormatter(tokenizer)

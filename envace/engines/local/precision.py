@@ -4,8 +4,9 @@
 copy); matmuls run in bfloat16 under ``torch.autocast``; log-probs, losses and the softmax of the
 sampler are computed in float32 from the (up-cast) logits. ``auto`` picks bf16 where it is faster:
 on a CUDA device that supports bf16; on a CPU whose flags list ``avx512_bf16`` or ``amx_bf16``
-(``/proc/cpuinfo``) *and* on which a bf16 linear layer measures faster than fp32 (a 0.1 s probe,
-``cpu_bf16_speedup``); fp32 elsewhere. ``bf16`` forced where it is slow still runs, as asked.
+(``/proc/cpuinfo``) *and* on which bf16 measures faster than fp32 (the model's own forward over a few
+layers, ``model_bf16_speedup``, or a 0.1 s matmul probe without a model); fp32 elsewhere. ``bf16``
+forced where it is slow still runs, as asked.
 
 Deviation from a pure-bf16 engine: nothing is ever stored in bf16, so checkpoints, the resume
 guarantee (bit-exact in fp32; deterministic but not identical to fp32 in bf16) and the exported
@@ -67,42 +68,116 @@ def device_type(device: str | torch.device) -> str:
     return torch.device(device).type
 
 
-# auto picks bf16 on a CPU only when a bf16 linear layer under autocast measures at least this much
-# faster than fp32 (AMX machines: ~3-7x; AVX512-BF16 without AMX measured 0.65-0.7x, i.e. slower)
-BF16_MIN_SPEEDUP = 1.2
+# auto picks bf16 on a CPU only when bf16 under autocast measures at least this much faster than fp32.
+# Measured (AMD EPYC, avx512_bf16, no AMX, torch 2.13, idle, 8 probes each): SmolLM2's decoder 1.63-1.67x
+# at 1 thread and 1.34-1.72x at 2; the peer benchmark's 128-wide model 1.00-1.04x and 0.87-0.97x (its
+# real step is ~8% slower in bf16). AMX machines: ~3-7x. Wrongly picking fp32 for a model that gains
+# costs more than wrongly picking bf16 for one that does not, hence a threshold near the low end.
+BF16_MIN_SPEEDUP = 1.15
+# the model-shaped probe: the model's own decoder (no LM head) over this many tokens through its first
+# PROBE_LAYERS layers, fp32 and bf16 runs interleaved, best of PROBE_RUNS each (~0.5 s for SmolLM2 on a core)
+PROBE_TOKENS, PROBE_LAYERS, PROBE_RUNS = 256, 4, 5
+
+
+def _best_of(fn: Any, runs: int) -> float:
+    best = float("inf")
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 @functools.lru_cache(maxsize=8)
 def cpu_bf16_speedup(threads: int) -> float:
     """Measured time ratio fp32 / bf16-autocast of a ``[1024, 576] @ [576, 1536]`` linear layer (~0.1 s).
 
-    The shape is a small LM's MLP projection over a training micro-batch; the autocast time includes
-    the per-call weight cast, as in the engine. Cached per thread count for the process.
+    The probe when no model is at hand (``resolve_precision`` without ``model``): a SmolLM2 MLP
+    projection over a training micro-batch, the per-call weight cast included. Cached per thread count.
     """
     del threads  # the cache key: torch's current thread count
     gen = torch.Generator().manual_seed(0)
     x, w = torch.randn(1024, 576, generator=gen), torch.randn(1536, 576, generator=gen)
 
     def timed(cast: bool) -> float:
-        best = float("inf")
-        for _ in range(5):
-            start = time.perf_counter()
+        def run() -> None:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cast):
                 torch.nn.functional.linear(x, w)
-            best = min(best, time.perf_counter() - start)
-        return best
+
+        return _best_of(run, 5)
 
     timed(False), timed(True)  # warm-up: oneDNN builds its kernels on first use
     return timed(False) / timed(True)
 
 
-def resolve_precision(precision: str, device: str | torch.device = "cpu") -> str:
+def decoder_of(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.ModuleList] | None:
+    """An HF causal LM's decoder (``get_decoder()``, under a PEFT wrapper too) and its layer list, or None."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if decoder is None or not isinstance(layers, torch.nn.ModuleList) or len(layers) == 0:
+        return None
+    return decoder, layers
+
+
+def _model_signature(model: torch.nn.Module) -> tuple:
+    cfg = getattr(model, "config", None)
+    keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers")
+    return (type(model).__name__, *(getattr(cfg, k, None) for k in keys))
+
+
+_MODEL_SPEEDUPS: dict[tuple, float] = {}
+
+
+def model_bf16_speedup(model: torch.nn.Module, threads: int) -> float | None:
+    """Measured time ratio fp32 / bf16-autocast of ``model``'s own decoder (no grad, ``PROBE_TOKENS``
+    tokens through its first ``PROBE_LAYERS`` layers), or None where its decoder is not found. The model
+    is left as it was (its layer list is restored; no weight, mode, RNG or cache changes). Cached per
+    model shape and thread count for the process.
+
+    Per-op overhead matters as much as matmul speed: the peer benchmark's 128-wide model gains nothing
+    from bf16 although a lone 128-wide matmul over 1,024 rows runs 2x faster in bf16.
+    """
+    found = decoder_of(model)
+    if found is None:
+        return None
+    decoder, layers = found
+    key = (*_model_signature(model), threads)
+    if key in _MODEL_SPEEDUPS:
+        return _MODEL_SPEEDUPS[key]
+    kept = list(layers)
+    param = next(model.parameters())
+    hidden = torch.randn(1, PROBE_TOKENS, int(model.config.hidden_size), generator=torch.Generator().manual_seed(0))
+    hidden = hidden.to(device=param.device, dtype=param.dtype)
+
+    def run(cast: bool) -> float:
+        start = time.perf_counter()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=cast):
+            decoder(inputs_embeds=hidden, use_cache=False)
+        return time.perf_counter() - start
+
+    try:
+        del layers[PROBE_LAYERS:]
+        run(False), run(True)  # warm-up: oneDNN builds its kernels on first use
+        times = {False: float("inf"), True: float("inf")}
+        for _ in range(PROBE_RUNS):  # interleaved, so that both see the same machine load
+            for cast in times:
+                times[cast] = min(times[cast], run(cast))
+    finally:
+        layers.extend(kept[len(layers) :])
+    ratio = times[False] / times[True]
+    _MODEL_SPEEDUPS[key] = ratio
+    return ratio
+
+
+def resolve_precision(precision: str, device: str | torch.device = "cpu", model: torch.nn.Module | None = None) -> str:
     """``"bf16"`` or ``"fp32"`` for ``precision`` on ``device`` (``auto`` decided per machine; logged).
 
     ``auto``: bf16 on a CUDA device that supports it; on a CPU, bf16 when its flags list bf16 matmul
-    instructions *and* a measured bf16 linear layer is ≥ ``BF16_MIN_SPEEDUP``× faster than fp32
-    (``cpu_bf16_speedup``) — flags alone are not enough: without AMX, AVX512-BF16 CPUs measured slower
-    in bf16 than in fp32 with torch 2.13. Else fp32.
+    instructions *and* bf16 measures ≥ ``BF16_MIN_SPEEDUP``× faster than fp32 — on ``model``'s own
+    decoder where given (``model_bf16_speedup``), else on a SmolLM2-shaped matmul (``cpu_bf16_speedup``).
+    Flags alone are not enough: without AMX, AVX512-BF16 CPUs have measured slower in bf16 than in fp32,
+    and a tiny model gains nothing from bf16 kernels. Else fp32.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}; valid: {', '.join(PRECISIONS)} (engine.precision / eval.precision)")
@@ -112,9 +187,16 @@ def resolve_precision(precision: str, device: str | torch.device = "cpu") -> str
     elif not cpu_has_bf16():
         native, where = False, f"CPU without {'/'.join(BF16_CPU_FLAGS)}"
     else:
-        speedup = cpu_bf16_speedup(torch.get_num_threads()) if precision == "auto" else float("nan")
+        speedup, probe = float("nan"), "not measured"
+        if precision == "auto":
+            threads = torch.get_num_threads()
+            measured = model_bf16_speedup(model, threads) if model is not None else None
+            if measured is not None:
+                speedup, probe = measured, f"the model's decoder, {PROBE_TOKENS} tokens, {threads} thread(s)"
+            else:
+                speedup, probe = cpu_bf16_speedup(threads), f"a 576-wide linear layer, {threads} thread(s)"
         native = speedup >= BF16_MIN_SPEEDUP
-        where = f"CPU with bf16 instructions (measured bf16 speed-up {speedup:.2f}x)"
+        where = f"CPU with bf16 instructions (measured bf16 speed-up {speedup:.2f}x on {probe})"
     if precision == "auto":
         chosen = "bf16" if native else "fp32"
         logger.info("precision auto -> %s on %s", chosen, where)
