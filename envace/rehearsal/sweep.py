@@ -17,6 +17,7 @@ cell records its scope (``"none"`` for N=0); ``scope_label`` marks task scope as
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -31,6 +32,8 @@ from envace.rehearsal.committed import evaluate_with_rehearsal
 from envace.rehearsal.controller import RehearsalSettings
 
 NONE = "none"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -112,9 +115,16 @@ def _cells(
     for mode, cap in caps.items():
         if cap < 1:
             raise ValueError(f"rehearsal sweep: max_n_by_mode[{mode!r}] = {cap}; a cap must be >= 1 (or drop the mode)")
+    swept = [RehearsalMode(m).value for m in modes]
+    if idle := sorted(set(caps) - set(swept)):
+        logger.warning(
+            "rehearsal sweep: max_n_by_mode caps %s, which the sweep does not run (modes: %s); the cap has no effect",
+            ", ".join(idle),
+            ", ".join(swept) or "none",
+        )
     grid: list[tuple[int, str, str, str | None]] = [(0, NONE, NONE, None)] if 0 in n_values else []
     for n in sorted({n for n in n_values if n != 0}):
-        kept = [RehearsalMode(m).value for m in modes if n <= caps.get(RehearsalMode(m).value, n)]
+        kept = [mode for mode in swept if n <= caps.get(mode, n)]
         for i, mode in enumerate(kept):
             source = kept[0] if n == 1 and i > 0 else None
             grid.extend((n, mode, r, source) for r in rehearsers)

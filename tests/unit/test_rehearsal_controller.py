@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -347,7 +348,7 @@ def test_zero_attempts_is_plain_evaluation():
         evaluate_with_rehearsal(adapter, actor, None, TASKS, settings_for(1), progress=False)
 
 
-def test_sweep_caps_n_per_mode():
+def test_sweep_caps_n_per_mode(caplog):
     adapter, env = adapter_for()
     rehearsers = {"trained": ScriptedRehearser("trained")}
     cells = run_rehearsal_sweep(
@@ -383,6 +384,20 @@ def test_sweep_caps_n_per_mode():
                 progress=False,
                 max_n_by_mode=bad,
             )
+    with caplog.at_level(logging.WARNING, logger="envace.rehearsal.sweep"):
+        cells = run_rehearsal_sweep(
+            adapter,
+            ScriptedPolicy(TASKS),
+            rehearsers,
+            [0, 2],
+            ["parallel"],
+            TASKS,
+            settings_for(1),
+            progress=False,
+            max_n_by_mode={"sequential": 1},
+        )
+    assert [c.key for c in cells] == ["n0-none-none", "n2-parallel-trained"]  # a cap on another mode: no effect
+    assert "caps sequential, which the sweep does not run (modes: parallel)" in caplog.text
 
 
 def test_sweep_grid_runs_zero_once():
