@@ -296,7 +296,6 @@ def run_ours(args, precision_name: str) -> dict:
     cfg = OptimConfig(lr=1e-5, grad_clip=1.0, micro_batch_tokens=1 << 20, grad_checkpointing="off")
     slot = Slot("policy", model, frozenset({Role.ACT}), make_optimizer(model, cfg))
     prompts = build_prompts(args.prompts * args.steps, args.prompt_len)
-    torch.set_num_threads(args.threads)
     records = []
     rss, clock0 = rss_now_mb(), machine_clock()
     for step in range(args.steps):
