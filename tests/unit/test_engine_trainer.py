@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -11,11 +12,16 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from envace.core.records import Role, Segment, Stream, Trajectory
 from envace.engines import get_variant
 from envace.engines.local import OptimConfig
+from envace.engines.local import sft as sft_module
+from envace.engines.local import trainer as trainer_module
 from envace.engines.local.batching import build_rows
+from envace.engines.local.config import SFTConfig
+from envace.engines.local.sft import sft_epoch
 from envace.engines.local.trainer import (
     PolicyUpdater,
     Slot,
     compute_output_advantages,
+    flat_gradients,
     make_optimizer,
 )
 
@@ -109,6 +115,52 @@ def test_role_grad_tracking_does_not_change_the_update():
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     assert m2["grad_norm/act"] > 0 and m2["grad_norm/rehearse"] > 0
     assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-6)
+
+
+def test_flat_gradient_buffer_is_bit_identical_and_released(monkeypatch):
+    """Gradients accumulated into one flat buffer equal torch's own per-parameter ones bit for bit."""
+    cfg = OptimConfig(lr=1e-2, micro_batch_streams=1, share_prefix=False, ppo_epochs=2)  # 4 backwards per step
+    flat, m1, _, _ = _update(cfg)
+    assert all(p.grad is None for p in flat.parameters())  # nothing held into the next rollout
+    monkeypatch.setattr(trainer_module, "flat_gradients", lambda model: contextlib.nullcontext())
+    own, m2, _, _ = _update(cfg)
+    for a, b in zip(flat.parameters(), own.parameters()):
+        assert torch.equal(a, b)
+    assert m1 == m2
+
+
+def test_sft_epoch_with_the_flat_gradient_buffer_is_bit_identical(monkeypatch):
+    def epoch():
+        model = _model()
+        opt = make_optimizer(model, OptimConfig(), lr=1e-2)
+        rows = _rows()
+        for e in range(2):  # two epochs: the second steps moments created by the first
+            sft_epoch(model, opt, rows, SFTConfig(batch_streams=2), epoch=e, seed=0, pad_id=0)
+        assert all(p.grad is None for p in model.parameters())
+        return model
+
+    flat = epoch()
+    monkeypatch.setattr(sft_module, "flat_gradients", lambda model: contextlib.nullcontext())
+    own = epoch()
+    for a, b in zip(flat.parameters(), own.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_flat_gradients_view_one_buffer_and_unreached_parameters_get_none():
+    model = _model()
+    model.lm_head.weight.requires_grad_(False)  # frozen: never given a gradient
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    with flat_gradients(model):
+        assert all(p.grad is not None and not p.grad.any() for p in trainable)
+        assert len({p.grad.untyped_storage().data_ptr() for p in trainable}) == 1
+        ids = torch.tensor([[1, 2, 3]])
+        model.model.embed_tokens(ids).sum().backward()  # reaches the embedding only
+    assert model.lm_head.weight.grad is None
+    assert model.model.embed_tokens.weight.grad is not None and model.model.embed_tokens.weight.grad.any()
+    assert all(p.grad is None for p in model.model.layers.parameters())  # no backward reached them
+    with flat_gradients(model):
+        pass  # no backward at all: the optimiser would skip every parameter, as without the buffer
+    assert all(p.grad is None for p in model.model.layers.parameters())
 
 
 def test_frozen_role_has_no_rows_and_no_gradient():

@@ -36,7 +36,7 @@ from envace.engines.local.config import LocalEngineConfig, OptimConfig, RolloutC
 from envace.engines.local.decode import DecodeGuide, OutputKey
 from envace.engines.local.rollout import RolloutRunner
 from envace.engines.local.rollout_records import ResponseSource
-from envace.engines.local.trainer import PolicyUpdater, Slot, make_optimizer, set_checkpointing
+from envace.engines.local.trainer import PolicyUpdater, Slot, flat_gradients, make_optimizer, set_checkpointing
 
 logger = logging.getLogger(__name__)
 
@@ -154,10 +154,11 @@ def sft_epoch(
             chosen = [rows[i] for i in order[start : start + cfg.batch_streams]]
             n = max(1, sum(r.n_tokens for r in chosen))
             optimizer.zero_grad(set_to_none=True)
-            for batch in updater.batches(chosen):
-                logp = updater.grad_logprobs(batch)
-                (-(logp * batch.mask).sum() / n).backward()
-                _add_losses(sums, counts, logp.detach(), batch)
+            with flat_gradients(model):
+                for batch in updater.batches(chosen):
+                    logp = updater.grad_logprobs(batch)
+                    (-(logp * batch.mask).sum() / n).backward()
+                    _add_losses(sums, counts, logp.detach(), batch)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)  # no gradients held between epochs (or into RL)
