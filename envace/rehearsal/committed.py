@@ -12,10 +12,12 @@ recording executor). With ``n_attempts == 0`` no hook is installed: the episode 
   rehearsal reads user turns the committed execution has not reached ("sees future turns").
 
 Costs per task land in ``record.info["rehearsal"]``: completion tokens generated in rehearsal (ACT,
-REHEARSE, critique and summary generations), rehearsal and committed wall time, real-environment calls
-and the number of committed executions — counted, not assumed: the real executions the adapter's
-episode opened on the task's ledger (``GenerationLedger.real_executions``; one per real executor built),
-so an episode that committed twice would report 2.
+REHEARSE, critique and summary generations), rehearsal and committed wall time, the backend seconds
+booked to rehearsal generations and how many of them a sweep reused from an earlier cell
+(``envace.rehearsal.reuse``), real-environment calls and the number of committed executions — counted,
+not assumed: the real executions the adapter's episode opened on the task's ledger
+(``GenerationLedger.real_executions``; one per real executor built), so an episode that committed twice
+would report 2.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from envace.evaluation.records import EpisodeRecord
 from envace.evaluation.runner import BenchmarkRun, backend_name, run_programs
 from envace.inference.base import ChatBackend
 from envace.rehearsal.controller import RehearsalOutcome, RehearsalSettings, context_for_turn, rehearse
+from envace.rehearsal.reuse import ReuseAwareLedger
 
 REHEARSAL_PURPOSES = ("rehearsal_act", "rehearse", "critique", "summary")
 
@@ -64,10 +67,15 @@ def rehearsal_costs(
 ) -> dict[str, Any]:
     """Per-task costs; ``committed_executions`` is the ledger's count of real executions opened."""
     rehearsal_wall = sum(o.wall_s for o in outcomes)
+    booked = ledger.snapshot()
+    reused = ledger.reused_calls(REHEARSAL_PURPOSES) if isinstance(ledger, ReuseAwareLedger) else 0
     return {
         "rehearsal_completion_tokens": record.completion_tokens(REHEARSAL_PURPOSES),
         "committed_completion_tokens": record.completion_tokens(("act",)),
         "rehearsal_wall_s": rehearsal_wall,
+        # backend seconds of the rehearsal generations, a reused one at what it cost when generated
+        "rehearsal_generation_s": sum(booked[p].seconds for p in REHEARSAL_PURPOSES if p in booked),
+        "rehearsal_reused_calls": reused,
         "committed_wall_s": max(0.0, record.wall_s - rehearsal_wall),
         "real_env_calls": record.real_calls,
         "committed_executions": ledger.real_executions,
@@ -76,7 +84,7 @@ def rehearsal_costs(
 
 def rehearsed_episode(adapter: BenchmarkAdapter, task: Task, settings: RehearsalSettings) -> Program[EpisodeRecord]:
     """Private rehearsal + exactly one committed execution of ``task`` (seats ACTOR and REHEARSER)."""
-    ledger = GenerationLedger()
+    ledger = ReuseAwareLedger()
     outcomes: list[RehearsalOutcome] = []
     hook = None
     if settings.config.n_attempts > 0:

@@ -10,6 +10,11 @@ once, in the first mode given; the other modes' N=1 cells are copies of it marke
 with the same outcomes and costs. ``max_n_by_mode`` leaves out the cells of a mode above its cap (e.g.
 ``{"sequential": 2}``: sequential N=4 costs about twice parallel N=4 on one core).
 
+With ``reuse_generations`` (the default) the cells share one ``GenerationReuse``: a request some earlier
+cell already asked for is answered with that cell's output (same seeds, so attempt k of N=4 is attempt k
+of N=2; see ``envace.rehearsal.reuse``). Costs book every generation at what it cost when generated;
+``rehearsal_reused_calls`` says how many of a cell's rehearsal generations came from an earlier cell.
+
 Every cell's ``RehearsalConfig`` is built before the first cell runs, so a grid holding a refused cell
 (``parallel`` with N > 1 at ``act_temperature`` 0) fails at once, not after the cells before it. Each
 cell records its scope (``"none"`` for N=0); ``scope_label`` marks task scope as "sees future turns".
@@ -30,6 +35,7 @@ from envace.evaluation.records import EpisodeRecord
 from envace.inference.base import ChatBackend
 from envace.rehearsal.committed import evaluate_with_rehearsal
 from envace.rehearsal.controller import RehearsalSettings
+from envace.rehearsal.reuse import GenerationReuse
 
 NONE = "none"
 
@@ -45,6 +51,8 @@ class CellCosts:
     committed_wall_s: float
     real_env_calls: float
     committed_executions: float
+    rehearsal_generation_s: float = 0.0  # backend seconds booked to rehearsal generations (reused: original)
+    rehearsal_reused_calls: float = 0.0  # rehearsal generations answered from an earlier cell of the sweep
 
     def to_json(self) -> dict[str, float]:
         return dict(vars(self))
@@ -100,6 +108,8 @@ def cell_costs(records: Sequence[EpisodeRecord]) -> CellCosts:
         committed_wall_s=mean("committed_wall_s"),
         real_env_calls=sum(float(r.real_calls) for r in records) / n,
         committed_executions=mean("committed_executions"),
+        rehearsal_generation_s=mean("rehearsal_generation_s"),
+        rehearsal_reused_calls=mean("rehearsal_reused_calls"),
     )
 
 
@@ -146,11 +156,14 @@ def run_rehearsal_sweep(
     keep_records: bool = True,
     on_cell: Callable[[CellResult], None] | None = None,
     max_n_by_mode: Mapping[str, int] | None = None,
+    reuse_generations: bool = True,
 ) -> list[CellResult]:
     """Evaluate every (N, mode, rehearser) cell; N=0 once (shared baseline), N=1 once (its other modes
     are copies marked ``same_as``). ``settings``: the base rehearsal settings (default
     ``RehearsalSettings()``); each cell overrides N and the mode. ``max_n_by_mode``: per-mode caps on N.
-    ``on_cell`` is called with each finished cell (e.g. to log it as its own run)."""
+    ``on_cell`` is called with each finished cell (e.g. to log it as its own run). ``reuse_generations``:
+    answer a request an earlier cell already generated from that cell's output (False: every cell
+    generates all of its requests itself)."""
     settings = settings or RehearsalSettings()
     if any(n != 0 for n in n_values) and (not rehearsers or not modes):
         raise ValueError("run_rehearsal_sweep: N > 0 needs at least one rehearser and one mode")
@@ -159,6 +172,10 @@ def run_rehearsal_sweep(
         (n, mode, name, source, replace(base, n_attempts=n, mode=base.mode if mode == NONE else mode))
         for n, mode, name, source in _cells(n_values, modes, list(rehearsers), max_n_by_mode)
     ]  # every cell's config is checked (RehearsalConfig.__post_init__) before the first cell runs
+    reuse = GenerationReuse() if reuse_generations else None
+    if reuse is not None:
+        actor = reuse.wrap(actor)
+        rehearsers = {name: reuse.wrap(backend) for name, backend in rehearsers.items()}
     results: list[CellResult] = []
     for n, mode, name, source, config in grid:
         if source is not None:
@@ -178,6 +195,8 @@ def run_rehearsal_sweep(
             progress=progress,
             label=f"rehearsal n{n} {mode} {name}",
         )
+        if reuse is not None:
+            logger.info("rehearsal sweep after n%d %s %s: %s so far", n, mode, name, reuse.summary())
         scope = NONE if n == 0 else config.scope.value
         records = run.records if keep_records else ()
         results.append(CellResult(n, mode, name, run.metrics, cell_costs(run.records), records, scope))

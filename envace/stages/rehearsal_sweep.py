@@ -101,6 +101,8 @@ def log_cell(tracker: Tracker, benchmark: str, cell: Any, cfg: Config | None = N
             }
         )
         run.log_metrics({**cell.metrics.flat(), **cost_metrics(cell)})
+    if getattr(cell, "same_as", None):
+        return  # a copy of a cell run (and traced) just before: its episodes are already on the run
     # a few episodes per cell as traces on the stage's run (tracking.max_traces per stage run in all)
     trace_episodes(
         cfg,

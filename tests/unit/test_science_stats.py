@@ -194,7 +194,14 @@ def test_the_base_half_may_not_repeat_a_cell_of_the_trained_half(tmp_path):
 
 
 def test_the_base_half_is_the_first_seeds_grid_without_n0():
-    cfg = compose(["profile=cpu", "science.seeds=[3,1]", "science.testtime_n_attempts=[0,1,4]"])
+    cfg = compose(
+        [
+            "profile=cpu",
+            "science.seeds=[3,1]",
+            "science.testtime_n_attempts=[0,1,4]",
+            "+science.testtime_max_n_by_mode.sequential=2",
+        ]
+    )
     (overrides,) = part_overrides(cfg, "testtime_base", "envace", 3)
     assert "rehearsal.rehearsers=[base]" in overrides and "rehearsal.n_attempts=[1,4]" in overrides
     s = cfg.science
@@ -207,11 +214,15 @@ def test_the_base_half_is_the_first_seeds_grid_without_n0():
     # the first seed's per-mode caps reach the sweep (both halves), and compose as a typed dict
     assert "rehearsal.max_n_by_mode={sequential: 2}" in trained and not any("max_n" in o for o in other)
     assert "rehearsal.max_n_by_mode={sequential: 2}" in overrides
+    (uncapped,) = part_overrides(compose(["profile=cpu"]), "testtime", "envace", 0)  # the default: the full grid
+    assert not any("max_n" in o for o in uncapped)
 
 
 def test_the_stage_overrides_load_over_params_yaml(tmp_path):
     """The parts' overrides go to ``load_params`` (params.yaml + a dot list), as the stages read them."""
-    cfg = compose(["profile=cpu", "+science.testtime_max_n_by_mode.parallel=3"])
+    cfg = compose(
+        ["profile=cpu", "+science.testtime_max_n_by_mode.sequential=2", "+science.testtime_max_n_by_mode.parallel=3"]
+    )
     params = tmp_path / "params.yaml"
     OmegaConf.save(cfg, params)
     (trained,) = part_overrides(cfg, "testtime", "envace", int(cfg.science.seeds[0]))
