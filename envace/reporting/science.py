@@ -239,6 +239,11 @@ def report_text(cfg: DictConfig, tables: Mapping[str, pd.DataFrame], figures: li
         "",
         "## Test-time rehearsal",
         "",
+        "Within one sweep the cells share identical generations (same seeds): attempts 1–2 of N=4 are "
+        "N=2's, attempt 1 of N=2 is N=1's, so the N values are compared on common draws. Wall time is "
+        "what each cell took in the sweep (the marginal time); generation seconds book every rehearsal "
+        "generation at what it cost when it was generated, reused or not.",
+        "",
         markdown(tables["science_testtime"]),
         "",
         "## What each part cost",

@@ -87,6 +87,11 @@ def parse_error_share(tasks: list[Mapping[str, Any]]) -> str:
     return pct(sum(t.get("termination") == "act_parse_error" for t in tasks) / len(tasks))
 
 
+def optional(value: Any, spec: str) -> str:
+    """``spec`` applied to a number, "–" where a cell has none (written before the field existed)."""
+    return "–" if value is None else spec.format(value)
+
+
 def testtime_table(testtime: Mapping[str, Any], comparisons: Mapping[str, Any]) -> pd.DataFrame:
     rows = []
     for key, c in sorted(testtime.items()):
@@ -103,7 +108,10 @@ def testtime_table(testtime: Mapping[str, Any], comparisons: Mapping[str, Any]) 
                 "n": len(c.get("tasks", [])),
                 "gain vs N=0 (points) [95% CI]": signed(gain) if gain else "–",
                 "rehearsal tokens / task": f"{c.get('cost/rehearsal_completion_tokens', 0):.0f}",
-                "rehearsal s / task": f"{c.get('cost/rehearsal_wall_s', 0):.1f}",
+                "rehearsal wall s / task": f"{c.get('cost/rehearsal_wall_s', 0):.1f}",
+                # backend seconds of its rehearsal generations, each reused one at what it cost when generated
+                "rehearsal generation s / task": optional(c.get("cost/rehearsal_generation_s"), "{:.1f}"),
+                "reused generations / task": optional(c.get("cost/rehearsal_reused_calls"), "{:.1f}"),
                 "real calls / task": f"{c.get('cost/real_env_calls', 0):.2f}",
                 "ended by ACT parse error %": parse_error_share(c.get("tasks", [])),
                 "committed executions / task": f"{c.get('cost/committed_executions', 0):.0f}",
