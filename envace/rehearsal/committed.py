@@ -63,19 +63,17 @@ def _memory_hook(
 
 
 def rehearsal_costs(
-    record: EpisodeRecord, outcomes: Sequence[RehearsalOutcome], ledger: GenerationLedger
+    record: EpisodeRecord, outcomes: Sequence[RehearsalOutcome], ledger: ReuseAwareLedger
 ) -> dict[str, Any]:
     """Per-task costs; ``committed_executions`` is the ledger's count of real executions opened."""
     rehearsal_wall = sum(o.wall_s for o in outcomes)
-    booked = ledger.snapshot()
-    reused = ledger.reused_calls(REHEARSAL_PURPOSES) if isinstance(ledger, ReuseAwareLedger) else 0
     return {
         "rehearsal_completion_tokens": record.completion_tokens(REHEARSAL_PURPOSES),
         "committed_completion_tokens": record.completion_tokens(("act",)),
         "rehearsal_wall_s": rehearsal_wall,
         # backend seconds of the rehearsal generations, a reused one at what it cost when generated
-        "rehearsal_generation_s": sum(booked[p].seconds for p in REHEARSAL_PURPOSES if p in booked),
-        "rehearsal_reused_calls": reused,
+        "rehearsal_generation_s": ledger.seconds(REHEARSAL_PURPOSES),
+        "rehearsal_reused_calls": ledger.reused_calls(REHEARSAL_PURPOSES),
         "committed_wall_s": max(0.0, record.wall_s - rehearsal_wall),
         "real_env_calls": record.real_calls,
         "committed_executions": ledger.real_executions,

@@ -132,10 +132,6 @@ class ReusingBackend:
     def name(self) -> str:
         return str(getattr(self._inner, "name", type(self._inner).__name__))
 
-    @property
-    def inner(self) -> ChatBackend:
-        return self._inner
-
     def generate(self, requests: Sequence[ChatRequest]) -> list[ChatOutput]:
         return self._reuse.answer(self._inner, requests)
 
