@@ -21,8 +21,16 @@ Both use the batched sampler (it has no switch). Per-step times come from the en
     python scripts/bench_step.py --model smollm2 --steps 2
     python scripts/bench_step.py --model tiny --steps 2          # plumbing check, seconds
 
+``--sft-epochs N`` (N > 0) adds, per path, a child that runs the engine's SFT warm-up alone (the gold
+replay, then N epochs over ``--sft-tasks`` train tasks, the cpu profile's 16 by default, 4 rows per
+optimiser step) with that path's settings: its ``sft_s`` (replay and epochs) and ``peak_rss_mb``; the
+issue's memory target covers SFT as well as the GRPO step.
+
+    python scripts/bench_step.py --model smollm2 --paths new --steps 2 --sft-epochs 1
+
 The last line printed is one JSON object: ``speedup_step``, ``speedup_update``, ``speedup_rollout``,
-each path's medians, ``peak_rss_mb``, stream tokens, the precision chosen, and the CPU model.
+each path's medians, ``peak_rss_mb``, stream tokens, the precision chosen, and the CPU model; with
+``--sft-epochs``, ``sft_<path>`` entries (and ``speedup_sft`` when both paths ran).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,7 +53,7 @@ import torch
 from envace.core.prompts import ChatFormatter
 from envace.core.records import Role
 from envace.engines import episode_spec_from_task
-from envace.engines.local import DecodeGuide, LocalEngine, LocalEngineConfig, OptimConfig, RolloutConfig
+from envace.engines.local import DecodeGuide, LocalEngine, LocalEngineConfig, OptimConfig, RolloutConfig, SFTConfig
 from envace.engines.local.attention import use_gqa_attention
 from envace.engines.local.engine import step_examples
 from envace.engines.local.precision import cpu_has_bf16, cpu_model, resolve_precision
@@ -77,8 +86,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--paths", default="old,new")
+    p.add_argument("--sft-epochs", type=int, default=0, help="also time the SFT warm-up per path (0: skip)")
+    p.add_argument("--sft-tasks", type=int, default=16, help="train tasks of the SFT warm-up (the cpu profile's)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--workload", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child-sft", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
 
 
@@ -129,6 +141,37 @@ def sample_workload(args: argparse.Namespace, path: Path) -> None:
     path.write_text(json.dumps(forced))
 
 
+def run_sft_child(args: argparse.Namespace) -> dict:
+    """The SFT warm-up alone (no GRPO step) with the path's precision and update settings."""
+    specs, rollout = setup(argparse.Namespace(**{**vars(args), "tasks": args.sft_tasks}))
+    conf = PATHS[args.child]
+    cfg = LocalEngineConfig(
+        model=ModelSpec(kind=args.model),
+        variant="envace",
+        steps=0,
+        seed=args.seed,
+        rollout=rollout,
+        optim=OptimConfig(**conf["optim"]),
+        precision=conf["precision"],
+        sft=SFTConfig(epochs=args.sft_epochs),
+        progress=False,
+    )
+    before = rss_now_mb()
+    t0 = time.perf_counter()
+    result = LocalEngine().train(cfg, specs)
+    seconds = time.perf_counter() - t0
+    last = [h for h in result.history if "sft/loss" in h][-1]
+    return {
+        "path": args.child,
+        "sft_epochs": args.sft_epochs,
+        "sft_tasks": len(specs),
+        "sft_s": seconds,
+        "sft_loss_last_epoch": last["sft/loss"],
+        "peak_rss_mb": rss_mb(),
+        "rss_before_train_mb": before,
+    }
+
+
 def run_child(args: argparse.Namespace) -> dict:
     specs, rollout = setup(args)
     forced = json.loads(Path(args.workload).read_text())
@@ -168,15 +211,17 @@ def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.child:
-        print(json.dumps(run_child(args)))
+        print(json.dumps(run_sft_child(args) if args.child_sft else run_child(args)))
         return
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         workload = Path(tmp) / "workload.json"
         logger.info("sampling the workload once (%d steps)", args.steps)
         sample_workload(args, workload)
-        for name in args.paths.split(","):
-            logger.info("path %s ...", name)
+        for name, sft in [(n, False) for n in args.paths.split(",")] + [
+            (n, True) for n in (args.paths.split(",") if args.sft_epochs > 0 else [])
+        ]:
+            logger.info("path %s%s ...", name, " (SFT warm-up)" if sft else "")
             cmd = [
                 sys.executable,
                 __file__,
@@ -198,11 +243,16 @@ def main() -> None:
                 str(args.threads),
                 "--seed",
                 str(args.seed),
-            ]
+                "--sft-epochs",
+                str(args.sft_epochs),
+                "--sft-tasks",
+                str(args.sft_tasks),
+            ] + (["--child-sft"] if sft else [])
             env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
-            results[name] = json.loads(out.stdout.strip().splitlines()[-1])
-            logger.info("%s: %s", name, results[name])
+            key = f"sft_{name}" if sft else name
+            results[key] = json.loads(out.stdout.strip().splitlines()[-1])
+            logger.info("%s: %s", key, results[key])
     summary = {
         "model": args.model,
         "steps": args.steps,
@@ -225,6 +275,8 @@ def main() -> None:
                 "speedup_rollout": old["rollout_s"] / new["rollout_s"],
             }
         )
+    if {"sft_old", "sft_new"} <= set(results):
+        summary["speedup_sft"] = results["sft_old"]["sft_s"] / results["sft_new"]["sft_s"]
     print(json.dumps(summary))
 
 

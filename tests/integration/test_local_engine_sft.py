@@ -161,3 +161,34 @@ def test_the_warmed_up_weights_are_exported_as_the_runs_baseline(specs, tmp_path
     assert all(torch.equal(a[k], b[k].to(a[k].dtype)) for k in a)
     no_sft = replace(cfg, sft=replace(cfg.sft, epochs=0), output_dir=str(tmp_path / "plain"))
     assert get_engine("local").train(no_sft, specs[:2]).baseline == {}
+
+
+def test_the_warmup_frees_the_replays_bf16_copy_without_changing_the_run(specs, monkeypatch):
+    """After the gold replay the bf16 decoding copy's weights are released (its ~270 MB for SmolLM2 would
+    otherwise sit under every SFT epoch's peak); the next rollout casts them again, so a warm-up plus
+    an RL step ends on exactly the weights of a run that keeps the copy."""
+    import envace.engines.local.sft as sft_module
+    from envace.engines.local import precision
+
+    cfg = LocalEngineConfig(
+        model=TINY,
+        steps=1,
+        prompts_per_step=2,
+        progress=False,
+        rollout=ROLLOUT,
+        sft=SFTConfig(epochs=1, lr=3e-3, batch_streams=4),
+        precision="bf16",
+    )
+    released: list[int] = []
+    real = sft_module.release_inference_copy
+
+    def spy(model):
+        real(model)
+        released.append(sum(p.numel() for p in precision._SHADOWS[model][1].parameters()))
+
+    monkeypatch.setattr(sft_module, "release_inference_copy", spy)
+    freed = get_engine("local").train(cfg, specs[:2]).models["policy"].state_dict()
+    assert released == [0]  # called once, after the replay, and the copy held no weights afterwards
+    monkeypatch.setattr(sft_module, "release_inference_copy", lambda model: None)
+    kept = get_engine("local").train(cfg, specs[:2]).models["policy"].state_dict()
+    assert freed.keys() == kept.keys() and all(torch.equal(freed[k], kept[k]) for k in freed)

@@ -34,6 +34,7 @@ from envace.engines.local.batching import TrainRow, build_rows
 from envace.engines.local.checkpoint import RunCheckpoints, sft_start_epoch
 from envace.engines.local.config import LocalEngineConfig, OptimConfig, RolloutConfig, SFTConfig
 from envace.engines.local.decode import DecodeGuide, OutputKey
+from envace.engines.local.precision import release_inference_copy, trim_heap
 from envace.engines.local.rollout import RolloutRunner
 from envace.engines.local.rollout_records import ResponseSource
 from envace.engines.local.trainer import PolicyUpdater, Slot, flat_gradients, make_optimizer, set_checkpointing
@@ -197,6 +198,10 @@ def warm_up(
         return []
     policy = models.get("policy", models.get("act"))
     trajs = gold_trajectories(specs, policy, formatter, cfg.rollout, role_prompts, precision=precision)
+    # the replay's bf16 decoding copy and freed KV caches would otherwise sit under every epoch's peak; the
+    # first optimiser step makes the copy stale anyway, and a later rollout re-casts the same values
+    release_inference_copy(policy)
+    trim_heap()
     ckpt = checkpoints.resume_sft(models)  # after the gold replay, which an uninterrupted run also does first
     history = ckpt.history() if ckpt else []
     for index, (name, model) in enumerate(models.items()):
