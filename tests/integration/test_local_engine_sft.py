@@ -139,20 +139,24 @@ def test_an_interrupted_sft_warmup_resumes_after_its_last_epoch_with_identical_w
     assert set(full.baseline) == set(resumed.baseline) == {"act", "rehearse"}  # each model's warmed-up weights
 
 
-def test_the_warmed_up_weights_are_exported_as_the_runs_baseline(specs, tmp_path):
-    """With an output_dir, the weights right after the SFT warm-up are saved as HF directories
-    (``TrainResult.baseline``: what evaluation compares the trained model with); without a warm-up
-    there is no baseline."""
-    cfg = LocalEngineConfig(
+def _one_epoch_then_one_step(**overrides) -> LocalEngineConfig:
+    """One SFT epoch on the tiny model, then one GRPO step over 2 prompts."""
+    return LocalEngineConfig(
         model=TINY,
         steps=1,
         prompts_per_step=2,
         progress=False,
         rollout=ROLLOUT,
         sft=SFTConfig(epochs=1, lr=3e-3, batch_streams=4),
-        precision="fp32",
-        output_dir=str(tmp_path / "run"),
+        **overrides,
     )
+
+
+def test_the_warmed_up_weights_are_exported_as_the_runs_baseline(specs, tmp_path):
+    """With an output_dir, the weights right after the SFT warm-up are saved as HF directories
+    (``TrainResult.baseline``: what evaluation compares the trained model with); without a warm-up
+    there is no baseline."""
+    cfg = _one_epoch_then_one_step(precision="fp32", output_dir=str(tmp_path / "run"))
     result = get_engine("local").train(cfg, specs[:2])
     assert set(result.baseline) == {"policy"}
     exported, _ = load_model_and_tokenizer(ModelSpec(kind="path", path=result.baseline["policy"]))
@@ -170,15 +174,7 @@ def test_the_warmup_frees_the_replays_bf16_copy_without_changing_the_run(specs, 
     import envace.engines.local.sft as sft_module
     from envace.engines.local import precision
 
-    cfg = LocalEngineConfig(
-        model=TINY,
-        steps=1,
-        prompts_per_step=2,
-        progress=False,
-        rollout=ROLLOUT,
-        sft=SFTConfig(epochs=1, lr=3e-3, batch_streams=4),
-        precision="bf16",
-    )
+    cfg = _one_epoch_then_one_step(precision="bf16")
     released: list[int] = []
     real = sft_module.release_inference_copy
 
