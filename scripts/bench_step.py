@@ -141,21 +141,25 @@ def sample_workload(args: argparse.Namespace, path: Path) -> None:
     path.write_text(json.dumps(forced))
 
 
-def run_sft_child(args: argparse.Namespace) -> dict:
-    """The SFT warm-up alone (no GRPO step) with the path's precision and update settings."""
-    specs, rollout = setup(argparse.Namespace(**{**vars(args), "tasks": args.sft_tasks}))
+def path_config(args: argparse.Namespace, rollout: RolloutConfig, **fields) -> LocalEngineConfig:
+    """The engine config of path ``args.child`` (its precision and update settings), plus ``fields``."""
     conf = PATHS[args.child]
-    cfg = LocalEngineConfig(
+    return LocalEngineConfig(
         model=ModelSpec(kind=args.model),
         variant="envace",
-        steps=0,
         seed=args.seed,
         rollout=rollout,
         optim=OptimConfig(**conf["optim"]),
         precision=conf["precision"],
-        sft=SFTConfig(epochs=args.sft_epochs),
         progress=False,
+        **fields,
     )
+
+
+def run_sft_child(args: argparse.Namespace) -> dict:
+    """The SFT warm-up alone (no GRPO step) with the path's precision and update settings."""
+    specs, rollout = setup(argparse.Namespace(**{**vars(args), "tasks": args.sft_tasks}))
+    cfg = path_config(args, rollout, steps=0, sft=SFTConfig(epochs=args.sft_epochs))
     before = rss_now_mb()
     t0 = time.perf_counter()
     result = LocalEngine().train(cfg, specs)
@@ -176,18 +180,7 @@ def run_child(args: argparse.Namespace) -> dict:
     specs, rollout = setup(args)
     forced = json.loads(Path(args.workload).read_text())
     guide = DecodeGuide(lambda k: forced.get(f"{k.example}|{k.sample}|{k.role.name}|{k.index}"))
-    conf = PATHS[args.child]
-    cfg = LocalEngineConfig(
-        model=ModelSpec(kind=args.model),
-        variant="envace",
-        steps=args.steps,
-        prompts_per_step=args.prompts,
-        seed=args.seed,
-        rollout=rollout,
-        optim=OptimConfig(**conf["optim"]),
-        precision=conf["precision"],
-        progress=False,
-    )
+    cfg = path_config(args, rollout, steps=args.steps, prompts_per_step=args.prompts)
     before = rss_now_mb()
     result = LocalEngine(guide=guide).train(cfg, specs)
     hist = [h for h in result.history if "time/step" in h]
@@ -218,9 +211,9 @@ def main() -> None:
         workload = Path(tmp) / "workload.json"
         logger.info("sampling the workload once (%d steps)", args.steps)
         sample_workload(args, workload)
-        for name, sft in [(n, False) for n in args.paths.split(",")] + [
-            (n, True) for n in (args.paths.split(",") if args.sft_epochs > 0 else [])
-        ]:
+        paths = args.paths.split(",")
+        children = [(n, False) for n in paths] + ([(n, True) for n in paths] if args.sft_epochs > 0 else [])
+        for name, sft in children:
             logger.info("path %s%s ...", name, " (SFT warm-up)" if sft else "")
             cmd = [
                 sys.executable,
