@@ -12,14 +12,19 @@ the same forwards over the same streams and scores, packs and trains on the same
 Paths, each in its own child process (so ``peak_rss_mb`` is that path's own ``ru_maxrss``):
 - ``old``: fp32, no prefix sharing (right-padded rows, 4 per micro-batch, logits at the union of
   positions), an extra no-grad forward before the update (today's recompute/health check), no
-  gradient checkpointing;
+  gradient checkpointing, glibc's malloc;
 - ``new``: the engine defaults (precision auto, shared-prefix packing, old log-probs from the update's
-  own forward, checkpointing auto, LM head at trained positions only).
+  own forward, checkpointing auto, LM head at trained positions only) on the allocator a training stage
+  starts on (``ENVACE_ALLOCATOR``, auto: jemalloc where found; ``--allocator`` picks another).
 Both use the batched sampler (it has no switch). Per-step times come from the engine's own metrics
 (``time/rollout``, ``time/update``, ``time/step``); figures are medians over ``--steps`` steps.
 
     python scripts/bench_step.py --model smollm2 --steps 2
     python scripts/bench_step.py --model tiny --steps 2          # plumbing check, seconds
+
+``--workload PATH`` keeps the sampled workload (or reuses it when the file exists: it must come from
+the same ``--model/--steps/--prompts/--samples/--tasks/--seed``), so that repeated runs of one path skip
+the sampling.
 
 ``--sft-epochs N`` (N > 0) adds, per path, a child that runs the engine's SFT warm-up alone (the gold
 replay, then N epochs over ``--sft-tasks`` train tasks, the cpu profile's 16 by default, 4 rows per
@@ -29,7 +34,8 @@ issue's memory target covers SFT as well as the GRPO step.
     python scripts/bench_step.py --model smollm2 --paths new --steps 2 --sft-epochs 1
 
 The last line printed is one JSON object: ``speedup_step``, ``speedup_update``, ``speedup_rollout``,
-each path's medians, ``peak_rss_mb``, stream tokens, the precision chosen, and the CPU model; with
+each path's medians, ``peak_rss_mb``, stream tokens, the precision and allocator it ran on, and the
+CPU model; with
 ``--sft-epochs``, ``sft_<path>`` entries (and ``speedup_sft`` when both paths ran).
 """
 
@@ -61,6 +67,7 @@ from envace.engines.local.rollout import ResponseSource, RolloutRunner
 from envace.engines.local.sft import gold_targets
 from envace.envs.toolworld import ToolWorldEnv
 from envace.models import ModelSpec, load_model_and_tokenizer
+from envace.utils.malloc import ALLOCATORS, allocator_choice, allocator_env, running_allocator
 
 logger = logging.getLogger("bench_step")
 
@@ -71,8 +78,9 @@ PATHS = {
     "old": {
         "precision": "fp32",
         "optim": {"share_prefix": False, "micro_batch_streams": 4, "logprob_check": True, "grad_checkpointing": "off"},
+        "allocator": "glibc",
     },
-    "new": {"precision": "auto", "optim": {}},
+    "new": {"precision": "auto", "optim": {}, "allocator": None},  # None: --allocator, else ENVACE_ALLOCATOR
 }
 
 
@@ -89,7 +97,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--sft-epochs", type=int, default=0, help="also time the SFT warm-up per path (0: skip)")
     p.add_argument("--sft-tasks", type=int, default=16, help="train tasks of the SFT warm-up (the cpu profile's)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--workload", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--workload", default=None, help="keep the sampled workload here (reused if the file exists)")
+    p.add_argument("--allocator", choices=ALLOCATORS, default=None, help="the new path's (default: ENVACE_ALLOCATOR)")
     p.add_argument("--child-sft", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -170,6 +179,7 @@ def run_sft_child(args: argparse.Namespace) -> dict:
         "sft_epochs": args.sft_epochs,
         "sft_tasks": len(specs),
         "sft_s": seconds,
+        "allocator": running_allocator(),
         "sft_loss_last_epoch": last["sft/loss"],
         "peak_rss_mb": rss_mb(),
         "rss_before_train_mb": before,
@@ -188,6 +198,8 @@ def run_child(args: argparse.Namespace) -> dict:
     return {
         "path": args.child,
         "precision": "bf16" if hist[0].get("engine/bf16") else "fp32",  # what the engine resolved
+        "allocator": running_allocator(),
+        "malloc_conf": os.environ.get("MALLOC_CONF"),
         "step_s": med("time/step"),
         "update_s": med("time/update"),
         "rollout_s": med("time/rollout"),
@@ -208,9 +220,12 @@ def main() -> None:
         return
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        workload = Path(tmp) / "workload.json"
-        logger.info("sampling the workload once (%d steps)", args.steps)
-        sample_workload(args, workload)
+        workload = Path(args.workload or Path(tmp) / "workload.json")
+        if workload.is_file():
+            logger.info("reusing the workload in %s", workload)
+        else:
+            logger.info("sampling the workload once (%d steps)", args.steps)
+            sample_workload(args, workload)
         paths = args.paths.split(",")
         children = [(n, False) for n in paths] + ([(n, True) for n in paths] if args.sft_epochs > 0 else [])
         for name, sft in children:
@@ -241,7 +256,9 @@ def main() -> None:
                 "--sft-tasks",
                 str(args.sft_tasks),
             ] + (["--child-sft"] if sft else [])
-            env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+            allocator = PATHS[name]["allocator"] or args.allocator or allocator_choice()
+            env = allocator_env(allocator, {**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+            env["MKL_NUM_THREADS"] = str(args.threads)
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
             key = f"sft_{name}" if sft else name
             results[key] = json.loads(out.stdout.strip().splitlines()[-1])

@@ -34,12 +34,14 @@ from typing import Any
 from omegaconf import DictConfig
 
 from envace.config import PARAMS_FILE, ConfigError, flatten, load_params, to_plain, typed_config
+from envace.config_enums import EngineName
 from envace.config_schema import Config
 from envace.inference.preflight import preflight
 from envace.reporting.provenance import head_state
 from envace.tracking import NULL_TRACKER, NullTracker, Tracker
 from envace.tracking_runs import stage_run
 from envace.utils.io import read_json, write_json
+from envace.utils.malloc import AllocatorError, ensure_allocator, running_allocator
 from envace.utils.seeds import seed_everything
 from envace.utils.telemetry import telemetry_off
 
@@ -210,6 +212,7 @@ def execute(
         experiment=cfg.tracking.experiment,
         tracking_uri=tracking_uri,
     ) as tracker:
+        tracker.set_tags({ALLOCATOR_TAG: running_allocator()})  # the C allocator this stage ran on
         metrics = run_fn(cfg, tracker)
         numbers_file, details_file = write_metrics(metrics_path, metrics, headline_for(name))
         seconds = time.perf_counter() - started
@@ -220,6 +223,7 @@ def execute(
     return metrics
 
 
+ALLOCATOR_TAG = "envace.allocator"  # stage-run tag: jemalloc | glibc (envace.utils.malloc)
 ENV_DEBUG = "ENVACE_DEBUG"  # "1": a failing stage prints its traceback too
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
@@ -294,10 +298,24 @@ def _failure(stage_id: str, exc: BaseException) -> int:
     return status
 
 
-def stage_main(name: str, run_fn: RunFn, metrics_path: MetricsPathFn | None = None) -> Callable[..., int]:
+def restart_on_allocator() -> None:
+    """Put a training command line on ``ENVACE_ALLOCATOR``'s C allocator (jemalloc where found): this
+    may re-execute the process once, same command line, before any MLflow run opens
+    (``envace.utils.malloc.ensure_allocator``). A setting that cannot be honoured is a configuration error."""
+    try:
+        ensure_allocator()
+    except AllocatorError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def stage_main(
+    name: str, run_fn: RunFn, metrics_path: MetricsPathFn | None = None, *, trains: bool = False
+) -> Callable[..., int]:
     """Build the ``main(argv)`` of a stage module (``python -m envace.stages.<name> [key=value…]``):
     ``--help`` from the module's docstring; a failure becomes one stderr line and an exit status
-    (``_failure``) while its MLflow run ends FAILED (``stage_run``)."""
+    (``_failure``) while its MLflow run ends FAILED (``stage_run``). A stage that ``trains`` on the local
+    engine, run from its command line (``argv`` None), starts on the training allocator
+    (``restart_on_allocator``)."""
     module_doc = getattr(sys.modules.get(run_fn.__module__), "__doc__", None)
 
     def main(argv: list[str] | None = None) -> int:
@@ -316,6 +334,8 @@ def stage_main(name: str, run_fn: RunFn, metrics_path: MetricsPathFn | None = No
             return EXIT_USAGE
         try:
             cfg = typed_config(load_params(PARAMS_FILE, overrides))  # checked, then typed once
+            if trains and argv is None and cfg.engine.name == EngineName.local:
+                restart_on_allocator()
             execute(stage_id, run_fn, cfg, (metrics_path or default_metrics_path(name))(cfg))
         except (Exception, KeyboardInterrupt) as exc:
             return _failure(stage_id, exc)
@@ -331,6 +351,7 @@ __all__ = [
     "configure_torch",
     "details_path",
     "execute",
+    "restart_on_allocator",
     "merge_metrics",
     "read_metrics",
     "split_metrics",

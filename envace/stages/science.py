@@ -49,13 +49,21 @@ from envace.engines.local.precision import cpu_model
 from envace.reporting.science import aggregate
 from envace.reporting.science_stats import BASE_REHEARSER_DIR
 from envace.stages import evaluate, prepare_data, rehearsal_sweep, template_prompts, train
-from envace.stages.runner import EXIT_USAGE, _failure, configure_logging, default_metrics_path, execute
+from envace.stages.runner import (
+    EXIT_USAGE,
+    _failure,
+    configure_logging,
+    default_metrics_path,
+    execute,
+    restart_on_allocator,
+)
 from envace.utils.io import read_jsonl, write_json
 from envace.utils.telemetry import telemetry_off
 
 logger = logging.getLogger(__name__)
 
 PARTS = ("data", "sft", "sft_eval", "cell", "testtime", "testtime_base", "aggregate")
+TRAINING_PARTS = ("sft", "cell")  # the parts that train: they start on the training allocator
 TASK_FIELDS = (
     "task_id",
     "domain",
@@ -306,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     telemetry_off()
     configure_logging()
     try:
+        if argv is None and args.part in TRAINING_PARTS:
+            restart_on_allocator()
         run_part(args.part, args.variant, args.seed, list(args.overrides))
     except (Exception, KeyboardInterrupt) as exc:
         return _failure(f"science {args.part}", exc)

@@ -130,7 +130,7 @@ def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     }
 
 
-main = stage_main("train", run)
+main = stage_main("train", run, trains=True)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -248,3 +250,37 @@ def test_a_suite_option_the_benchmark_does_not_use_is_refused(chain, paths_under
     cfg = typed_config(compose(["profile=smoke", "tracking=none"]))
     with pytest.raises(ValueError, match="eval.suites.finmcp.data_path"):
         make_adapter(cfg, eval_suite(cfg, "finmcp"))
+
+
+def test_train_command_restarts_on_jemalloc_and_writes_the_same_weights(chain, paths_under, repo_root):
+    """``python -m envace.stages.train`` re-executes itself on jemalloc where ENVACE_ALLOCATOR lets it (auto
+    finds Ray's copy), and its checkpoints equal a glibc run's byte for byte: the allocator changes no value."""
+    from envace.config import write_params
+    from envace.utils.malloc import ENV_CHOICE, ENV_EXEC, find_jemalloc
+
+    _, _, root = chain
+    runs = {"glibc": "glibc", "auto": "jemalloc" if find_jemalloc() else "glibc"}
+    weights = {}
+    for choice, expected in runs.items():
+        work = root / f"alloc_{choice}"  # its own cwd, so its own .envace/train resume directory
+        work.mkdir()
+        moved = {"checkpoints", "metrics", "plots"}
+        paths = [o for o in paths_under(root) if o.split("=")[0].removeprefix("paths.") not in moved]
+        write_params(
+            ["profile=smoke", "tracking=none", *paths, *(f"paths.{p}={work / p}" for p in sorted(moved))],
+            root=work,
+            conf_dir=repo_root / "conf",
+        )
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF", ENV_EXEC)}
+        env[ENV_CHOICE] = choice
+        done = subprocess.run(
+            [sys.executable, "-m", "envace.stages.train"], cwd=work, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"C allocator: {expected}" in done.stderr
+        files = sorted((work / "checkpoints").rglob("*.safetensors"))
+        assert files, "the train stage wrote no weights"
+        weights[choice] = {str(f.relative_to(work)): f.read_bytes() for f in files}
+    assert weights["glibc"].keys() == weights["auto"].keys()
+    for name, data in weights["glibc"].items():
+        assert data == weights["auto"][name], f"{name} differs between allocators"

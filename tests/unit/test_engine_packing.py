@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import platform
 
 import pytest
 import torch
@@ -311,12 +310,3 @@ def test_segment_attention_equals_masked_attention_with_gradients(dtype, flash_m
     grads_want = torch.autograd.grad((want * weights).sum(), (q, k, v))
     for a, b in zip(grads_got, grads_want):
         torch.testing.assert_close(a, b, **tol)
-
-
-def test_mmap_threshold_is_fixed_unless_the_user_set_one(monkeypatch):
-    """On glibc the engine pins malloc's mmap threshold; a user's MALLOC_MMAP_THRESHOLD_ wins."""
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
-    assert precision.fix_mmap_threshold() is False
-    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
-    expected = platform.libc_ver()[0] == "glibc"
-    assert precision.fix_mmap_threshold() is expected

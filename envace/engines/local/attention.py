@@ -101,9 +101,10 @@ class PackLayout:
 
     Row b's prefix is ``[0, prefix_len)``; its suffixes are the given half-open spans (contiguous, in
     order, starting at ``prefix_len``); positions after the last span are padding. ``blocked(b, j,
-    group)`` is segment j's mask of the keys it may *not* attend (j = 0: the prefix, causal; j >= 1:
-    suffix j, which sees every prefix key and its own keys causally), repeated for ``group`` query
-    heads per key head; built once per pack and reused by every layer.
+    group)`` is segment j's mask of the keys it may *not* attend among its last keys (j = 0: the
+    prefix, causal, all its keys; j >= 1: suffix j's own keys, causal: it sees every prefix key, so
+    those columns need no mask), repeated for ``group`` query heads per key head; built once per pack
+    and reused by every layer.
     """
 
     width: int
@@ -114,12 +115,8 @@ class PackLayout:
         key = (b, j, group, device)
         if key not in self._blocked:
             prefix, spans = self.rows[b]
-            if j == 0:
-                allowed = torch.ones(prefix, prefix, dtype=torch.bool, device=device).tril()
-            else:
-                n = spans[j - 1][1] - spans[j - 1][0]
-                allowed = torch.ones(n, prefix + n, dtype=torch.bool, device=device)
-                allowed[:, prefix:] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+            n = prefix if j == 0 else spans[j - 1][1] - spans[j - 1][0]
+            allowed = torch.ones(n, n, dtype=torch.bool, device=device).tril()
             self._blocked[key] = (~allowed).repeat(group, 1)
         return self._blocked[key]
 
@@ -184,16 +181,19 @@ def masked_attention(
 ) -> torch.Tensor:
     """softmax(q kᵀ · scale, except where ``blocked``) v for one row, grouped query heads; [1, H, S, D].
 
-    query ``[1, H, S, D]``, key/value ``[1, Hkv, T, D]``; ``blocked`` ``[G*S, T]`` bool (True = may not
-    attend; G = H / Hkv query heads per key head, stacked in HF's ``repeat_kv`` order; every query keeps
-    at least one key). The scale is applied to q (exact for the usual power-of-two 1/sqrt(D)), the
-    mask in place on the matmul's output, the softmax in float32; matmuls in the inputs' dtype.
+    query ``[1, H, S, D]``, key/value ``[1, Hkv, T, D]``; ``blocked`` ``[G*S, M]`` bool over the last M ≤ T
+    keys (True = may not attend; the first T - M keys are open to every query; G = H / Hkv query heads
+    per key head, stacked in HF's ``repeat_kv`` order; every query keeps at least one key). The scale is
+    applied to q (exact for the usual power-of-two 1/sqrt(D)), the mask in place on the matmul's output
+    (only its last M columns: a suffix behind a 1,500-token prefix masks its own ~200 keys, not 1,700),
+    the softmax in float32; matmuls in the inputs' dtype.
     """
     _, heads, s, d = query.shape
     kv_heads = key.shape[1]
     scale = scaling if scaling is not None else d**-0.5
     grouped = (query * scale).reshape(1, kv_heads, (heads // kv_heads) * s, d)
-    scores = torch.matmul(grouped, key.transpose(-1, -2)).masked_fill_(blocked, float("-inf"))
+    scores = torch.matmul(grouped, key.transpose(-1, -2))
+    scores[..., scores.shape[-1] - blocked.shape[-1] :].masked_fill_(blocked, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     return torch.matmul(probs, value).reshape(1, heads, s, d)
 

@@ -66,7 +66,7 @@ from envace.engines.local.decode import DecodeGuide, OutputKey
 from envace.engines.local.fidelity import make_probe, probe_at
 from envace.engines.local.lora import add_lora, merged_copy, unwrap
 from envace.engines.local.metrics import rollout_metrics
-from envace.engines.local.precision import fix_mmap_threshold, resolve_precision, trim_heap
+from envace.engines.local.precision import resolve_precision
 from envace.engines.local.rollout import RolloutRunner
 from envace.engines.local.rollout_records import ExecutorFactory, ResponseSource
 from envace.engines.local.sft import SFT_EXPORT, warm_up
@@ -79,6 +79,7 @@ from envace.engines.local.trainer import (
 from envace.evaluation.probes import ProbeSet
 from envace.judges.reward import required_items_gate
 from envace.models import load_model_and_tokenizer
+from envace.utils.malloc import fix_mmap_threshold, running_allocator, trim_heap
 
 logger = logging.getLogger(__name__)
 
@@ -284,7 +285,8 @@ class LocalEngine(Engine):
         if not specs:
             raise ValueError("LocalEngine.train: no training data; pass at least one EpisodeSpec or Task")
         torch.manual_seed(cfg.seed)
-        fix_mmap_threshold()  # large freed blocks go back to the OS instead of fragmenting the heap
+        fix_mmap_threshold()  # glibc: large freed blocks go back to the OS instead of fragmenting the heap
+        logger.info("C allocator: %s (ENVACE_ALLOCATOR; envace.utils.malloc)", running_allocator())
         self._load(cfg)
         checkpoints = RunCheckpoints(cfg)
         has_checkpoint = checkpoints.latest() is not None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import ctypes
 import functools
 import logging
 import os
@@ -276,53 +275,6 @@ def release_inference_copy(model: torch.nn.Module) -> None:
     for param in entry[1].parameters():
         param.data = torch.empty(0, dtype=param.dtype, device=param.device)
     _SHADOWS[model] = ((-1,), entry[1])  # no version tuple matches: the next call re-casts
-
-
-_LIBC: Any = None  # libc once loaded by ``trim_heap`` (False where it cannot be)
-
-
-def _libc() -> Any:
-    """glibc, loaded once (False where it cannot be: another C library, another OS)."""
-    global _LIBC
-    if _LIBC is None:
-        try:
-            _LIBC = ctypes.CDLL("libc.so.6")
-            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
-            _LIBC.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-        except (OSError, AttributeError):
-            _LIBC = False
-    return _LIBC
-
-
-def trim_heap() -> None:
-    """Hand the C heap's free pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
-
-    A rollout or an update frees hundreds of MB of few-MB tensors (KV caches, activations) that glibc
-    keeps as free heap pages; trimming between the phases keeps them from adding to the next phase's
-    resident peak (measured: ``scripts/bench_step.py``'s ``peak_rss_mb``).
-    """
-    if _libc():
-        _LIBC.malloc_trim(0)
-
-
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
-MMAP_THRESHOLD_BYTES = 8 << 20
-
-
-def fix_mmap_threshold() -> bool:
-    """Serve allocations of 8 MB and more from their own mappings, returned to the OS when freed.
-
-    glibc starts at 128 KB and raises the threshold (up to 32 MB) each time a mapped block is freed, so
-    after the first few steps every activation and KV-cache block comes from the heap, where freed
-    blocks of many sizes fragment it and stay resident. Fixed at 8 MB (SmolLM2 update, bf16, one AMD
-    EPYC core, ``scripts/bench_step.py``'s new path: peak RSS 4,940 -> 4,423 MB at the same step time;
-    at 256 KB the peak was 3,736 MB but steps ran 1.5x slower, every small block page-faulting).
-    A threshold the user set (``MALLOC_MMAP_THRESHOLD_``) is left alone; a no-op without glibc.
-    Returns whether it set it.
-    """
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ or not _libc():
-        return False
-    return bool(_LIBC.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
 
 
 def resolve_threads(num_threads: int | str) -> int:
