@@ -106,6 +106,7 @@ class EngineConfig:
     # local engine speed/memory (envace.engines.local): auto | fp32 | bf16; shared-prompt packing; a token
     # budget per forward; gradient checkpointing auto | on | off; an opt-in log-prob health-check forward
     precision: str = "auto"
+    fp32_linear: str = "auto"  # auto | torch | onednn: the GEMM library of float32 linear layers on a CPU
     share_prefix: bool = True
     micro_batch_tokens: int = 4096
     grad_checkpointing: str = "auto"

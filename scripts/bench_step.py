@@ -12,10 +12,11 @@ the same forwards over the same streams and scores, packs and trains on the same
 Paths, each in its own child process (so ``peak_rss_mb`` is that path's own ``ru_maxrss``):
 - ``old``: fp32, no prefix sharing (right-padded rows, 4 per micro-batch, logits at the union of
   positions), an extra no-grad forward before the update (today's recompute/health check), no
-  gradient checkpointing, glibc's malloc;
-- ``new``: the engine defaults (precision auto, shared-prefix packing, old log-probs from the update's
-  own forward, checkpointing auto, LM head at trained positions only) on the allocator a training stage
-  starts on (``ENVACE_ALLOCATOR``, auto: jemalloc where found; ``--allocator`` picks another).
+  gradient checkpointing, glibc's malloc, torch's own float32 GEMM (MKL);
+- ``new``: the engine defaults (precision auto, fp32_linear auto, shared-prefix packing, old log-probs
+  from the update's own forward, checkpointing auto, LM head at trained positions only) on the allocator
+  a training stage starts on (``ENVACE_ALLOCATOR``, auto: jemalloc where found; ``--allocator`` picks
+  another; ``--fp32-linear`` pins the GEMM library).
 Both use the batched sampler (it has no switch). Per-step times come from the engine's own metrics
 (``time/rollout``, ``time/update``, ``time/step``); figures are medians over ``--steps`` steps.
 
@@ -62,6 +63,7 @@ from envace.engines import episode_spec_from_task
 from envace.engines.local import DecodeGuide, LocalEngine, LocalEngineConfig, OptimConfig, RolloutConfig, SFTConfig
 from envace.engines.local.attention import use_gqa_attention
 from envace.engines.local.engine import step_examples
+from envace.engines.local.gemm import FP32_LINEARS
 from envace.engines.local.precision import cpu_has_bf16, cpu_model, resolve_precision
 from envace.engines.local.rollout import ResponseSource, RolloutRunner
 from envace.engines.local.sft import gold_targets
@@ -79,8 +81,10 @@ PATHS = {
         "precision": "fp32",
         "optim": {"share_prefix": False, "micro_batch_streams": 4, "logprob_check": True, "grad_checkpointing": "off"},
         "allocator": "glibc",
+        "fp32_linear": "torch",
     },
-    "new": {"precision": "auto", "optim": {}, "allocator": None},  # None: --allocator, else ENVACE_ALLOCATOR
+    # None: --allocator (else ENVACE_ALLOCATOR) and --fp32-linear
+    "new": {"precision": "auto", "optim": {}, "allocator": None, "fp32_linear": None},
 }
 
 
@@ -99,6 +103,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--workload", default=None, help="keep the sampled workload here (reused if the file exists)")
     p.add_argument("--allocator", choices=ALLOCATORS, default=None, help="the new path's (default: ENVACE_ALLOCATOR)")
+    p.add_argument("--fp32-linear", choices=FP32_LINEARS, default="auto", help="the new path's engine.fp32_linear")
     p.add_argument("--child-sft", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -160,6 +165,7 @@ def path_config(args: argparse.Namespace, rollout: RolloutConfig, **fields) -> L
         rollout=rollout,
         optim=OptimConfig(**conf["optim"]),
         precision=conf["precision"],
+        fp32_linear=conf["fp32_linear"] or args.fp32_linear,
         progress=False,
         **fields,
     )
@@ -198,6 +204,7 @@ def run_child(args: argparse.Namespace) -> dict:
     return {
         "path": args.child,
         "precision": "bf16" if hist[0].get("engine/bf16") else "fp32",  # what the engine resolved
+        "onednn_linear": bool(hist[0].get("engine/onednn_linear")),
         "allocator": running_allocator(),
         "malloc_conf": os.environ.get("MALLOC_CONF"),
         "step_s": med("time/step"),
@@ -255,6 +262,8 @@ def main() -> None:
                 str(args.sft_epochs),
                 "--sft-tasks",
                 str(args.sft_tasks),
+                "--fp32-linear",
+                args.fp32_linear,
             ] + (["--child-sft"] if sft else [])
             allocator = PATHS[name]["allocator"] or args.allocator or allocator_choice()
             env = allocator_env(allocator, {**os.environ, "OMP_NUM_THREADS": str(args.threads)})

@@ -63,6 +63,7 @@ def local_engine_config(cfg: Config, output_dir: Path, tracker: Tracker) -> Any:
         seed=int(cfg.seed),
         device=e.device,
         precision=str(e.precision),
+        fp32_linear=str(e.fp32_linear),
         output_dir=str(output_dir),
         checkpoint_every=int(t.checkpoint_every),
         keep_checkpoints=int(t.keep_checkpoints),

@@ -46,6 +46,24 @@ def test_gold_trajectories_score_one_and_rows_cover_targets_only(specs):
     assert len(sft_rows(trajs, [Role.ACT])) == len(trajs)  # one ACT stream each, REHEARSE rows dropped
 
 
+def test_gold_replay_a_few_specs_at_a_time_builds_the_same_rows(specs):
+    """Replaying the specs in parts (which bounds the KV caches) gives the streams and training rows of one
+    batch over all of them, in the same order."""
+    model, tokenizer = load_model_and_tokenizer(TINY)
+    fmt = ChatFormatter(tokenizer)
+    got = {n: gold_trajectories(specs, model, fmt, ROLLOUT, DEFAULT_ROLE_PROMPTS, replay_specs=n) for n in (1, 4, 6)}
+    streams = {n: [[s.flat()["input_ids"] for s in t.streams] for t in trajs] for n, trajs in got.items()}
+    assert len(streams[6]) == len(specs)
+    assert streams[1] == streams[6] and streams[4] == streams[6]
+    rows = {n: sft_rows(trajs, [Role.ACT, Role.REHEARSE]) for n, trajs in got.items()}
+
+    def fields(row):
+        return [row.input_ids.tolist(), row.positions.tolist(), row.targets.tolist(), row.roles.tolist()]
+
+    for n in (1, 4):
+        assert [fields(r) for r in rows[n]] == [fields(r) for r in rows[6]]
+
+
 def test_gold_replay_in_one_forward_builds_the_same_streams(specs):
     """The replaying guide (each forced output fed in one forward) yields token-for-token the streams of
     token-by-token teacher forcing, with far fewer forwards."""

@@ -200,3 +200,22 @@ def test_lean_bf16_decoding_matches_hf_bf16(model):
         assert got.keys() == want.keys()
         for key in got:
             torch.testing.assert_close(got[key], want[key], atol=3e-2, rtol=3e-2)
+
+
+def test_lean_fuses_projections_only_on_an_inference_copy(model):
+    """A model being trained decodes with separate q/k/v and gate/up matmuls (no ~430 MB of fused copies
+    beside the optimiser state); a frozen copy fuses them. Both give HF's logits."""
+    from envace.engines.local.lean import LeanLlama
+
+    assert all(p.requires_grad for p in model.parameters())
+    assert not LeanLlama(model).fused and LeanLlama(model, fuse=True).fused
+    frozen = copy.deepcopy(model).requires_grad_(False)
+    assert LeanLlama(frozen).fused
+    assert BatchedStreams(model, ["a"], precision="bf16").lean.fused  # the bf16 decoding copy is frozen
+    streams = {"a": list(range(1, 30)), "b": list(range(40, 47))}
+    for fuse in (False, True):
+        kv = BatchedStreams(model, list(streams), lean=LeanLlama(model, fuse=fuse))
+        last = kv.append({k: v[:20] for k, v in streams.items()})
+        last.update(kv.append({"a": streams["a"][20:]}))
+        for key, tokens in streams.items():
+            torch.testing.assert_close(last[key], _alone(model, tokens), atol=1e-5, rtol=1e-5)

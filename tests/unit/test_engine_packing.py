@@ -14,6 +14,8 @@ from envace.core.records import Role
 from envace.engines.local import OptimConfig, attention, precision
 from envace.engines.local.attention import PackLayout, segment_attention, use_gqa_attention
 from envace.engines.local.batching import TrainRow, collate, token_logprobs
+from envace.engines.local.kv import BatchedStreams
+from envace.engines.local.lean import LeanLlama
 from envace.engines.local.packing import (
     Pack,
     attention_cost_ratio,
@@ -33,7 +35,7 @@ from envace.engines.local.precision import (
     resolve_precision,
     resolve_threads,
 )
-from envace.engines.local.trainer import PolicyUpdater, Slot, make_optimizer, needs_checkpointing
+from envace.engines.local.trainer import PolicyUpdater, Slot, make_optimizer, needs_checkpointing, set_checkpointing
 
 torch.set_num_threads(1)
 VOCAB = 96
@@ -169,6 +171,19 @@ def test_gradient_checkpointing_changes_nothing():
     assert on_loss == pytest.approx(off_loss, abs=1e-7)
     for name, grad in off_grads.items():
         torch.testing.assert_close(on_grads[name], grad, atol=1e-7, rtol=1e-6, msg=name)
+
+
+def test_checkpointing_leaves_the_model_decodable_by_lean_llama():
+    """HF's checkpointing hooks the input embeddings (and leaves the hook when switched off); a hooked
+    model fails ``LeanLlama.supports``, which sent every float32 rollout after the first update through
+    HF's slower forward."""
+    model = _model()
+    assert LeanLlama.supports(model)
+    for on in (True, False, True):
+        set_checkpointing(model, on)
+        assert model.is_gradient_checkpointing == on
+        assert LeanLlama.supports(model), f"checkpointing {'on' if on else 'off'}"
+    assert BatchedStreams(model, [0], pad_id=0).lean is not None
 
 
 def test_checkpointing_auto_by_activation_size():

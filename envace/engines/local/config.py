@@ -104,4 +104,7 @@ class LocalEngineConfig:
     # auto | fp32 | bf16 (envace.engines.local.precision): bf16 autocast with fp32 master weights where
     # the hardware has bf16 matmuls; rollouts, SFT and updates all run under it
     precision: str = "auto"
+    # auto | torch | onednn (envace.engines.local.gemm): the library computing float32 linear layers on a
+    # CPU; auto measures both on the model's first layers. No effect under bf16
+    fp32_linear: str = "auto"
     progress: bool = True  # tqdm bar over steps

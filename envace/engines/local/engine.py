@@ -64,6 +64,7 @@ from envace.engines.local.checkpoint import RunCheckpoints
 from envace.engines.local.config import LocalEngineConfig
 from envace.engines.local.decode import DecodeGuide, OutputKey
 from envace.engines.local.fidelity import make_probe, probe_at
+from envace.engines.local.gemm import resolve_fp32_linear, set_fp32_linear
 from envace.engines.local.lora import add_lora, merged_copy, unwrap
 from envace.engines.local.metrics import rollout_metrics
 from envace.engines.local.precision import resolve_precision
@@ -155,6 +156,7 @@ class LocalEngine(Engine):
         use_gqa_attention(model)
         self.precision = resolve_precision(cfg.precision, cfg.device, model)
         logger.info("local engine: precision %s (engine.precision=%s) on %s", self.precision, cfg.precision, cfg.device)
+        self.fp32_linear = resolve_fp32_linear(cfg.fp32_linear, self.precision, cfg.device, model)
         self.tokenizer = tokenizer
         self.formatter = ChatFormatter(tokenizer)
         pad = tokenizer.pad_token_id
@@ -162,6 +164,7 @@ class LocalEngine(Engine):
         self.variant = get_variant(cfg.variant)
         # with LoRA: peft's wrapper (kept for export); the engine trains the HF model inside it
         loaded = add_lora(model, cfg.lora) if cfg.lora is not None else model
+        set_fp32_linear(loaded, self.fp32_linear)  # before any copy: a deep copy keeps it
         if self.variant.separate_models:
             copies = {"act": loaded, "rehearse": copy.deepcopy(loaded)}
         else:
@@ -199,6 +202,7 @@ class LocalEngine(Engine):
             if cfg.simulator_model is not None:
                 sim, _ = load_model_and_tokenizer(cfg.simulator_model)
                 use_gqa_attention(sim)
+                set_fp32_linear(sim, self.fp32_linear)
                 self.frozen["simulator"] = _frozen(sim.to(cfg.device))
             else:
                 self.frozen["simulator"] = _frozen(self.models["policy"])
@@ -269,6 +273,7 @@ class LocalEngine(Engine):
                 "time/update": t2 - t1,
                 "time/step": t2 - t0,
                 "engine/bf16": float(self.precision == "bf16"),
+                "engine/onednn_linear": float(self.fp32_linear == "onednn" and self.precision == "fp32"),
             }
         )
         metrics["tokens_per_s"] = sum(batch.generated_tokens.values()) / max(batch.seconds, 1e-9)

@@ -8,8 +8,11 @@ per decode step through HF's forward, 115-121 ms through this one; the rest is m
 weights and the KV cache are read once per step). ``scripts/bench_step.py`` measures whole rollouts.
 
 What differs from HF's forward, and why it is the same computation:
-- q/k/v and gate/up projections run as one matmul each over weights concatenated once per
-  ``LeanLlama`` (the rows of the concatenation are exactly the separate weights);
+- on an inference copy of the weights (the bf16 decoding copy: no parameter requires grad), q/k/v and
+  gate/up projections run as one matmul each over weights concatenated once per ``LeanLlama`` (the rows
+  of the concatenation are exactly the separate weights). On a model being trained (float32 decoding
+  reads the trained weights themselves) they stay separate matmuls: the concatenated copies would add
+  ~430 MB (SmolLM2) to a rollout that runs beside the optimiser state (``fuse`` overrides);
 - RMSNorm uses torch's fused ``rms_norm`` in float32, then casts and scales as HF does;
 - the rotary embedding comes from the model's own ``rotary_emb`` module (any RoPE scaling it
   implements), applied to q and k together;
@@ -31,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from envace.engines.local.attention import gqa_sdpa_attention
+from envace.engines.local.gemm import linear_fn
 
 
 class LeanLlama:
@@ -64,7 +68,7 @@ class LeanLlama:
                 return False
         return not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, fuse: bool | None = None):
         if not self.supports(model):
             raise ValueError(
                 f"LeanLlama: {type(model).__name__} is not a plain Llama model (see LeanLlama.supports); "
@@ -76,9 +80,12 @@ class LeanLlama:
         self.rotary = inner.rotary_emb
         self.norm = (inner.norm.weight, inner.norm.variance_epsilon)
         self.head = model.lm_head.weight
+        self.linear = linear_fn(model)  # F.linear, or oneDNN's as the model's own layers (engines.local.gemm)
         self.heads = cfg.num_attention_heads
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.fused = not any(p.requires_grad for p in model.parameters()) if fuse is None else fuse
+        join = torch.cat if self.fused else tuple
         self.layers = []
         with torch.no_grad():
             for layer in inner.layers:
@@ -86,10 +93,10 @@ class LeanLlama:
                 self.layers.append(
                     (
                         (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
-                        torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]),
+                        join([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]),
                         att.o_proj.weight,
                         (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
-                        torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                        join([mlp.gate_proj.weight, mlp.up_proj.weight]),
                         mlp.down_proj.weight,
                         att.scaling,
                     )
@@ -110,6 +117,7 @@ class LeanLlama:
         columns); new token i sees cache column j iff ``key_mask[b, j]`` and ``j <= L - T + i``.
         """
         b, t = ids.shape
+        linear = self.linear
         h = F.embedding(ids, self.embed)
         cos, sin = self.rotary(h, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
@@ -122,14 +130,17 @@ class LeanLlama:
         nq, nkv, d = self.heads, self.kv_heads, self.head_dim
         half = d // 2
         for i, (ln1, qkv_w, o_w, ln2, gate_up_w, down_w, scaling) in enumerate(self.layers):
-            qkv = F.linear(self._rms(h, ln1), qkv_w).view(b, t, nq + 2 * nkv, d).transpose(1, 2)
+            x = self._rms(h, ln1)
+            qkv = linear(x, qkv_w) if self.fused else torch.cat([linear(x, w) for w in qkv_w], dim=-1)
+            qkv = qkv.view(b, t, nq + 2 * nkv, d).transpose(1, 2)
             qk, v = qkv[:, : nq + nkv], qkv[:, nq + nkv :]
             rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
             qk = qk * cos + rotated * sin
             keys, values = cache.layers[i].update(qk[:, nq:], v)
             out, _ = gqa_sdpa_attention(None, qk[:, :nq], keys, values, mask, scaling=scaling)
-            h = h + F.linear(out.reshape(b, t, nq * d), o_w)
-            gate, up = F.linear(self._rms(h, ln2), gate_up_w).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, down_w)
+            h = h + linear(out.reshape(b, t, nq * d), o_w)
+            x = self._rms(h, ln2)
+            gate, up = linear(x, gate_up_w).chunk(2, dim=-1) if self.fused else (linear(x, w) for w in gate_up_w)
+            h = h + linear(F.silu(gate) * up, down_w)
         h = self._rms(h[:, keep], self.norm)
-        return F.linear(h, self.head)
+        return linear(h, self.head)

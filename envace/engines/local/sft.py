@@ -42,6 +42,7 @@ from envace.utils.malloc import trim_heap
 
 logger = logging.getLogger(__name__)
 
+REPLAY_SPECS = 4  # specs whose gold trajectories are replayed together (bounds the replay's KV caches)
 SFT_EXPORT = "sft_final"  # under output_dir: the weights after the warm-up, as HF directories (one per model)
 
 
@@ -88,8 +89,10 @@ def gold_trajectories(
     rollout: RolloutConfig,
     prompts: Any,
     precision: str = "fp32",
+    replay_specs: int = REPLAY_SPECS,
 ) -> list[Trajectory]:
-    """Teacher-forced gold trajectories (one per spec with gold responses) in the RL stream format."""
+    """Teacher-forced gold trajectories (one per spec with gold responses) in the RL stream format, replayed
+    ``replay_specs`` specs at a time (the same trajectories as one batch over all of them)."""
     usable = [(s, gold_targets(s, fmt)) for s in specs]
     usable = [(s, g) for s, g in usable if g is not None]
     if len(usable) < len(specs):
@@ -111,11 +114,19 @@ def gold_trajectories(
     # replay: each gold output is fed in one forward (its log-probs are not needed for the NLL)
     guide = gold_guide({i: s for i, (s, _) in enumerate(usable)}, fmt, replay=True)
     runner = RolloutRunner(fmt, forced, prompts, guide=guide, precision=precision)
-    batch = runner.run([s for s, _ in usable], model, ResponseSource(model=model))
-    good = [t for t in batch.trajectories if t.termination is Termination.FINAL_REPLY]
-    if len(good) < len(batch.trajectories):
+    trajectories: list[Trajectory] = []
+    # a few specs at a time: every stream's KV cache grows with each turn until its episode ends (all 16 of
+    # the cpu profile's SmolLM2 tasks at once held ~3.8 GB of caches). Each spec keeps its index as its name,
+    # so guide lookups and seeds are those of one batch over all specs
+    for start in range(0, len(usable), max(1, replay_specs)):
+        part = usable[start : start + max(1, replay_specs)]
+        names = range(start, start + len(part))
+        batch = runner.run([s for s, _ in part], model, ResponseSource(model=model), examples=names)
+        trajectories.extend(batch.trajectories)
+    good = [t for t in trajectories if t.termination is Termination.FINAL_REPLY]
+    if len(good) < len(trajectories):
         logger.warning(
-            "SFT: %d gold trajectories did not replay to a final reply (dropped)", len(batch.trajectories) - len(good)
+            "SFT: %d gold trajectories did not replay to a final reply (dropped)", len(trajectories) - len(good)
         )
     return good
 
@@ -163,6 +174,7 @@ def sft_epoch(
                     _add_losses(sums, counts, logp.detach(), batch)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
+            trim_heap()  # hand back what this step's micro-batches freed (as after each RL update)
         optimizer.zero_grad(set_to_none=True)  # no gradients held between epochs (or into RL)
     finally:
         set_checkpointing(model, False)

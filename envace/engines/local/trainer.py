@@ -203,11 +203,20 @@ def needs_checkpointing(model: torch.nn.Module, padded_tokens: int, precision: s
 
 
 def set_checkpointing(model: Any, on: bool) -> None:
-    """Switch HF gradient checkpointing on or off (non-reentrant; no-op when already in that state)."""
+    """Switch HF gradient checkpointing on or off (non-reentrant; no-op when already in that state).
+
+    HF's ``gradient_checkpointing_enable`` also hooks the input embeddings so that their output requires
+    grad (needed by reentrant checkpointing only) and ``gradient_checkpointing_disable`` leaves that hook
+    in place; a hooked model no longer qualifies for ``LeanLlama``, so every float32 rollout after the first
+    update decoded through HF's slower forward. The hook is removed: with non-reentrant checkpointing it
+    changes no gradient.
+    """
     if bool(getattr(model, "is_gradient_checkpointing", False)) == on:
         return
     if on:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "disable_input_require_grads"):
+            model.disable_input_require_grads()
     else:
         model.gradient_checkpointing_disable()
 
