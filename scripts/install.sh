@@ -28,6 +28,14 @@ done
 
 SPEC_HASH=$( (cat "$REQ"/* "$ROOT/pyproject.toml" "$ROOT/scripts/install.sh"; echo "sets: ${SETS[*]}") | sha256sum | cut -c1-16)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SPEC_HASH" ]; then
+  # a venv outside the clone (CI keeps one per spec hash) may have been built by a checkout at another
+  # path: point its editable envace at this one, or every subprocess (`python -m envace.stages.*`, DVC's
+  # stage commands) imports the other tree's code, or none
+  where=$(cd / && "$VENV/bin/python" -c 'import envace, os; print(os.path.dirname(os.path.dirname(os.path.abspath(envace.__file__))))' 2>/dev/null || true)
+  if [ "$where" != "$ROOT" ]; then
+    echo "[install] envace (editable) -> $ROOT (it pointed at: ${where:-nothing importable})"
+    "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$ROOT"
+  fi
   echo "[install] $VENV is up to date ($SPEC_HASH)"; exit 0
 fi
 
