@@ -198,13 +198,14 @@ def run_child(args: argparse.Namespace) -> dict:
     guide = DecodeGuide(lambda k: forced.get(f"{k.example}|{k.sample}|{k.role.name}|{k.index}"))
     cfg = path_config(args, rollout, steps=args.steps, prompts_per_step=args.prompts)
     before = rss_now_mb()
-    result = LocalEngine(guide=guide).train(cfg, specs)
+    engine = LocalEngine(guide=guide)
+    result = engine.train(cfg, specs)
     hist = [h for h in result.history if "time/step" in h]
     med = lambda key: statistics.median(h[key] for h in hist)
     return {
         "path": args.child,
         "precision": "bf16" if hist[0].get("engine/bf16") else "fp32",  # what the engine resolved
-        "onednn_linear": bool(hist[0].get("engine/onednn_linear")),
+        "onednn_linear": engine.fp32_linear == "onednn" and engine.precision == "fp32",  # what it resolved
         "allocator": running_allocator(),
         "malloc_conf": os.environ.get("MALLOC_CONF"),
         "step_s": med("time/step"),

@@ -105,6 +105,6 @@ class LocalEngineConfig:
     # the hardware has bf16 matmuls; rollouts, SFT and updates all run under it
     precision: str = "auto"
     # auto | torch | onednn (envace.engines.local.gemm): the library computing float32 linear layers on a
-    # CPU; auto measures both on the model's first layers. No effect under bf16
+    # CPU; auto times both on the model's layer shapes. No effect under bf16
     fp32_linear: str = "auto"
     progress: bool = True  # tqdm bar over steps

@@ -273,7 +273,6 @@ class LocalEngine(Engine):
                 "time/update": t2 - t1,
                 "time/step": t2 - t0,
                 "engine/bf16": float(self.precision == "bf16"),
-                "engine/onednn_linear": float(self.fp32_linear == "onednn" and self.precision == "fp32"),
             }
         )
         metrics["tokens_per_s"] = sum(batch.generated_tokens.values()) / max(batch.seconds, 1e-9)

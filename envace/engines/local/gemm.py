@@ -33,6 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from envace.engines.local.precision import device_type, time_ratio
+
 logger = logging.getLogger(__name__)
 
 FP32_LINEARS = ("auto", "torch", "onednn")
@@ -161,12 +163,7 @@ def onednn_speedup(model: torch.nn.Module, threads: int) -> float | None:
                 torch.mm(x, w.t()), torch.mm(g, w)
         return time.perf_counter() - start
 
-    run("torch"), run("onednn")  # warm-up: oneDNN builds its kernels on first use
-    times = {"torch": float("inf"), "onednn": float("inf")}
-    for _ in range(PROBE_RUNS):  # interleaved, so that both see the same machine load
-        for backend in times:
-            times[backend] = min(times[backend], run(backend))
-    ratio = times["torch"] / times["onednn"]
+    ratio = time_ratio(lambda: run("torch"), lambda: run("onednn"), PROBE_RUNS)
     _SPEEDUPS[key] = ratio
     return ratio
 
@@ -174,8 +171,6 @@ def onednn_speedup(model: torch.nn.Module, threads: int) -> float | None:
 def resolve_fp32_linear(choice: str, precision: str, device: str | torch.device, model: torch.nn.Module) -> str:
     """``torch`` or ``onednn`` for ``choice`` (``engine.fp32_linear``) given the resolved ``precision``;
     ``auto`` is decided by ``onednn_speedup`` on the model (logged)."""
-    from envace.engines.local.precision import device_type
-
     if choice not in FP32_LINEARS:
         raise ValueError(f"engine.fp32_linear={choice!r}; valid: {', '.join(FP32_LINEARS)}")
     cpu_fp32 = device_type(device) == "cpu" and precision == "fp32"

@@ -23,6 +23,7 @@ import os
 import platform
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,17 @@ def cpu_bf16_speedup(threads: int) -> float:
     return timed(False) / timed(True)
 
 
+def time_ratio(base: Callable[[], float], other: Callable[[], float], runs: int) -> float:
+    """``base``'s time over ``other``'s, each callable returning its own seconds: one warm-up call each
+    (oneDNN builds its kernels on first use), then ``runs`` rounds interleaved, so that both see the same
+    machine load, best of each."""
+    base(), other()
+    best_base = best_other = float("inf")
+    for _ in range(runs):
+        best_base, best_other = min(best_base, base()), min(best_other, other())
+    return best_base / best_other
+
+
 def decoder_of(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.ModuleList] | None:
     """An HF causal LM's decoder (``get_decoder()``, under a PEFT wrapper too) and its layer list, or None."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -150,14 +162,9 @@ def model_bf16_speedup(model: torch.nn.Module, threads: int) -> float | None:
 
     try:
         del layers[PROBE_LAYERS:]
-        run(False), run(True)  # warm-up: oneDNN builds its kernels on first use
-        times = {False: float("inf"), True: float("inf")}
-        for _ in range(PROBE_RUNS):  # interleaved, so that both see the same machine load
-            for cast in times:
-                times[cast] = min(times[cast], run(cast))
+        ratio = time_ratio(lambda: run(False), lambda: run(True), PROBE_RUNS)
     finally:
         layers.extend(kept[len(layers) :])
-    ratio = times[False] / times[True]
     _MODEL_SPEEDUPS[key] = ratio
     return ratio
 
