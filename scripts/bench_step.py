@@ -12,9 +12,11 @@ the same forwards over the same streams and scores, packs and trains on the same
 Paths, each in its own child process (so ``peak_rss_mb`` is that path's own ``ru_maxrss``):
 - ``old``: fp32, no prefix sharing (right-padded rows, 4 per micro-batch, logits at the union of
   positions), an extra no-grad forward before the update (today's recompute/health check), no
-  gradient checkpointing, glibc's malloc, torch's own float32 GEMM (MKL);
+  gradient checkpointing, glibc's malloc, torch's own float32 GEMM (MKL), and each sample's rollout row
+  holding its own copy of the prompt's keys/values;
 - ``new``: the engine defaults (precision auto, fp32_linear auto, shared-prefix packing, old log-probs
-  from the update's own forward, checkpointing auto, LM head at trained positions only) on the allocator
+  from the update's own forward, checkpointing auto, LM head at trained positions only, one copy of a
+  prompt's keys/values read by all its samples in the rollout) on the allocator
   a training stage starts on (``ENVACE_ALLOCATOR``, auto: jemalloc where found; ``--allocator`` picks
   another; ``--fp32-linear`` pins the GEMM library).
 Both use the batched sampler (it has no switch). Per-step times come from the engine's own metrics
@@ -82,9 +84,10 @@ PATHS = {
         "optim": {"share_prefix": False, "micro_batch_streams": 4, "logprob_check": True, "grad_checkpointing": "off"},
         "allocator": "glibc",
         "fp32_linear": "torch",
+        "rollout": {"share_prompt_kv": False},
     },
     # None: --allocator (else ENVACE_ALLOCATOR) and --fp32-linear
-    "new": {"precision": "auto", "optim": {}, "allocator": None, "fp32_linear": None},
+    "new": {"precision": "auto", "optim": {}, "allocator": None, "fp32_linear": None, "rollout": {}},
 }
 
 
@@ -162,7 +165,7 @@ def path_config(args: argparse.Namespace, rollout: RolloutConfig, **fields) -> L
         model=ModelSpec(kind=args.model),
         variant="envace",
         seed=args.seed,
-        rollout=rollout,
+        rollout=replace(rollout, **conf["rollout"]),
         optim=OptimConfig(**conf["optim"]),
         precision=conf["precision"],
         fp32_linear=conf["fp32_linear"] or args.fp32_linear,

@@ -77,6 +77,51 @@ def test_repeat_and_retain(model, lean):
     assert kv.keys == ["y0", "x1"]
 
 
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "copied"])
+def test_shared_prefix_rows_match_unbatched(model, share):
+    """Rows of a repeat attend to their group's prefix without copies of it; every logit is the row alone's."""
+    prompts = {"p0": [1, 2, 3, 4, 5, 6, 7], "p1": [20, 21, 22]}
+    kv = BatchedStreams(model, list(prompts), share_prefixes=share)
+    kv.append(prompts)  # p1 is shorter: the prefix has padding holes
+    kv.repeat([["a0", "a1", "a2"], ["b0", "b1", "b2"]])
+    assert (kv.shared is not None) == share and kv.cache_len == (0 if share else 7)
+    assert share is False or kv.shared.uniform == 3  # one batched matmul over the groups
+    streams = {k: list(prompts["p0" if k[0] == "a" else "p1"]) for k in kv.keys}
+
+    def feed(pieces):
+        out = kv.append(pieces)
+        for key, piece in pieces.items():
+            streams[key] += piece
+            torch.testing.assert_close(out[key], _alone(model, streams[key]), atol=1e-5, rtol=1e-5)
+
+    feed({"a0": [30], "a2": [31], "b1": [32]})  # decode step (one token), rows left out get a hole
+    feed({k: [40 + i, 41] for i, k in enumerate(kv.keys)})  # two tokens per row: causal inside the step
+    feed({"a1": list(range(50, 58)), "b0": [60]})  # a long piece: prefix copied out for that append
+    kv.retain(["a0", "b2", "a2"])  # group a's rows no longer contiguous
+    assert share is False or (len(kv.shared.groups) == 2 and kv.shared.uniform is None)  # a loop over groups
+    feed({"a0": [70], "b2": [71], "a2": [72]})
+    kv.retain(["b2"])  # group a is gone: its prefix is dropped
+    assert share is False or kv.shared.mask.shape[0] == 1
+    feed({"b2": [80]})
+    kv.repeat([["c0", "c1"]])  # a second repeat copies the shared prefix out, then shares the whole row
+    streams.update({"c0": list(streams["b2"]), "c1": list(streams["b2"])})
+    feed({"c0": [90], "c1": [91, 92]})
+
+
+def test_shared_prefix_bf16_matches_copied_rows(model):
+    """In bf16 (the cache in bf16, scores read key-first), shared-prefix decoding gives the copied rows' logits."""
+    runs = {}
+    for share in (True, False):
+        kv = BatchedStreams(model, ["p0", "p1"], precision="bf16", share_prefixes=share)
+        kv.append({"p0": list(range(1, 40)), "p1": list(range(50, 60))})
+        kv.repeat([["a0", "a1"], ["b0", "b1"]])
+        runs[share] = [kv.append({k: [i + 3 + j] for j, k in enumerate(kv.keys) if (i + j) % 3}) for i in range(5)]
+    for got, want in zip(runs[True], runs[False]):
+        assert got.keys() == want.keys()
+        for key in got:
+            torch.testing.assert_close(got[key], want[key], atol=1e-2, rtol=1e-2)
+
+
 def test_first_append_must_feed_every_row(model):
     kv = BatchedStreams(model, ["a", "b"])
     with pytest.raises(ValueError, match="first append"):

@@ -121,8 +121,9 @@ def test_masks_role_ids_and_logprobs(world):
             assert seg.token_ids[-1] in world["fmt"].end_of_turn_token_ids
 
 
-def test_kv_reuse_matches_naive_reencoding(world):
-    reuse, naive = _gold_run(world), _gold_run(world, reuse_kv=False)
+@pytest.mark.parametrize("share", [True, False], ids=["shared-prompt-kv", "copied-prompt-kv"])
+def test_kv_reuse_matches_naive_reencoding(world, share):
+    reuse, naive = _gold_run(world, share_prompt_kv=share), _gold_run(world, reuse_kv=False)
     for a, b in zip(reuse.trajectories, naive.trajectories):
         for sa, sb in zip(a.streams, b.streams):
             fa, fb = sa.flat(), sb.flat()

@@ -112,3 +112,19 @@ def test_resolve_fp32_linear_choices(tiny, caplog, monkeypatch):
     for speedup, chosen in ((gemm.MIN_SPEEDUP + 0.1, "onednn"), (gemm.MIN_SPEEDUP - 0.1, "torch")):
         monkeypatch.setattr(gemm, "onednn_speedup", lambda model, threads, s=speedup: s)
         assert resolve_fp32_linear("auto", "fp32", "cpu", wide) == chosen
+
+
+def test_decode_head_follows_its_own_measurement(monkeypatch, caplog):
+    """The decoding LM head picks oneDNN or torch by timing its own shape; narrow or non-float32 heads stay
+    on ``F.linear`` untimed; either choice gives ``F.linear``'s logits."""
+    assert gemm.decode_head_fn(torch.randn(97, 32)) is F.linear  # narrower than MIN_WIDTH
+    assert gemm.decode_head_fn(torch.randn(300, 256, dtype=torch.bfloat16)) is F.linear
+    head = torch.randn(1000, 256, generator=torch.Generator().manual_seed(1))
+    with caplog.at_level(logging.INFO, logger="envace.engines.local.gemm"):
+        fn = gemm.decode_head_fn(head)
+    assert "decode LM head" in caplog.text and fn in (F.linear, onednn_linear)
+    h = torch.randn(3, 1, 256)
+    torch.testing.assert_close(fn(h, head), F.linear(h, head), rtol=1e-4, atol=1e-4)
+    for speedup, chosen in ((gemm.MIN_SPEEDUP + 0.1, onednn_linear), (gemm.MIN_SPEEDUP - 0.1, F.linear)):
+        monkeypatch.setitem(gemm._HEAD_SPEEDUPS, (tuple(head.shape), torch.get_num_threads()), speedup)
+        assert gemm.decode_head_fn(head) is chosen

@@ -78,17 +78,86 @@ def _decode_attention(
     group = h // kv_heads
     scale = scaling if scaling is not None else d**-0.5
     grouped = query.reshape(b, kv_heads, group * q, d)
-    if key.dtype == torch.float32:
-        scores = torch.matmul(grouped, key.transpose(-1, -2))
-    else:  # bf16: the CPU bmm copies a transposed cache operand; (k qᵀ)ᵀ reads it in place (~3.7x)
-        # made contiguous before the float32 math: a softmax over a strided last dim runs ~8x slower
-        scores = torch.matmul(key, grouped.transpose(-1, -2)).transpose(-1, -2).contiguous()
-    scores = scores.float() * scale  # [B, Hkv, G*q, L]
+    scores = _scores(grouped, key).float() * scale  # [B, Hkv, G*q, L]
     if mask is not None:  # None only for a single query token, which may see the whole cache
         m = mask.expand(b, 1, q, key.shape[2]).unsqueeze(2).expand(b, 1, group, q, key.shape[2])
         m = m.reshape(b, 1, group * q, key.shape[2])
         scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.float()
     out = torch.matmul(torch.softmax(scores, dim=-1).to(value.dtype), value)  # [B, Hkv, G*q, D]
+    return out.reshape(b, h, q, d).transpose(1, 2).contiguous()
+
+
+def _scores(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """``query @ keyᵀ`` (``[..., n, D] x [..., L, D] -> [..., n, L]``, contiguous), read as each dtype is fastest."""
+    if key.dtype == torch.float32:
+        return torch.matmul(query, key.transpose(-1, -2))
+    # bf16: the CPU bmm copies a transposed cache operand; (k qᵀ)ᵀ reads it in place (~3.7x), made contiguous
+    # before the float32 math: a softmax over a strided last dim runs ~8x slower
+    return torch.matmul(key, query.transpose(-1, -2)).transpose(-1, -2).contiguous()
+
+
+def shared_prefix_decode_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    prefix_key: torch.Tensor,
+    prefix_value: torch.Tensor,
+    prefix_mask: torch.Tensor,
+    groups: list[tuple[int, slice | torch.Tensor]],
+    scaling: float | None,
+    uniform: int | None = None,
+) -> torch.Tensor:
+    """Decode attention of rows that share a cached prefix per group; returns [B, q, H, D].
+
+    Row b attends to its group's prefix keys (``prefix_key[g]`` ``[Hkv, P, D]``, open where
+    ``prefix_mask[b]``) followed by its own keys (``key[b]`` ``[Hkv, S, D]``, open where ``mask[b]``,
+    ``[B, 1, q, S]`` bool). The softmax runs over both parts at once, so the result is the attention over
+    the concatenated keys (the unshared computation up to float summation order). The point is memory
+    traffic: a decode step reads each group's prefix once for all its rows (one matmul per group with the
+    rows' query heads stacked), not once per row; on a CPU a decode step is bound by reading the cache.
+    ``groups`` lists (group index, its rows: a slice or an index tensor); every row is in one group.
+    ``uniform`` = n when row r is in group r // n for every row (as right after ``repeat``): then each part is
+    one batched matmul over all groups instead of a loop (the loop's per-call costs dominate small models).
+    """
+    b, h, q, d = query.shape
+    kv_heads = prefix_key.shape[1]
+    stack = (h // kv_heads) * q  # query rows per key head and batch row
+    plen, slen = prefix_key.shape[2], key.shape[2]
+    scale = scaling if scaling is not None else d**-0.5
+    grouped = query.reshape(b, kv_heads, stack, d)
+    scores = torch.empty(b, kv_heads, stack, plen + slen, dtype=torch.float32, device=query.device)
+    if uniform:
+        n, g = uniform, b // uniform
+        mine = grouped.view(g, n, kv_heads, stack, d).transpose(1, 2).reshape(g, kv_heads, n * stack, d)
+        part = _scores(mine, prefix_key).view(g, kv_heads, n, stack, plen).transpose(1, 2)
+        scores.view(g, n, kv_heads, stack, plen + slen)[..., :plen] = part
+    else:
+        for g, rows in groups:
+            mine = grouped[rows].transpose(0, 1)  # [Hkv, n, stack, D]
+            n = mine.shape[1]
+            part = _scores(mine.reshape(kv_heads, n * stack, d), prefix_key[g])
+            scores[rows, :, :, :plen] = part.view(kv_heads, n, stack, plen).transpose(0, 1)
+    if slen:
+        scores[..., plen:] = _scores(grouped, key)
+    scores *= scale
+    open_keys = torch.cat([prefix_mask[:, None, None, :].expand(b, 1, q, plen), mask.expand(b, 1, q, slen)], dim=-1)
+    open_keys = open_keys.unsqueeze(2).expand(b, 1, h // kv_heads, q, plen + slen).reshape(b, 1, stack, plen + slen)
+    probs = torch.softmax(scores.masked_fill_(~open_keys, float("-inf")), dim=-1).to(value.dtype)
+    if uniform:
+        n, g = uniform, b // uniform
+        mine = probs.view(g, n, kv_heads, stack, plen + slen)[..., :plen].transpose(1, 2)
+        part = torch.matmul(mine.reshape(g, kv_heads, n * stack, plen), prefix_value)
+        out = part.view(g, kv_heads, n, stack, d).transpose(1, 2).reshape(b, kv_heads, stack, d)
+    else:
+        out = torch.empty(b, kv_heads, stack, d, dtype=value.dtype, device=query.device)
+        for g, rows in groups:
+            mine = probs[rows, :, :, :plen].transpose(0, 1)  # [Hkv, n, stack, P]
+            n = mine.shape[1]
+            part = torch.matmul(mine.reshape(kv_heads, n * stack, plen), prefix_value[g])
+            out[rows] = part.view(kv_heads, n, stack, d).transpose(0, 1)
+    if slen:
+        out += torch.matmul(probs[..., plen:], value)
     return out.reshape(b, h, q, d).transpose(1, 2).contiguous()
 
 

@@ -133,6 +133,45 @@ def linear_fn(model: torch.nn.Module) -> Callable[..., torch.Tensor]:
 
 _SPEEDUPS: dict[tuple, float] = {}
 
+# decoding's LM head: a few rows against the whole vocabulary, a product bound by reading the head's weights
+# (SmolLM2: 113 MB in float32). MKL's sgemm is slow at that shape: one AMD EPYC core (AVX2), 8 rows,
+# F.linear 23.4 ms vs oneDNN 16.1 ms (4 rows: 20.1 vs 13.7, 16 rows: 31.6 vs 22.2), while on the same core
+# oneDNN lost to MKL on the layers' 512-row training shapes (0.93-0.97x): the head's choice is its own.
+HEAD_PROBE_ROWS = 8
+_HEAD_SPEEDUPS: dict[tuple, float] = {}
+
+
+def decode_head_fn(head: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """The faster of ``F.linear`` and oneDNN for a decode step's LM head ``head`` ``[V, H]`` (float32 CPU
+    weights only; anything else gets ``F.linear``), measured once per shape and thread count (~0.2 s for
+    SmolLM2's head; picked when oneDNN is at least ``MIN_SPEEDUP`` faster) and logged."""
+    if head.dtype is not torch.float32 or head.device.type != "cpu" or head.shape[1] < MIN_WIDTH:
+        return F.linear
+    if not onednn_available():
+        return F.linear
+    key = (tuple(head.shape), torch.get_num_threads())
+    if key not in _HEAD_SPEEDUPS:
+        weight = head.detach()
+        x = torch.randn(HEAD_PROBE_ROWS, weight.shape[1], generator=torch.Generator().manual_seed(0))
+
+        def run(fn: Callable[..., torch.Tensor]) -> Callable[[], float]:
+            def timed() -> float:
+                start = time.perf_counter()
+                fn(x, weight)
+                return time.perf_counter() - start
+
+            return timed
+
+        _HEAD_SPEEDUPS[key] = time_ratio(run(F.linear), run(_dnn_mm), PROBE_RUNS)
+        logger.info(
+            "decode LM head %s: oneDNN %.2fx torch's at %d rows, %d thread(s)",
+            "-> onednn" if _HEAD_SPEEDUPS[key] >= MIN_SPEEDUP else "stays on torch",
+            _HEAD_SPEEDUPS[key],
+            HEAD_PROBE_ROWS,
+            key[1],
+        )
+    return onednn_linear if _HEAD_SPEEDUPS[key] >= MIN_SPEEDUP else F.linear
+
 
 def onednn_speedup(model: torch.nn.Module, threads: int) -> float | None:
     """Measured time ratio torch / oneDNN of the products ``OneDnnLinear`` moves to oneDNN (forward and

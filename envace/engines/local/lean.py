@@ -33,8 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from envace.engines.local.attention import gqa_sdpa_attention
-from envace.engines.local.gemm import linear_fn
+from envace.engines.local.attention import DECODE_QUERY_TOKENS, gqa_sdpa_attention, shared_prefix_decode_attention
+from envace.engines.local.gemm import decode_head_fn, linear_fn
 
 
 class LeanLlama:
@@ -81,6 +81,8 @@ class LeanLlama:
         self.norm = (inner.norm.weight, inner.norm.variance_epsilon)
         self.head = model.lm_head.weight
         self.linear = linear_fn(model)  # F.linear, or oneDNN's as the model's own layers (engines.local.gemm)
+        # the head over a few rows is a product of its own kind (bound by reading the weights): measured apart
+        self.head_linear = self.linear if self.linear is not F.linear else decode_head_fn(self.head)
         self.heads = cfg.num_attention_heads
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -109,12 +111,21 @@ class LeanLlama:
 
     @torch.no_grad()
     def __call__(
-        self, ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor, cache: Any, keep: torch.Tensor
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        key_mask: torch.Tensor,
+        cache: Any,
+        keep: torch.Tensor,
+        prefix: Any = None,
     ) -> torch.Tensor:
         """Logits ``[B, len(keep), V]`` at columns ``keep`` of the ``T`` new tokens ``ids`` ``[B, T]``.
 
         ``key_mask`` ``[B, L]`` (bool) covers the cache *including* the new tokens (its last ``T``
         columns); new token i sees cache column j iff ``key_mask[b, j]`` and ``j <= L - T + i``.
+        ``prefix`` (a ``kv.SharedPrefix``): keys/values every row sees, per group, before its cache (all
+        of them, where the prefix mask is open). Decode steps read them once per group; longer appends
+        copy them out per row and take the usual attention.
         """
         b, t = ids.shape
         linear = self.linear
@@ -127,6 +138,9 @@ class LeanLlama:
             cols = torch.arange(length, device=ids.device)
             rows = torch.arange(length - t, length, device=ids.device)
             mask = mask & (cols[None, :] <= rows[:, None])[None, None]
+        shared = prefix is not None and t <= DECODE_QUERY_TOKENS
+        if prefix is not None and not shared:
+            mask = torch.cat([prefix.row_mask[:, None, None, :].expand(b, 1, mask.shape[2], -1), mask], dim=-1)
         nq, nkv, d = self.heads, self.kv_heads, self.head_dim
         half = d // 2
         for i, (ln1, qkv_w, o_w, ln2, gate_up_w, down_w, scaling) in enumerate(self.layers):
@@ -137,10 +151,27 @@ class LeanLlama:
             rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
             qk = qk * cos + rotated * sin
             keys, values = cache.layers[i].update(qk[:, nq:], v)
-            out, _ = gqa_sdpa_attention(None, qk[:, :nq], keys, values, mask, scaling=scaling)
+            if shared:
+                out = shared_prefix_decode_attention(
+                    qk[:, :nq],
+                    keys,
+                    values,
+                    mask,
+                    prefix.keys[i],
+                    prefix.values[i],
+                    prefix.row_mask,
+                    prefix.groups,
+                    scaling,
+                    prefix.uniform,
+                )
+            else:
+                if prefix is not None:
+                    pk, pv = prefix.materialise(i)
+                    keys, values = torch.cat([pk, keys], dim=2), torch.cat([pv, values], dim=2)
+                out, _ = gqa_sdpa_attention(None, qk[:, :nq], keys, values, mask, scaling=scaling)
             h = h + linear(out.reshape(b, t, nq * d), o_w)
             x = self._rms(h, ln2)
             gate, up = linear(x, gate_up_w).chunk(2, dim=-1) if self.fused else (linear(x, w) for w in gate_up_w)
             h = h + linear(F.silu(gate) * up, down_w)
         h = self._rms(h[:, keep], self.norm)
-        return linear(h, self.head)
+        return self.head_linear(h, self.head)

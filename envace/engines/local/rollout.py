@@ -202,7 +202,11 @@ class RolloutRunner:
                 caches[role] = model  # naive baseline: a fresh cache before every generation
                 continue
             cache = BatchedStreams(
-                model, [("prompt", i) for i in range(len(specs))], self.pad_id, precision=self.precision
+                model,
+                [("prompt", i) for i in range(len(specs))],
+                self.pad_id,
+                precision=self.precision,
+                share_prefixes=self.cfg.share_prompt_kv,
             )
             # all but the last prompt token: each sample feeds that one itself to get its own logits
             first = {("prompt", i): self._stream(episodes[i * k], role)[:-1] for i in range(len(specs))}
