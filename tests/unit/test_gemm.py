@@ -126,5 +126,5 @@ def test_decode_head_follows_its_own_measurement(monkeypatch, caplog):
     h = torch.randn(3, 1, 256)
     torch.testing.assert_close(fn(h, head), F.linear(h, head), rtol=1e-4, atol=1e-4)
     for speedup, chosen in ((gemm.MIN_SPEEDUP + 0.1, onednn_linear), (gemm.MIN_SPEEDUP - 0.1, F.linear)):
-        monkeypatch.setitem(gemm._HEAD_SPEEDUPS, (tuple(head.shape), torch.get_num_threads()), speedup)
+        monkeypatch.setitem(gemm._SPEEDUPS, ("head", tuple(head.shape), torch.get_num_threads()), speedup)
         assert gemm.decode_head_fn(head) is chosen

@@ -126,36 +126,36 @@ def shared_prefix_decode_attention(
     plen, slen = prefix_key.shape[2], key.shape[2]
     scale = scaling if scaling is not None else d**-0.5
     grouped = query.reshape(b, kv_heads, stack, d)
-    scores = torch.empty(b, kv_heads, stack, plen + slen, dtype=torch.float32, device=query.device)
+    # (rows, their group's prefix, rows per group): every row at once when uniform, else group by group; the rows
+    # are viewed as [groups, n, Hkv, stack, ·] and each group's n rows stack their queries against its prefix
     if uniform:
-        n, g = uniform, b // uniform
-        mine = grouped.view(g, n, kv_heads, stack, d).transpose(1, 2).reshape(g, kv_heads, n * stack, d)
-        part = _scores(mine, prefix_key).view(g, kv_heads, n, stack, plen).transpose(1, 2)
-        scores.view(g, n, kv_heads, stack, plen + slen)[..., :plen] = part
+        parts = [(slice(None), slice(None), uniform)]
     else:
-        for g, rows in groups:
-            mine = grouped[rows].transpose(0, 1)  # [Hkv, n, stack, D]
-            n = mine.shape[1]
-            part = _scores(mine.reshape(kv_heads, n * stack, d), prefix_key[g])
-            scores[rows, :, :, :plen] = part.view(kv_heads, n, stack, plen).transpose(0, 1)
+        parts = [
+            (rows, slice(g, g + 1), rows.stop - rows.start if isinstance(rows, slice) else int(rows.numel()))
+            for g, rows in groups
+        ]
+
+    def stacked(x: torch.Tensor, n: int) -> torch.Tensor:  # [G*n, Hkv, stack, ·] -> [G, Hkv, n*stack, ·]
+        return (
+            x.reshape(-1, n, kv_heads, stack, x.shape[-1]).transpose(1, 2).reshape(-1, kv_heads, n * stack, x.shape[-1])
+        )
+
+    def unstacked(x: torch.Tensor, n: int) -> torch.Tensor:  # the inverse: [G, Hkv, n*stack, ·] -> [G*n, Hkv, stack, ·]
+        return x.view(-1, kv_heads, n, stack, x.shape[-1]).transpose(1, 2).reshape(-1, kv_heads, stack, x.shape[-1])
+
+    scores = torch.empty(b, kv_heads, stack, plen + slen, dtype=torch.float32, device=query.device)
+    for rows, g, n in parts:
+        scores[rows, :, :, :plen] = unstacked(_scores(stacked(grouped[rows], n), prefix_key[g]), n)
     if slen:
         scores[..., plen:] = _scores(grouped, key)
     scores *= scale
     open_keys = torch.cat([prefix_mask[:, None, None, :].expand(b, 1, q, plen), mask.expand(b, 1, q, slen)], dim=-1)
     open_keys = open_keys.unsqueeze(2).expand(b, 1, h // kv_heads, q, plen + slen).reshape(b, 1, stack, plen + slen)
     probs = torch.softmax(scores.masked_fill_(~open_keys, float("-inf")), dim=-1).to(value.dtype)
-    if uniform:
-        n, g = uniform, b // uniform
-        mine = probs.view(g, n, kv_heads, stack, plen + slen)[..., :plen].transpose(1, 2)
-        part = torch.matmul(mine.reshape(g, kv_heads, n * stack, plen), prefix_value)
-        out = part.view(g, kv_heads, n, stack, d).transpose(1, 2).reshape(b, kv_heads, stack, d)
-    else:
-        out = torch.empty(b, kv_heads, stack, d, dtype=value.dtype, device=query.device)
-        for g, rows in groups:
-            mine = probs[rows, :, :, :plen].transpose(0, 1)  # [Hkv, n, stack, P]
-            n = mine.shape[1]
-            part = torch.matmul(mine.reshape(kv_heads, n * stack, plen), prefix_value[g])
-            out[rows] = part.view(kv_heads, n, stack, d).transpose(0, 1)
+    out = torch.empty(b, kv_heads, stack, d, dtype=value.dtype, device=query.device)
+    for rows, g, n in parts:
+        out[rows] = unstacked(torch.matmul(stacked(probs[rows, :, :, :plen], n), prefix_value[g]), n)
     if slen:
         out += torch.matmul(probs[..., plen:], value)
     return out.reshape(b, h, q, d).transpose(1, 2).contiguous()

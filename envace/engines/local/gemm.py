@@ -133,12 +133,29 @@ def linear_fn(model: torch.nn.Module) -> Callable[..., torch.Tensor]:
 
 _SPEEDUPS: dict[tuple, float] = {}
 
+
+def _cached_ratio(key: tuple, torch_work: Callable[[], Any], onednn_work: Callable[[], Any]) -> float:
+    """``time_ratio`` of two zero-argument workloads (torch's time over oneDNN's), measured once per ``key``
+    for the process (the probes below: the layers' shapes, decoding's LM head)."""
+    if key not in _SPEEDUPS:
+
+        def timed(work: Callable[[], Any]) -> Callable[[], float]:
+            def run() -> float:
+                start = time.perf_counter()
+                work()
+                return time.perf_counter() - start
+
+            return run
+
+        _SPEEDUPS[key] = time_ratio(timed(torch_work), timed(onednn_work), PROBE_RUNS)
+    return _SPEEDUPS[key]
+
+
 # decoding's LM head: a few rows against the whole vocabulary, a product bound by reading the head's weights
 # (SmolLM2: 113 MB in float32). MKL's sgemm is slow at that shape: one AMD EPYC core (AVX2), 8 rows,
 # F.linear 23.4 ms vs oneDNN 16.1 ms (4 rows: 20.1 vs 13.7, 16 rows: 31.6 vs 22.2), while on the same core
 # oneDNN lost to MKL on the layers' 512-row training shapes (0.93-0.97x): the head's choice is its own.
 HEAD_PROBE_ROWS = 8
-_HEAD_SPEEDUPS: dict[tuple, float] = {}
 
 
 def decode_head_fn(head: torch.Tensor) -> Callable[..., torch.Tensor]:
@@ -149,28 +166,20 @@ def decode_head_fn(head: torch.Tensor) -> Callable[..., torch.Tensor]:
         return F.linear
     if not onednn_available():
         return F.linear
-    key = (tuple(head.shape), torch.get_num_threads())
-    if key not in _HEAD_SPEEDUPS:
-        weight = head.detach()
-        x = torch.randn(HEAD_PROBE_ROWS, weight.shape[1], generator=torch.Generator().manual_seed(0))
-
-        def run(fn: Callable[..., torch.Tensor]) -> Callable[[], float]:
-            def timed() -> float:
-                start = time.perf_counter()
-                fn(x, weight)
-                return time.perf_counter() - start
-
-            return timed
-
-        _HEAD_SPEEDUPS[key] = time_ratio(run(F.linear), run(_dnn_mm), PROBE_RUNS)
+    key = ("head", tuple(head.shape), torch.get_num_threads())
+    fresh = key not in _SPEEDUPS
+    weight = head.detach()
+    x = torch.randn(HEAD_PROBE_ROWS, weight.shape[1], generator=torch.Generator().manual_seed(0))
+    speedup = _cached_ratio(key, lambda: F.linear(x, weight), lambda: _dnn_mm(x, weight))
+    if fresh:
         logger.info(
             "decode LM head %s: oneDNN %.2fx torch's at %d rows, %d thread(s)",
-            "-> onednn" if _HEAD_SPEEDUPS[key] >= MIN_SPEEDUP else "stays on torch",
-            _HEAD_SPEEDUPS[key],
+            "-> onednn" if speedup >= MIN_SPEEDUP else "stays on torch",
+            speedup,
             HEAD_PROBE_ROWS,
-            key[1],
+            key[2],
         )
-    return onednn_linear if _HEAD_SPEEDUPS[key] >= MIN_SPEEDUP else F.linear
+    return onednn_linear if speedup >= MIN_SPEEDUP else F.linear
 
 
 def onednn_speedup(model: torch.nn.Module, threads: int) -> float | None:
@@ -184,7 +193,7 @@ def onednn_speedup(model: torch.nn.Module, threads: int) -> float | None:
     hidden, inner = getattr(cfg, "hidden_size", None), getattr(cfg, "intermediate_size", None)
     if not (isinstance(hidden, int) and isinstance(inner, int)) or hidden < MIN_WIDTH or not onednn_available():
         return None
-    key = (hidden, inner, threads)
+    key = ("layers", hidden, inner, threads)
     if key in _SPEEDUPS:
         return _SPEEDUPS[key]
     gen = torch.Generator().manual_seed(0)
@@ -193,18 +202,14 @@ def onednn_speedup(model: torch.nn.Module, threads: int) -> float | None:
         x = torch.randn(PROBE_TOKENS, fan_in, generator=gen)
         mats.append((x, torch.randn(fan_out, fan_in, generator=gen), torch.randn(PROBE_TOKENS, fan_out, generator=gen)))
 
-    def run(backend: str) -> float:
-        start = time.perf_counter()
+    def run(backend: str) -> None:
         for x, w, g in mats:
             if backend == "onednn":
                 _dnn_mm(x, w), _dnn_mm(g, w.t().contiguous())
             else:
                 torch.mm(x, w.t()), torch.mm(g, w)
-        return time.perf_counter() - start
 
-    ratio = time_ratio(lambda: run("torch"), lambda: run("onednn"), PROBE_RUNS)
-    _SPEEDUPS[key] = ratio
-    return ratio
+    return _cached_ratio(key, lambda: run("torch"), lambda: run("onednn"))
 
 
 def resolve_fp32_linear(choice: str, precision: str, device: str | torch.device, model: torch.nn.Module) -> str:
