@@ -156,6 +156,24 @@ def test_decode_is_seeded_per_row_and_records_policy_logprobs(model):
         tokens.append(tok)
 
 
+def test_decode_reads_its_rows_logits_in_any_order_and_subset(model):
+    """Requests for some of the streams' rows, listed out of order: each row samples what it samples alone."""
+    streams = {"a": [1, 2, 3], "b": [5, 6, 7, 8, 9], "c": [4, 4]}
+
+    def run(rows, asked):
+        kv = BatchedStreams(model, rows)
+        kv.append({r: streams[r][:-1] for r in rows})  # rows not asked for stay in the batch, fed nothing
+        reqs = [_request(r, streams[r], seed=derive_seed(0, r)) for r in asked]
+        decode(kv, reqs, frozenset())
+        return {r.row: (r.tokens, r.logprobs) for r in reqs}
+
+    together = run(["a", "b", "c"], ["c", "a"])
+    for row in ("a", "c"):
+        alone = run([row], [row])[row]
+        assert together[row][0] == alone[0]
+        assert together[row][1] == pytest.approx(alone[1], abs=1e-5)
+
+
 def test_decode_stops_at_stop_id_and_forcing(model):
     guide = DecodeGuide(lambda key: [11, 12, 13], strength=None)
     req = _request("a", [1, 2], n=10)

@@ -11,7 +11,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from envace.core.records import Role
-from envace.engines.local import OptimConfig, attention, precision
+from envace.engines.local import OptimConfig, attention, packing, precision
 from envace.engines.local.attention import PackLayout, segment_attention, use_gqa_attention
 from envace.engines.local.batching import TrainRow, collate, token_logprobs
 from envace.engines.local.kv import BatchedStreams
@@ -20,6 +20,7 @@ from envace.engines.local.packing import (
     Pack,
     attention_cost_ratio,
     collate_packs,
+    head_logprobs,
     micro_batches,
     pack_mask,
     packed_logprobs,
@@ -116,6 +117,36 @@ def test_micro_batches_bound_tokens_and_padding():
     batches = micro_batches(packs, max_tokens=4096)
     assert [[p.length for p in b] for b in batches] == [[100, 105, 110], [400], [1900, 2000]]
     assert [[p.length for p in b] for b in micro_batches(packs, max_tokens=3000)][-2:] == [[1900], [2000]]
+
+
+def test_head_logprobs_chunks_by_vocabulary_and_checkpointed_chunks_change_nothing(monkeypatch):
+    """Several checkpointed chunks give the one-chunk values and gradients; the default chunk follows the vocab."""
+    g = torch.Generator().manual_seed(3)
+    head = torch.nn.Linear(16, VOCAB, bias=False)
+    hidden = torch.randn(50, 16, generator=g, requires_grad=True)
+    targets = torch.randint(0, VOCAB, (50,), generator=g)
+    temps = torch.rand(50, generator=g) + 0.5
+    grads = []
+    for chunk in (None, 7):
+        head.zero_grad()
+        out = head_logprobs(head, hidden, targets, temps, chunk=chunk)
+        (hidden_grad,) = torch.autograd.grad((out * torch.arange(50.0)).sum(), hidden)
+        grads.append((out.detach(), hidden_grad))
+    torch.testing.assert_close(grads[0][0], grads[1][0], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(grads[0][1], grads[1][1], atol=1e-6, rtol=1e-6)
+    # default chunk: HEAD_CHUNK_LOGITS // vocab rows, at least 256 (SmolLM2's vocabulary: exactly 256)
+    seen = []
+    monkeypatch.setattr(packing, "checkpoint", lambda f, *a, **k: seen.append(a[1].shape[0]) or f(*a))
+    head_logprobs(torch.nn.Linear(16, 49_152, bias=False), hidden.repeat(6, 1), targets.repeat(6), temps.repeat(6))
+    assert seen == [256, 44]
+    seen.clear()
+    monkeypatch.setattr(packing, "HEAD_CHUNK_LOGITS", 10 * VOCAB)
+    head_logprobs(head, hidden.repeat(6, 1), targets.repeat(6), temps.repeat(6))
+    assert seen == [256, 44]
+    seen.clear()
+    monkeypatch.setattr(packing, "HEAD_CHUNK_LOGITS", 1000 * VOCAB)
+    head_logprobs(head, hidden.repeat(6, 1), targets.repeat(6), temps.repeat(6))
+    assert seen == []  # 300 rows fit one chunk: no checkpointing at all
 
 
 def test_pack_mask_is_block_causal():
@@ -293,9 +324,39 @@ def test_packed_forward_attends_segment_by_segment(monkeypatch):
     assert any(len(spans) > 1 for _, spans in calls[0].rows)  # a pack with several suffixes
 
 
+# packed layouts: (prefix_len, suffix spans) per row. "mixed": every suffix its own length, one row per
+# layout. "runs": rows sharing a layout (batched together, in and out of order: rows 0, 2, 4 and 1, 3) and
+# runs of equal-length suffixes (batched per run) beside a lone suffix and a row with no suffix
+LAYOUTS = {
+    "mixed": (23, ((6, ((6, 10), (10, 15), (15, 21))), (9, ((9, 12),)), (20, ()))),
+    "runs": (
+        26,
+        (
+            (5, ((5, 9), (9, 13), (13, 17), (17, 20), (20, 23))),
+            (7, ((7, 13), (13, 19))),
+            (5, ((5, 9), (9, 13), (13, 17), (17, 20), (20, 23))),
+            (7, ((7, 13), (13, 19))),
+            (5, ((5, 9), (9, 13), (13, 17), (17, 20), (20, 23))),
+            (10, ((10, 11), (11, 12), (12, 13))),
+            (26, ()),
+        ),
+    ),
+}
+
+
+def test_layout_row_sets_and_equal_runs():
+    width, rows = LAYOUTS["runs"]
+    sets = PackLayout(width, rows).row_sets()
+    assert [members for members, _ in sets] == [[0, 2, 4], [1, 3], [5], [6]]
+    assert attention._equal_runs(rows[0][1]) == [(5, 3, 4), (17, 2, 3)]
+    assert attention._equal_runs(rows[5][1]) == [(10, 3, 1)]
+    assert attention._equal_runs(()) == []
+
+
+@pytest.mark.parametrize("layouts", sorted(LAYOUTS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("flash_min", [0, 8, 10**9], ids=["prefix-flash", "mixed", "prefix-matmul"])
-def test_segment_attention_equals_masked_attention_with_gradients(dtype, flash_min, monkeypatch):
+def test_segment_attention_equals_masked_attention_with_gradients(dtype, flash_min, layouts, monkeypatch):
     """Segment-wise attention = one SDPA under the block-causal pack mask: outputs and input gradients.
 
     ``flash_min`` moves the prefix-length threshold of the flash kernel, so that every prefix, some, or none
@@ -303,8 +364,8 @@ def test_segment_attention_equals_masked_attention_with_gradients(dtype, flash_m
     """
     monkeypatch.setattr(attention, "CAUSAL_FLASH_MIN_TOKENS", flash_min)
     g = torch.Generator().manual_seed(0)
-    width, heads, kv_heads, dim = 23, 4, 2, 8
-    rows = ((6, ((6, 10), (10, 15), (15, 21))), (9, ((9, 12),)), (20, ()))
+    heads, kv_heads, dim = 4, 2, 8
+    width, rows = LAYOUTS[layouts]
     layout = PackLayout(width, rows)
     seg = torch.full((len(rows), width), -1)
     for b, (prefix, spans) in enumerate(rows):
@@ -318,7 +379,7 @@ def test_segment_attention_equals_masked_attention_with_gradients(dtype, flash_m
     got = segment_attention(q, k, v, layout, None)
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True).transpose(1, 2)
     real = (seg >= 0)[:, :, None, None]  # padding positions are not compared (nothing reads them)
-    tol = {"atol": 1e-6, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    tol = {"atol": 5e-6, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
     torch.testing.assert_close(got * real, want * real, **tol)
     weights = torch.randn(got.shape, generator=g, dtype=dtype) * real
     grads_got = torch.autograd.grad((got * weights).sum(), (q, k, v))

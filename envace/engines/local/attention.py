@@ -96,23 +96,34 @@ def _scores(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     return torch.matmul(key, query.transpose(-1, -2)).transpose(-1, -2).contiguous()
 
 
+def shared_prefix_blocked(mask: torch.Tensor, prefix_mask: torch.Tensor, group: int) -> torch.Tensor:
+    """The keys each stacked query row of ``shared_prefix_decode_attention`` may *not* attend, ``[B, 1, G*q, P+S]``.
+
+    ``prefix_mask`` ``[B, P]`` (row b's group's prefix, open = True), ``mask`` ``[B, 1, q, S]`` (its own
+    keys); ``group`` query heads per key head. The same for every layer: built once per forward.
+    """
+    b, _, q, slen = mask.shape
+    plen = prefix_mask.shape[1]
+    open_keys = torch.cat([prefix_mask[:, None, None, :].expand(b, 1, q, plen), mask.expand(b, 1, q, slen)], dim=-1)
+    return ~open_keys.unsqueeze(2).expand(b, 1, group, q, plen + slen).reshape(b, 1, group * q, plen + slen)
+
+
 def shared_prefix_decode_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    mask: torch.Tensor,
+    blocked: torch.Tensor,
     prefix_key: torch.Tensor,
     prefix_value: torch.Tensor,
-    prefix_mask: torch.Tensor,
     groups: list[tuple[int, slice | torch.Tensor]],
     scaling: float | None,
     uniform: int | None = None,
 ) -> torch.Tensor:
     """Decode attention of rows that share a cached prefix per group; returns [B, q, H, D].
 
-    Row b attends to its group's prefix keys (``prefix_key[g]`` ``[Hkv, P, D]``, open where
-    ``prefix_mask[b]``) followed by its own keys (``key[b]`` ``[Hkv, S, D]``, open where ``mask[b]``,
-    ``[B, 1, q, S]`` bool). The softmax runs over both parts at once, so the result is the attention over
+    Row b attends to its group's prefix keys (``prefix_key[g]`` ``[Hkv, P, D]``) followed by its own keys
+    (``key[b]`` ``[Hkv, S, D]``), except where ``blocked`` (``shared_prefix_blocked``: from the prefix
+    mask and the rows' own key mask). The softmax runs over both parts at once, so the result is the attention over
     the concatenated keys (the unshared computation up to float summation order). The point is memory
     traffic: a decode step reads each group's prefix once for all its rows (one matmul per group with the
     rows' query heads stacked), not once per row; on a CPU a decode step is bound by reading the cache.
@@ -126,15 +137,12 @@ def shared_prefix_decode_attention(
     plen, slen = prefix_key.shape[2], key.shape[2]
     scale = scaling if scaling is not None else d**-0.5
     grouped = query.reshape(b, kv_heads, stack, d)
-    # (rows, their group's prefix, rows per group): every row at once when uniform, else group by group; the rows
+    # every row at once when uniform, else group by group (rows, their group's prefix, rows per group); the rows
     # are viewed as [groups, n, Hkv, stack, ·] and each group's n rows stack their queries against its prefix
-    if uniform:
-        parts = [(slice(None), slice(None), uniform)]
-    else:
-        parts = [
-            (rows, slice(g, g + 1), rows.stop - rows.start if isinstance(rows, slice) else int(rows.numel()))
-            for g, rows in groups
-        ]
+    parts = [
+        (rows, slice(g, g + 1), rows.stop - rows.start if isinstance(rows, slice) else int(rows.numel()))
+        for g, rows in ([] if uniform else groups)
+    ]
 
     def stacked(x: torch.Tensor, n: int) -> torch.Tensor:  # [G*n, Hkv, stack, ·] -> [G, Hkv, n*stack, ·]
         return (
@@ -144,18 +152,23 @@ def shared_prefix_decode_attention(
     def unstacked(x: torch.Tensor, n: int) -> torch.Tensor:  # the inverse: [G, Hkv, n*stack, ·] -> [G*n, Hkv, stack, ·]
         return x.view(-1, kv_heads, n, stack, x.shape[-1]).transpose(1, 2).reshape(-1, kv_heads, stack, x.shape[-1])
 
-    scores = torch.empty(b, kv_heads, stack, plen + slen, dtype=torch.float32, device=query.device)
-    for rows, g, n in parts:
-        scores[rows, :, :, :plen] = unstacked(_scores(stacked(grouped[rows], n), prefix_key[g]), n)
-    if slen:
-        scores[..., plen:] = _scores(grouped, key)
-    scores *= scale
-    open_keys = torch.cat([prefix_mask[:, None, None, :].expand(b, 1, q, plen), mask.expand(b, 1, q, slen)], dim=-1)
-    open_keys = open_keys.unsqueeze(2).expand(b, 1, h // kv_heads, q, plen + slen).reshape(b, 1, stack, plen + slen)
-    probs = torch.softmax(scores.masked_fill_(~open_keys, float("-inf")), dim=-1).to(value.dtype)
-    out = torch.empty(b, kv_heads, stack, d, dtype=value.dtype, device=query.device)
-    for rows, g, n in parts:
-        out[rows] = unstacked(torch.matmul(stacked(probs[rows, :, :, :plen], n), prefix_value[g]), n)
+    if uniform:
+        to_prefix = unstacked(_scores(stacked(grouped, uniform), prefix_key), uniform)
+        scores = torch.cat([to_prefix, _scores(grouped, key)], dim=-1) if slen else to_prefix
+    else:
+        scores = torch.empty(b, kv_heads, stack, plen + slen, dtype=torch.float32, device=query.device)
+        for rows, g, n in parts:
+            scores[rows, :, :, :plen] = unstacked(_scores(stacked(grouped[rows], n), prefix_key[g]), n)
+        if slen:
+            scores[..., plen:] = _scores(grouped, key)
+    scores = scores.float().mul_(scale).masked_fill_(blocked, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(value.dtype)
+    if uniform:
+        out = unstacked(torch.matmul(stacked(probs[..., :plen], uniform), prefix_value), uniform)
+    else:
+        out = torch.empty(b, kv_heads, stack, d, dtype=value.dtype, device=query.device)
+        for rows, g, n in parts:
+            out[rows] = unstacked(torch.matmul(stacked(probs[rows, :, :, :plen], n), prefix_value[g]), n)
     if slen:
         out += torch.matmul(probs[..., plen:], value)
     return out.reshape(b, h, q, d).transpose(1, 2).contiguous()
@@ -169,25 +182,40 @@ class PackLayout:
     """Where the segments of each packed row lie: ``rows[b] = (prefix_len, ((start, end), ...))``.
 
     Row b's prefix is ``[0, prefix_len)``; its suffixes are the given half-open spans (contiguous, in
-    order, starting at ``prefix_len``); positions after the last span are padding. ``blocked(b, j,
-    group)`` is segment j's mask of the keys it may *not* attend among its last keys (j = 0: the
-    prefix, causal, all its keys; j >= 1: suffix j's own keys, causal: it sees every prefix key, so
-    those columns need no mask), repeated for ``group`` query heads per key head; built once per pack
-    and reused by every layer.
+    order, starting at ``prefix_len``); positions after the last span are padding. ``blocked(n, group)``
+    is the mask of the keys a segment of n tokens may *not* attend among its own n keys (causal; the
+    prefix has no other keys, a suffix sees every prefix key, so those columns need no mask), repeated
+    for ``group`` query heads per key head; built once per length and reused by every layer.
     """
 
     width: int
     rows: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]
     _blocked: dict = field(default_factory=dict, compare=False, repr=False)
 
-    def blocked(self, b: int, j: int, group: int, device: torch.device) -> torch.Tensor:
-        key = (b, j, group, device)
+    def blocked(self, n: int, group: int, device: torch.device) -> torch.Tensor:
+        key = (n, group, device)
         if key not in self._blocked:
-            prefix, spans = self.rows[b]
-            n = prefix if j == 0 else spans[j - 1][1] - spans[j - 1][0]
             allowed = torch.ones(n, n, dtype=torch.bool, device=device).tril()
             self._blocked[key] = (~allowed).repeat(group, 1)
         return self._blocked[key]
+
+    def row_sets(self) -> list[tuple[list[int], tuple[int, tuple[tuple[int, int], ...]]]]:
+        """The rows grouped by identical layout (first-appearance order): each set runs as one batch."""
+        sets: dict = {}
+        for b, layout in enumerate(self.rows):
+            sets.setdefault(layout, []).append(b)
+        return [(rows, layout) for layout, rows in sets.items()]
+
+
+def _equal_runs(spans: tuple[tuple[int, int], ...]) -> list[tuple[int, int, int]]:
+    """Maximal runs of consecutive equal-length spans: (start, count, length) each."""
+    runs: list[list[int]] = []
+    for start, end in spans:
+        if runs and runs[-1][2] == end - start:
+            runs[-1][1] += 1
+        else:
+            runs.append([start, 1, end - start])
+    return [(a, n, length) for a, n, length in runs]
 
 
 def segment_attention(
@@ -197,26 +225,82 @@ def segment_attention(
 
     Per row: the prefix attends causally to itself; each suffix attends to the prefix and causally to
     its own tokens. The work is the pairs the block-causal mask allows, not the whole L × L square.
-    Each segment is two plain matmuls (``masked_attention``): on CPU they run at the matmul kernels'
-    speed, faster than the flash kernel with a mask on these short segments (SmolLM2 shapes, bf16,
-    forward + backward, one AMD EPYC core: a 200-token suffix behind a 715-token prefix 15 ms vs 23 ms;
-    ``scripts/bench_step.py`` measures the whole update).
+    Rows with the same layout run as one batch, and so do consecutive suffixes of equal length (K
+    samples that all ran to their token budget): a run of n suffixes is two batched matmuls for the
+    scores and two for the output, whatever n, instead of a matmul pair per suffix over a copied
+    [prefix, suffix] key block. On CPU the plain matmuls run at the matmul kernels' speed, faster than
+    the flash kernel with a mask on these short segments (SmolLM2 shapes, bf16, forward + backward,
+    one AMD EPYC core: a 200-token suffix behind a 715-token prefix 15 ms vs 23 ms;
+    ``scripts/bench_step.py`` measures the whole update); for a small model, the number of calls is
+    what counts.
     """
     group = query.shape[1] // key.shape[1]
-    rows = []
-    for b, (prefix, spans) in enumerate(layout.rows):
-        q, k, v = query[b : b + 1], key[b : b + 1], value[b : b + 1]
-        pieces = [prefix_attention(q[:, :, :prefix], k[:, :, :prefix], v[:, :, :prefix], layout, b, scaling)]
-        for j, (start, end) in enumerate(spans, start=1):
-            keys = torch.cat([k[:, :, :prefix], k[:, :, start:end]], dim=2)
-            values = torch.cat([v[:, :, :prefix], v[:, :, start:end]], dim=2)
-            blocked = layout.blocked(b, j, group, query.device)
-            pieces.append(masked_attention(q[:, :, start:end], keys, values, blocked, scaling))
+    outputs, order = [], []
+    for rows, (prefix, spans) in layout.row_sets():
+        if rows == list(range(rows[0], rows[-1] + 1)):
+            pick = slice(rows[0], rows[-1] + 1)
+        else:
+            pick = torch.tensor(rows, device=query.device)
+        q, k, v = query[pick], key[pick], value[pick]
+        pieces = [prefix_attention(q[:, :, :prefix], k[:, :, :prefix], v[:, :, :prefix], layout, scaling)]
+        for start, n, length in _equal_runs(spans):
+            if n == 1:
+                keys = torch.cat([k[:, :, :prefix], k[:, :, start : start + length]], dim=2)
+                values = torch.cat([v[:, :, :prefix], v[:, :, start : start + length]], dim=2)
+                blocked = layout.blocked(length, group, query.device)
+                pieces.append(masked_attention(q[:, :, start : start + length], keys, values, blocked, scaling))
+            else:
+                span = slice(start, start + n * length)
+                own = layout.blocked(length, group, query.device)
+                pieces.append(suffix_run_attention(q[:, :, span], k, v, prefix, span, n, own, scaling))
         used = spans[-1][1] if spans else prefix
         if used < layout.width:
-            pieces.append(query.new_zeros(1, query.shape[1], layout.width - used, query.shape[3]))
-        rows.append(torch.cat(pieces, dim=2))
-    return torch.cat(rows, dim=0).transpose(1, 2).contiguous()
+            pieces.append(query.new_zeros(len(rows), query.shape[1], layout.width - used, query.shape[3]))
+        outputs.append(torch.cat(pieces, dim=2))
+        order.extend(rows)
+    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=0)
+    if order != list(range(len(order))):
+        out = out[torch.tensor(order, device=query.device).argsort()]
+    return out.transpose(1, 2).contiguous()
+
+
+def suffix_run_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    prefix: int,
+    span: slice,
+    n: int,
+    blocked: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
+    """n consecutive suffixes of S tokens each behind one prefix, in one batch; returns [B, H, n*S, D].
+
+    ``query`` ``[B, H, n*S, D]`` (the run's queries); ``key``/``value`` ``[B, Hkv, L, D]`` (the whole
+    packed rows: the prefix is ``[0, prefix)``, the run's own keys ``span``); ``blocked`` ``[G*S, S]`` the
+    causal mask of one suffix over its own keys. Suffix j's queries are scored against the prefix keys
+    (one matmul for every suffix) and against its own S keys (one batched matmul over the suffixes); the
+    softmax runs over both parts at once, so each suffix's result is its attention over [prefix, own
+    keys], as ``masked_attention`` computes it (up to float summation order in the output's sum).
+    """
+    b, heads, _, d = query.shape
+    kv_heads = key.shape[1]
+    group = heads // kv_heads
+    s = blocked.shape[-1]
+    scale = scaling if scaling is not None else d**-0.5
+    # [B, Hkv, G, n, S, D] -> [B, Hkv, n, G*S, D]: per key head, suffix j's G*S query rows together
+    grouped = (query * scale).reshape(b, kv_heads, group, n, s, d).transpose(2, 3).reshape(b, kv_heads, n, group * s, d)
+    own_keys = key[:, :, span].reshape(b, kv_heads, n, s, d)
+    own_values = value[:, :, span].reshape(b, kv_heads, n, s, d)
+    to_prefix = torch.matmul(grouped.reshape(b, kv_heads, n * group * s, d), key[:, :, :prefix].transpose(-1, -2))
+    to_own = torch.matmul(grouped, own_keys.transpose(-1, -2))  # [B, Hkv, n, G*S, S]
+    scores = torch.cat([to_prefix.reshape(b, kv_heads, n, group * s, prefix), to_own], dim=-1)
+    scores[..., prefix:].masked_fill_(blocked, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    out = torch.matmul(probs[..., :prefix].reshape(b, kv_heads, n * group * s, prefix), value[:, :, :prefix])
+    out = out.reshape(b, kv_heads, n, group * s, d) + torch.matmul(probs[..., prefix:], own_values)
+    # back to [B, H, n*S, D]
+    return out.reshape(b, kv_heads, n, group, s, d).transpose(2, 3).reshape(b, heads, n * s, d)
 
 
 # from this many prefix tokens on, the prefix's causal self-attention runs in torch's flash kernel
@@ -229,42 +313,37 @@ CAUSAL_FLASH_MIN_TOKENS = 384
 
 
 def prefix_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    layout: PackLayout,
-    row: int,
-    scaling: float | None,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: PackLayout, scaling: float | None
 ) -> torch.Tensor:
-    """Causal self-attention of row ``row``'s shared prefix, ``[1, H, P, D]``: flash kernel or matmuls by length."""
+    """Causal self-attention of rows' shared prefixes, ``[B, H, P, D]``: flash kernel or matmuls by length."""
     if query.shape[2] >= CAUSAL_FLASH_MIN_TOKENS:
         return F.scaled_dot_product_attention(
             query, key, value, scale=scaling, is_causal=True, enable_gqa=key.shape[1] != query.shape[1]
         )
-    blocked = layout.blocked(row, 0, query.shape[1] // key.shape[1], query.device)
+    blocked = layout.blocked(query.shape[2], query.shape[1] // key.shape[1], query.device)
     return masked_attention(query, key, value, blocked, scaling)
 
 
 def masked_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, blocked: torch.Tensor, scaling: float | None
 ) -> torch.Tensor:
-    """softmax(q kᵀ · scale, except where ``blocked``) v for one row, grouped query heads; [1, H, S, D].
+    """softmax(q kᵀ · scale, except where ``blocked``) v for B rows, grouped query heads; [B, H, S, D].
 
-    query ``[1, H, S, D]``, key/value ``[1, Hkv, T, D]``; ``blocked`` ``[G*S, M]`` bool over the last M ≤ T
+    query ``[B, H, S, D]``, key/value ``[B, Hkv, T, D]``; ``blocked`` ``[G*S, M]`` bool over the last M ≤ T
     keys (True = may not attend; the first T - M keys are open to every query; G = H / Hkv query heads
     per key head, stacked in HF's ``repeat_kv`` order; every query keeps at least one key). The scale is
     applied to q (exact for the usual power-of-two 1/sqrt(D)), the mask in place on the matmul's output
     (only its last M columns: a suffix behind a 1,500-token prefix masks its own ~200 keys, not 1,700),
     the softmax in float32; matmuls in the inputs' dtype.
     """
-    _, heads, s, d = query.shape
+    b, heads, s, d = query.shape
     kv_heads = key.shape[1]
     scale = scaling if scaling is not None else d**-0.5
-    grouped = (query * scale).reshape(1, kv_heads, (heads // kv_heads) * s, d)
+    grouped = (query * scale).reshape(b, kv_heads, (heads // kv_heads) * s, d)
     scores = torch.matmul(grouped, key.transpose(-1, -2))
     scores[..., scores.shape[-1] - blocked.shape[-1] :].masked_fill_(blocked, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    return torch.matmul(probs, value).reshape(1, heads, s, d)
+    return torch.matmul(probs, value).reshape(b, heads, s, d)
 
 
 AttentionInterface.register(GQA_SDPA, gqa_sdpa_attention)

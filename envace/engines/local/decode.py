@@ -168,12 +168,16 @@ def decode(
     if not live and any(feed.values()):  # every row replayed: one forward feeds them all
         streams.append(feed)
         return 1
+    index = {key: r for r, key in enumerate(streams.keys)}
     while live:
-        logits = streams.append(feed)
+        logits = streams.append_logits(feed)
         forwards += 1
         feed = {}
         rows = list(live.items())
-        tokens, logprobs = pick_tokens(torch.stack([logits[row] for row, _ in rows]), [r for _, r in rows], guide)
+        at = [index[row] for row, _ in rows]
+        if at != list(range(len(index))):
+            logits = logits[torch.tensor(at)]
+        tokens, logprobs = pick_tokens(logits, [r for _, r in rows], guide)
         for (row, r), token, lp in zip(rows, tokens, logprobs):
             r.tokens.append(token)
             r.logprobs.append(lp)

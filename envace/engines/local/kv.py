@@ -198,16 +198,25 @@ class BatchedStreams:
         """How many tokens of this row's stream are in the cache."""
         return int(self.next_pos[self.row_of(key)])
 
-    @torch.no_grad()
     def append(self, pieces: Mapping[Any, Sequence[int]]) -> dict[Any, torch.Tensor]:
         """Feed each keyed row its new tokens; returns the float32 CPU logits after each row's last new token.
 
         Rows absent from ``pieces`` (or with an empty piece) feed padding only.
         """
+        logits = self.append_logits(pieces)
+        if logits is None:
+            return {}
+        return {k: logits[r] for r, k in enumerate(self.keys) if len(pieces.get(k, ()))}
+
+    @torch.no_grad()
+    def append_logits(self, pieces: Mapping[Any, Sequence[int]]) -> torch.Tensor | None:
+        """``append``'s logits as one ``[rows, vocab]`` float32 CPU tensor in ``keys`` order (None when nothing
+        was fed); a row that fed nothing has a row of meaningless values. A decode step reads it with one
+        index instead of a tensor per row."""
         lengths = [len(pieces.get(k, ())) for k in self.keys]
         width = max(lengths, default=0)
         if width == 0:
-            return {}
+            return None
         if self.cache_len == 0 and self.shared is None and min(lengths) == 0:
             empty = [k for k, n in zip(self.keys, lengths) if n == 0]
             raise ValueError(f"BatchedStreams: first append must feed every row; rows {empty} got no tokens")
@@ -235,10 +244,11 @@ class BatchedStreams:
             self.cache, all_logits = out.past_key_values, out.logits
         self.next_pos = self.next_pos + lengths_t
         self.fed_tokens += int(lengths_t.sum())
-        column = torch.searchsorted(keep, last)
         # sampling happens on the CPU (per-trajectory CPU generators): one [rows, vocab] transfer per step
-        logits = all_logits[torch.arange(rows, device=self.device), column].float().cpu()
-        return {k: logits[r] for r, k in enumerate(self.keys) if lengths[r]}
+        if keep.numel() == 1:
+            return all_logits[:, 0].float().cpu()
+        column = torch.searchsorted(keep, last)
+        return all_logits[torch.arange(rows, device=self.device), column].float().cpu()
 
     def repeat(self, new_keys: Sequence[Sequence[Any]]) -> None:
         """Replace row i by len(new_keys[i]) copies keyed new_keys[i] (all groups the same size)."""

@@ -13,9 +13,13 @@ What differs from HF's forward, and why it is the same computation:
   of the concatenation are exactly the separate weights). On a model being trained (float32 decoding
   reads the trained weights themselves) they stay separate matmuls: the concatenated copies would add
   ~430 MB (SmolLM2) to a rollout that runs beside the optimiser state (``fuse`` overrides);
-- RMSNorm uses torch's fused ``rms_norm`` in float32, then casts and scales as HF does;
+- RMSNorm uses torch's fused ``rms_norm`` in float32, then casts and scales as HF does (one call with
+  the weight when everything is float32: the same products);
 - the rotary embedding comes from the model's own ``rotary_emb`` module (any RoPE scaling it
-  implements), applied to q and k together;
+  implements), applied to q and k together, with ``roll`` and a sign-flipped sin in place of HF's
+  ``rotate_half`` (the same products);
+- with a shared prefix (``kv.SharedPrefix``), the decode attention's key mask is built once per forward
+  (``shared_prefix_blocked``), not once per layer;
 - the attention is ``gqa_sdpa_attention`` (the one the HF path uses after ``use_gqa_attention``),
   with the causal-with-holes mask built here from the streams' key mask.
 Outputs equal HF's up to float rounding (``tests/unit/test_engine_kv.py``: fp32 within 1e-5, both paths).
@@ -33,7 +37,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from envace.engines.local.attention import DECODE_QUERY_TOKENS, gqa_sdpa_attention, shared_prefix_decode_attention
+from envace.engines.local.attention import (
+    DECODE_QUERY_TOKENS,
+    gqa_sdpa_attention,
+    shared_prefix_blocked,
+    shared_prefix_decode_attention,
+)
 from envace.engines.local.gemm import decode_head_fn, linear_fn
 
 
@@ -107,6 +116,8 @@ class LeanLlama:
     @staticmethod
     def _rms(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
         weight, eps = norm
+        if x.dtype == torch.float32 and weight.dtype == torch.float32:  # HF's order of operations, one call
+            return F.rms_norm(x, (x.shape[-1],), weight, eps=eps)
         return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
     @torch.no_grad()
@@ -130,8 +141,12 @@ class LeanLlama:
         b, t = ids.shape
         linear = self.linear
         h = F.embedding(ids, self.embed)
+        nq, nkv, d = self.heads, self.kv_heads, self.head_dim
+        half = d // 2
         cos, sin = self.rotary(h, positions)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        # rotate_half(x) * sin = roll(x, d/2) * [-sin_1, sin_2] (exact: a sign flip), so the per-layer rotation
+        # is a roll and three elementwise ops; the signed sin is built once per forward
+        cos, sin = cos.unsqueeze(1), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(1)
         length = key_mask.shape[1]
         mask = key_mask[:, None, None, :]
         if t > 1:
@@ -139,27 +154,25 @@ class LeanLlama:
             rows = torch.arange(length - t, length, device=ids.device)
             mask = mask & (cols[None, :] <= rows[:, None])[None, None]
         shared = prefix is not None and t <= DECODE_QUERY_TOKENS
-        if prefix is not None and not shared:
+        if shared:
+            blocked = shared_prefix_blocked(mask.expand(b, 1, t, length), prefix.row_mask, nq // nkv)
+        elif prefix is not None:
             mask = torch.cat([prefix.row_mask[:, None, None, :].expand(b, 1, mask.shape[2], -1), mask], dim=-1)
-        nq, nkv, d = self.heads, self.kv_heads, self.head_dim
-        half = d // 2
         for i, (ln1, qkv_w, o_w, ln2, gate_up_w, down_w, scaling) in enumerate(self.layers):
             x = self._rms(h, ln1)
             qkv = linear(x, qkv_w) if self.fused else torch.cat([linear(x, w) for w in qkv_w], dim=-1)
             qkv = qkv.view(b, t, nq + 2 * nkv, d).transpose(1, 2)
             qk, v = qkv[:, : nq + nkv], qkv[:, nq + nkv :]
-            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-            qk = qk * cos + rotated * sin
+            qk = qk * cos + torch.roll(qk, half, dims=-1) * sin
             keys, values = cache.layers[i].update(qk[:, nq:], v)
             if shared:
                 out = shared_prefix_decode_attention(
                     qk[:, :nq],
                     keys,
                     values,
-                    mask,
+                    blocked,
                     prefix.keys[i],
                     prefix.values[i],
-                    prefix.row_mask,
                     prefix.groups,
                     scaling,
                     prefix.uniform,

@@ -267,14 +267,27 @@ def _chunk_logprobs(
     return -F.cross_entropy(logits, targets, reduction="none")
 
 
+# logits computed at once by ``head_logprobs``: 256 rows of SmolLM2's 49,152-token vocabulary (~50 MB in
+# float32); a small vocabulary takes proportionally more rows per chunk (the peer bench's 512: all of them)
+HEAD_CHUNK_LOGITS = 256 * 49_152
+
+
 def head_logprobs(
-    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperatures: torch.Tensor, chunk: int = 256
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperatures: torch.Tensor,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """log softmax(head(h) / T)[target] for ``(N, H)`` hidden states, ``chunk`` rows of logits at a time.
 
-    With gradient, each chunk's logits are recomputed in backward (activation checkpointing), so at
+    ``chunk`` defaults to ``HEAD_CHUNK_LOGITS`` logits' worth of rows (at least 256). With gradient, each
+    chunk's logits are recomputed in backward (activation checkpointing) when there are several, so at
     most one ``[chunk, vocab]`` float32 tensor is alive.
     """
+    if chunk is None:
+        vocab = getattr(head, "out_features", None) or head.weight.shape[0]
+        chunk = max(256, HEAD_CHUNK_LOGITS // vocab)
     if hidden.shape[0] <= chunk:
         return _chunk_logprobs(head, hidden, targets, temperatures)
     pieces = []
