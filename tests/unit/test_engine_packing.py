@@ -325,17 +325,18 @@ def test_packed_forward_attends_segment_by_segment(monkeypatch):
 
 
 # packed layouts: (prefix_len, suffix spans) per row. "mixed": every suffix its own length, one row per
-# layout. "runs": rows sharing a layout (batched together, in and out of order: rows 0, 2, 4 and 1, 3) and
-# runs of equal-length suffixes (batched per run) beside a lone suffix and a row with no suffix
+# layout. "runs": rows sharing a layout (batched together, in and out of order: rows 0, 2, 4 and 1, 3), runs
+# of equal-length suffixes (batched per run), a lone suffix in a shared layout (rows 1 and 3), 1-token
+# suffixes and a row with no suffix
 LAYOUTS = {
     "mixed": (23, ((6, ((6, 10), (10, 15), (15, 21))), (9, ((9, 12),)), (20, ()))),
     "runs": (
         26,
         (
             (5, ((5, 9), (9, 13), (13, 17), (17, 20), (20, 23))),
-            (7, ((7, 13), (13, 19))),
+            (7, ((7, 13), (13, 19), (19, 22))),
             (5, ((5, 9), (9, 13), (13, 17), (17, 20), (20, 23))),
-            (7, ((7, 13), (13, 19))),
+            (7, ((7, 13), (13, 19), (19, 22))),
             (5, ((5, 9), (9, 13), (13, 17), (17, 20), (20, 23))),
             (10, ((10, 11), (11, 12), (12, 13))),
             (26, ()),
