@@ -139,10 +139,13 @@ def shared_prefix_decode_attention(
     grouped = query.reshape(b, kv_heads, stack, d)
     # every row at once when uniform, else group by group (rows, their group's prefix, rows per group); the rows
     # are viewed as [groups, n, Hkv, stack, ·] and each group's n rows stack their queries against its prefix
-    parts = [
-        (rows, slice(g, g + 1), rows.stop - rows.start if isinstance(rows, slice) else int(rows.numel()))
-        for g, rows in ([] if uniform else groups)
-    ]
+    if uniform:
+        parts = [(slice(None), slice(None), uniform)]
+    else:
+        parts = [
+            (rows, slice(g, g + 1), rows.stop - rows.start if isinstance(rows, slice) else int(rows.numel()))
+            for g, rows in groups
+        ]
 
     def stacked(x: torch.Tensor, n: int) -> torch.Tensor:  # [G*n, Hkv, stack, ·] -> [G, Hkv, n*stack, ·]
         return (
@@ -152,23 +155,22 @@ def shared_prefix_decode_attention(
     def unstacked(x: torch.Tensor, n: int) -> torch.Tensor:  # the inverse: [G, Hkv, n*stack, ·] -> [G*n, Hkv, stack, ·]
         return x.view(-1, kv_heads, n, stack, x.shape[-1]).transpose(1, 2).reshape(-1, kv_heads, stack, x.shape[-1])
 
-    if uniform:
-        to_prefix = unstacked(_scores(stacked(grouped, uniform), prefix_key), uniform)
-        scores = torch.cat([to_prefix, _scores(grouped, key)], dim=-1) if slen else to_prefix
-    else:
-        scores = torch.empty(b, kv_heads, stack, plen + slen, dtype=torch.float32, device=query.device)
-        for rows, g, n in parts:
-            scores[rows, :, :, :plen] = unstacked(_scores(stacked(grouped[rows], n), prefix_key[g]), n)
-        if slen:
-            scores[..., plen:] = _scores(grouped, key)
+    def per_row(pieces: list[torch.Tensor]) -> torch.Tensor:  # the parts' results laid out by row
+        if uniform:
+            return pieces[0]
+        whole = pieces[0].new_empty(b, kv_heads, stack, pieces[0].shape[-1])
+        for (rows, _, _), piece in zip(parts, pieces):
+            whole[rows] = piece
+        return whole
+
+    scores = per_row([unstacked(_scores(stacked(grouped[rows], n), prefix_key[g]), n) for rows, g, n in parts])
+    if slen:
+        scores = torch.cat([scores, _scores(grouped, key)], dim=-1)
     scores = scores.float().mul_(scale).masked_fill_(blocked, float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(value.dtype)
-    if uniform:
-        out = unstacked(torch.matmul(stacked(probs[..., :plen], uniform), prefix_value), uniform)
-    else:
-        out = torch.empty(b, kv_heads, stack, d, dtype=value.dtype, device=query.device)
-        for rows, g, n in parts:
-            out[rows] = unstacked(torch.matmul(stacked(probs[rows, :, :, :plen], n), prefix_value[g]), n)
+    out = per_row(
+        [unstacked(torch.matmul(stacked(probs[rows, :, :, :plen], n), prefix_value[g]), n) for rows, g, n in parts]
+    )
     if slen:
         out += torch.matmul(probs[..., plen:], value)
     return out.reshape(b, h, q, d).transpose(1, 2).contiguous()
