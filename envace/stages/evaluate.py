@@ -30,6 +30,7 @@ from envace.stages.common import base_backend, baseline_kind, data_seed, trained
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.stages.suites import eval_suite, make_adapter
 from envace.utils.io import atomic_dir, read_jsonl, write_json, write_jsonl
+from envace.utils.malloc import trim_heap
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,18 @@ def contenders(cfg: Config) -> dict[str, tuple[Any, Any]]:
     if cfg.eval.compare_base:  # eval.baseline: the SFT warm-up's weights or the untrained model
         out["base"] = (base_backend(cfg, "act"), base_backend(cfg, "rehearse"))
     return out
+
+
+def release_prefix_caches(*backends: Any) -> None:
+    """Empty the prefix KV caches of a contender's local backends once it has been measured: no later request
+    goes to them, and each cache may hold up to ``eval.prefix_cache_tokens`` tokens of keys/values (SmolLM2:
+    ~46 KB a token in fp32, so 3 GB at the default budget), which the next contender's cache would stack on.
+    The cache changes no output, only speed."""
+    for backend in {id(b): b for b in backends}.values():
+        clear = getattr(backend, "clear_prefix_cache", None)
+        if clear is not None:
+            clear()
+    trim_heap()  # hand the freed pages back (glibc keeps them resident otherwise)
 
 
 def gold_probe(cfg: Config, adapter: Any, tasks: list[Any], n: int) -> Any:
@@ -156,6 +169,7 @@ def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
                 cfg, adapters[label], suite.split, tasks, actor, rehearser, tmp, label, gold, tracker
             )
             outcomes[label] = read_jsonl(tmp / f"{label}.predictions.jsonl")
+            release_prefix_caches(actor, rehearser)
     tracker.log_artifact(out, f"evaluation/{benchmark}")
     metrics: dict[str, Any] = {
         "benchmark": benchmark,

@@ -282,3 +282,22 @@ def test_lean_fuses_projections_only_on_an_inference_copy(model):
         last.update(kv.append({"a": streams["a"][20:]}))
         for key, tokens in streams.items():
             torch.testing.assert_close(last[key], _alone(model, tokens), atol=1e-5, rtol=1e-5)
+
+
+def test_lean_projects_only_the_real_tokens_of_an_uneven_append(model):
+    """Padding columns (shorter pieces, rows that feed nothing) go through no projection or MLP: every
+    linear of an uneven append sees exactly the fed tokens, and each row's logits are still its own alone."""
+    kv = BatchedStreams(model, ["a", "b", "c"], lean=True)
+    streams = {"a": list(range(1, 12)), "b": [40, 41, 42], "c": list(range(50, 57))}
+    kv.append(streams)  # 11 + 3 + 7 real tokens in an 11-wide step
+    rows = []
+    real_linear = kv.lean.linear
+    kv.lean.linear = lambda x, w: (rows.append(x.reshape(-1, x.shape[-1]).shape[0]), real_linear(x, w))[1]
+    for pieces in ({"a": [60, 61, 62, 63], "c": [64]}, {"b": [70]}, {k: [80] for k in streams}):
+        rows.clear()
+        out = kv.append(pieces)
+        fed = sum(len(p) for p in pieces.values())
+        assert rows and set(rows) == {fed}  # q/k/v, o, gate/up and down: over the fed tokens only
+        for key, piece in pieces.items():
+            streams[key] += piece
+            torch.testing.assert_close(out[key], _alone(model, streams[key]), atol=1e-5, rtol=1e-5)

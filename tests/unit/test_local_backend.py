@@ -255,3 +255,18 @@ def test_sample_next_tokens_inverse_cdf_per_row():
     many = sample_next_tokens(logits[1].expand(n, 3), [0.7] * n, [torch.Generator().manual_seed(i) for i in range(n)])
     freq = torch.bincount(many, minlength=3).float() / n
     torch.testing.assert_close(freq, torch.softmax(logits[1] / 0.7, dim=-1), atol=0.03, rtol=0)
+
+
+def test_a_measured_contenders_prefix_caches_are_released(tiny_model):
+    """The evaluate stage empties a contender's caches before the next one runs, so that two caches of
+    ``eval.prefix_cache_tokens`` never stack; the released backend still answers (cold) exactly as before."""
+    from envace.stages.evaluate import release_prefix_caches
+
+    model, tok = tiny_model
+    backend = LocalHFBackend(model, tok, prefix_cache_tokens=4096, precision="fp32")
+    request = ChatRequest(messages=(SYSTEM, {"role": "user", "content": USER_TURNS[0]}), max_new_tokens=6, seed=3)
+    first = backend.generate([request])
+    assert len(backend.prefix_cache) == 1 and backend.prefix_cache.tokens > 0
+    release_prefix_caches(backend, backend, object())  # the actor is also the rehearser; a remote backend has none
+    assert len(backend.prefix_cache) == 0 and backend.prefix_cache.tokens == 0
+    assert backend.generate([request]) == first

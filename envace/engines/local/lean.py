@@ -21,7 +21,13 @@ What differs from HF's forward, and why it is the same computation:
 - with a shared prefix (``kv.SharedPrefix``), the decode attention's key mask is built once per forward
   (``shared_prefix_blocked``), not once per layer;
 - the attention is ``gqa_sdpa_attention`` (the one the HF path uses after ``use_gqa_attention``),
-  with the causal-with-holes mask built here from the streams' key mask.
+  with the causal-with-holes mask built here from the streams' key mask;
+- an uneven append (pieces of different lengths, or rows that feed nothing) projects and runs the MLP over
+  its real tokens only, laid out flat, instead of over every padded column: the tool world's appends of
+  tool responses are half padding or more. Only the attention sees the padded ``[B, heads, T, d]`` layout
+  (zeros at the padding, which the mask hides as before). Each token's products are the same; measured on
+  the no-bf16 EPYC (SmolLM2, fp32, 1 thread): an 8-row append of 530 real tokens in 166 columns
+  6.2 -> 3.5 s, identical logits; ``bench_step``'s two rollouts replayed in one process 12-13% faster, same tokens.
 Outputs equal HF's up to float rounding (``tests/unit/test_engine_kv.py``: fp32 within 1e-5, both paths).
 
 Only models whose layers are exactly Llama's qualify (``LeanLlama.supports``: no LoRA-wrapped
@@ -140,14 +146,22 @@ class LeanLlama:
         """
         b, t = ids.shape
         linear = self.linear
-        h = F.embedding(ids, self.embed)
         nq, nkv, d = self.heads, self.kv_heads, self.head_dim
         half = d // 2
+        length = key_mask.shape[1]
+        # padding columns (shorter pieces, rows that fed nothing) are neither projected nor put through the
+        # MLP: those run over the real tokens only, laid out flat ([N, hidden]); the attention keeps the
+        # [B, heads, T, d] layout, padding included (zeros there, masked as before)
+        flat = None if bool(key_mask[:, length - t :].all()) else key_mask[:, length - t :].reshape(-1).nonzero()[:, 0]
+        if flat is not None:
+            ids, positions = ids.reshape(-1)[flat][None], positions.reshape(-1)[flat][None]
+        h = F.embedding(ids, self.embed)
         cos, sin = self.rotary(h, positions)
         # rotate_half(x) * sin = roll(x, d/2) * [-sin_1, sin_2] (exact: a sign flip), so the per-layer rotation
         # is a roll and three elementwise ops; the signed sin is built once per forward
         cos, sin = cos.unsqueeze(1), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(1)
-        length = key_mask.shape[1]
+        if flat is not None:  # [N, 1, d] against the flat tokens' [N, heads, d]
+            h, cos, sin = h[0], cos[0].transpose(0, 1), sin[0].transpose(0, 1)
         mask = key_mask[:, None, None, :]
         if t > 1:
             cols = torch.arange(length, device=ids.device)
@@ -161,9 +175,17 @@ class LeanLlama:
         for i, (ln1, qkv_w, o_w, ln2, gate_up_w, down_w, scaling) in enumerate(self.layers):
             x = self._rms(h, ln1)
             qkv = linear(x, qkv_w) if self.fused else torch.cat([linear(x, w) for w in qkv_w], dim=-1)
-            qkv = qkv.view(b, t, nq + 2 * nkv, d).transpose(1, 2)
-            qk, v = qkv[:, : nq + nkv], qkv[:, nq + nkv :]
-            qk = qk * cos + torch.roll(qk, half, dims=-1) * sin
+            if flat is None:
+                qkv = qkv.view(b, t, nq + 2 * nkv, d).transpose(1, 2)
+                qk, v = qkv[:, : nq + nkv], qkv[:, nq + nkv :]
+                qk = qk * cos + torch.roll(qk, half, dims=-1) * sin
+            else:
+                qkv = qkv.view(-1, nq + 2 * nkv, d)
+                qk = qkv[:, : nq + nkv]
+                qk.copy_(qk * cos + torch.roll(qk, half, dims=-1) * sin)
+                qkv = qkv.new_zeros(b * t, nq + 2 * nkv, d).index_copy_(0, flat, qkv)
+                qkv = qkv.view(b, t, nq + 2 * nkv, d).transpose(1, 2)
+                qk, v = qkv[:, : nq + nkv], qkv[:, nq + nkv :]
             keys, values = cache.layers[i].update(qk[:, nq:], v)
             if shared:
                 out = shared_prefix_decode_attention(
@@ -182,9 +204,12 @@ class LeanLlama:
                     pk, pv = prefix.materialise(i)
                     keys, values = torch.cat([pk, keys], dim=2), torch.cat([pv, values], dim=2)
                 out, _ = gqa_sdpa_attention(None, qk[:, :nq], keys, values, mask, scaling=scaling)
-            h = h + linear(out.reshape(b, t, nq * d), o_w)
+            out = out.reshape(b, t, nq * d) if flat is None else out.reshape(b * t, nq * d)[flat]
+            h = h + linear(out, o_w)
             x = self._rms(h, ln2)
             gate, up = linear(x, gate_up_w).chunk(2, dim=-1) if self.fused else (linear(x, w) for w in gate_up_w)
             h = h + linear(F.silu(gate) * up, down_w)
+        if flat is not None:  # back to [B, T, hidden] for the kept columns (padding rows: zeros)
+            h = h.new_zeros(b * t, h.shape[-1]).index_copy_(0, flat, h).view(b, t, -1)
         h = self._rms(h[:, keep], self.norm)
         return self.head_linear(h, self.head)
