@@ -152,7 +152,8 @@ class LeanLlama:
         # padding columns (shorter pieces, rows that fed nothing) are neither projected nor put through the
         # MLP: those run over the real tokens only, laid out flat ([N, hidden]); the attention keeps the
         # [B, heads, T, d] layout, padding included (zeros there, masked as before)
-        flat = None if bool(key_mask[:, length - t :].all()) else key_mask[:, length - t :].reshape(-1).nonzero()[:, 0]
+        fed = key_mask[:, length - t :]
+        flat = None if bool(fed.all()) else fed.reshape(-1).nonzero()[:, 0]
         if flat is not None:
             ids, positions = ids.reshape(-1)[flat][None], positions.reshape(-1)[flat][None]
         h = F.embedding(ids, self.embed)
@@ -175,17 +176,15 @@ class LeanLlama:
         for i, (ln1, qkv_w, o_w, ln2, gate_up_w, down_w, scaling) in enumerate(self.layers):
             x = self._rms(h, ln1)
             qkv = linear(x, qkv_w) if self.fused else torch.cat([linear(x, w) for w in qkv_w], dim=-1)
-            if flat is None:
-                qkv = qkv.view(b, t, nq + 2 * nkv, d).transpose(1, 2)
-                qk, v = qkv[:, : nq + nkv], qkv[:, nq + nkv :]
-                qk = qk * cos + torch.roll(qk, half, dims=-1) * sin
-            else:
+            if flat is not None:  # rotate the flat tokens, then lay them out with zeros at the padding
                 qkv = qkv.view(-1, nq + 2 * nkv, d)
                 qk = qkv[:, : nq + nkv]
                 qk.copy_(qk * cos + torch.roll(qk, half, dims=-1) * sin)
                 qkv = qkv.new_zeros(b * t, nq + 2 * nkv, d).index_copy_(0, flat, qkv)
-                qkv = qkv.view(b, t, nq + 2 * nkv, d).transpose(1, 2)
-                qk, v = qkv[:, : nq + nkv], qkv[:, nq + nkv :]
+            qkv = qkv.view(b, t, nq + 2 * nkv, d).transpose(1, 2)
+            qk, v = qkv[:, : nq + nkv], qkv[:, nq + nkv :]
+            if flat is None:
+                qk = qk * cos + torch.roll(qk, half, dims=-1) * sin
             keys, values = cache.layers[i].update(qk[:, nq:], v)
             if shared:
                 out = shared_prefix_decode_attention(
