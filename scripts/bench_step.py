@@ -8,6 +8,9 @@ the same work, the parent process first samples every step's rollout once: even 
 replay the gold trajectory, odd samples are the model's own free samples (so groups have reward
 variance and realistic lengths); each path then *forces* those tokens (``DecodeGuide``), so it runs
 the same forwards over the same streams and scores, packs and trains on the same rows.
+With K=4, samples 0 and 2 both replay the gold trajectory, so each prompt's group holds two identical
+samples, which the new path's packing encodes once; ``--gold-samples first`` replays gold on sample 0 only
+(no identical samples by construction: the cpu pipeline's own rollouts held none in 40).
 
 Paths, each in its own child process (so ``peak_rss_mb`` is that path's own ``ru_maxrss``):
 - ``old``: fp32, no prefix sharing (right-padded rows, 4 per micro-batch, logits at the union of
@@ -18,7 +21,9 @@ Paths, each in its own child process (so ``peak_rss_mb`` is that path's own ``ru
   from the update's own forward, checkpointing auto, LM head at trained positions only, one copy of a
   prompt's keys/values read by all its samples in the rollout) on the allocator
   a training stage starts on (``ENVACE_ALLOCATOR``, auto: jemalloc where found; ``--allocator`` picks
-  another; ``--fp32-linear`` pins the GEMM library).
+  another; ``--fp32-linear`` pins the GEMM library);
+- ``prompt`` (opt-in, ``--paths old,new,prompt``): ``new`` with one packed segment per row behind the
+  shared prefix, as before the packs' tails shared their common starts (``OptimConfig.share_tails``).
 Both use the batched sampler (it has no switch). Per-step times come from the engine's own metrics
 (``time/rollout``, ``time/update``, ``time/step``); figures are medians over ``--steps`` steps.
 
@@ -26,8 +31,8 @@ Both use the batched sampler (it has no switch). Per-step times come from the en
     python scripts/bench_step.py --model tiny --steps 2          # plumbing check, seconds
 
 ``--workload PATH`` keeps the sampled workload (or reuses it when the file exists: it must come from
-the same ``--model/--steps/--prompts/--samples/--tasks/--seed``), so that repeated runs of one path skip
-the sampling.
+the same ``--model/--steps/--prompts/--samples/--tasks/--seed/--gold-samples``), so that repeated runs
+of one path skip the sampling.
 
 ``--sft-epochs N`` (N > 0) adds, per path, a child that runs the engine's SFT warm-up alone (the gold
 replay, then N epochs over ``--sft-tasks`` train tasks, the cpu profile's 16 by default, 4 rows per
@@ -88,7 +93,16 @@ PATHS = {
     },
     # None: --allocator (else ENVACE_ALLOCATOR) and --fp32-linear
     "new": {"precision": "auto", "optim": {}, "allocator": None, "fp32_linear": None, "rollout": {}},
+    # the new defaults with one packed segment per row behind the shared prefix (no trie over the tails)
+    "prompt": {
+        "precision": "auto",
+        "optim": {"share_tails": False},
+        "allocator": None,
+        "fp32_linear": None,
+        "rollout": {},
+    },
 }
+GOLD_SAMPLES = ("even", "first")
 
 
 def parse_args() -> argparse.Namespace:
@@ -100,7 +114,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tasks", type=int, default=8, help="train tasks (the cpu profile's n_train)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--paths", default="old,new")
+    p.add_argument(
+        "--gold-samples",
+        choices=GOLD_SAMPLES,
+        default="even",
+        help="which samples replay the gold trajectory: even (0, 2: two identical samples per prompt) or first",
+    )
+    p.add_argument("--paths", default="old,new", help=f"comma-separated, of {', '.join(PATHS)}")
     p.add_argument("--sft-epochs", type=int, default=0, help="also time the SFT warm-up per path (0: skip)")
     p.add_argument("--sft-tasks", type=int, default=16, help="train tasks of the SFT warm-up (the cpu profile's)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -130,7 +150,7 @@ def setup(args: argparse.Namespace):
 
 
 def sample_workload(args: argparse.Namespace, path: Path) -> None:
-    """Every step's outputs, sampled once (fp32): gold replays for even samples, free samples for odd."""
+    """Every step's outputs, sampled once (fp32): gold replays for ``--gold-samples``, free samples for the rest."""
     specs, rollout = setup(args)
     model, tokenizer = load_model_and_tokenizer(ModelSpec(kind=args.model))
     use_gqa_attention(model)
@@ -139,7 +159,8 @@ def sample_workload(args: argparse.Namespace, path: Path) -> None:
 
     def mixed(key):
         outs = (gold.get(key.example) or {}).get(key.role, [])
-        return outs[key.index] if key.sample % 2 == 0 and key.index < len(outs) else None
+        gold_sample = key.sample % 2 == 0 if args.gold_samples == "even" else key.sample == 0
+        return outs[key.index] if gold_sample and key.index < len(outs) else None
 
     runner = RolloutRunner(fmt, rollout, guide=DecodeGuide(mixed), precision=resolve_precision("auto", model=model))
     forced = {}
@@ -216,6 +237,7 @@ def run_child(args: argparse.Namespace) -> dict:
         "rollout_s": med("time/rollout"),
         "steps_s": [h["time/step"] for h in hist],
         "stream_tokens": med("update/stream_tokens"),
+        "encoded_tokens": med("update/encoded_tokens"),  # what the update's forwards encode (packs: shared once)
         "update_tokens_per_s": med("update/tokens_per_s"),
         "reward_mean": med("reward/mean") if "reward/mean" in hist[0] else None,
         "peak_rss_mb": rss_mb(),
@@ -262,6 +284,8 @@ def main() -> None:
                 str(args.threads),
                 "--seed",
                 str(args.seed),
+                "--gold-samples",
+                args.gold_samples,
                 "--sft-epochs",
                 str(args.sft_epochs),
                 "--sft-tasks",
@@ -280,6 +304,7 @@ def main() -> None:
         "model": args.model,
         "steps": args.steps,
         "threads": args.threads,
+        "gold_samples": args.gold_samples,
         "cpu": cpu_model(),
         "cpu_bf16": cpu_has_bf16(),
         **{f"{k}": v for k, v in results.items()},

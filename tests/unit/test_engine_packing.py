@@ -88,6 +88,42 @@ def _rows() -> list[TrainRow]:
     return rows
 
 
+def _tree_rows() -> list[TrainRow]:
+    """K=5 samples of one prompt that share more than it: two identical samples, two that start with the same
+    8 tokens (and one of them continues the other), one of their own; then two identical REHEARSE rows."""
+    g = torch.Generator().manual_seed(11)
+    rand = lambda n: torch.randint(3, VOCAB, (n,), generator=g)
+    prompt, call, alike = rand(30), rand(9), rand(8)
+    tails = [call, call, torch.cat([alike, rand(5)]), torch.cat([alike, rand(5)]), rand(7)]
+    tails[3] = torch.cat([tails[2], rand(4)])  # row 3 continues row 2
+    rows = [_row(torch.cat([prompt, t]), 29, Role.ACT, 0.6 - 0.3 * k, g) for k, t in enumerate(tails)]
+    sys, answer = rand(20), rand(6)
+    rows += [_row(torch.cat([sys, answer]), 19, Role.REHEARSE, adv, g) for adv in (0.4, -0.1)]
+    return rows
+
+
+def test_tail_trie_encodes_each_shared_token_once():
+    a, b, c = torch.tensor([5, 6, 7, 8]), torch.tensor([5, 6, 9]), torch.tensor([4])
+    segments, paths = packing.tail_trie([a, b, a, torch.tensor([5, 6]), c, torch.tensor([], dtype=torch.long)])
+    # breadth first: [5, 6] and [4] under the root, then [7, 8] and [9] under [5, 6]
+    assert [(s.offset, s.length, s.parent) for s in segments] == [(0, 2, -1), (0, 1, -1), (2, 2, 0), (2, 1, 0)]
+    assert paths == ((0, 2), (0, 3), (0, 2), (0,), (1,), ())
+    rows = _tree_rows()
+    packs = plan_packs(rows, min_shared=8)
+    assert sorted(len(p.rows) for p in packs) == [2, 5]
+    act = next(p for p in packs if len(p.rows) == 5)
+    # the ACT tails cost 9 (the call, twice) + 8 + 5 + 4 (alike, row 2, row 3's extra) + 7, not 9 + 9 + 13 + 17 + 7
+    assert act.length == 30 + 9 + 17 + 7
+    assert next(p for p in packs if len(p.rows) == 2).length == 26  # identical rows: one row's tokens
+    for pack in packs:  # each member's path spells its tail
+        for r, path in zip(pack.rows, pack.paths):
+            tail = rows[r].input_ids[pack.prefix_len :]
+            spelled = [tail[pack.segments[k].offset : pack.segments[k].offset + pack.segments[k].length] for k in path]
+            assert torch.equal(torch.cat([tail[:0], *spelled]), tail)
+    flat = plan_packs(rows, min_shared=8, tree=False)
+    assert act.length < next(p for p in flat if len(p.rows) == 5).length == 30 + 9 + 9 + 13 + 17 + 7
+
+
 def test_plan_groups_shared_prefixes():
     rows = _rows()
     packs = plan_packs(rows, min_shared=8)
@@ -150,16 +186,26 @@ def test_head_logprobs_chunks_by_vocabulary_and_checkpointed_chunks_change_nothi
 
 
 def test_pack_mask_is_block_causal():
-    seg = torch.tensor([0, 0, 1, 1, 2, -1])
+    seg = torch.tensor([0, 0, 1, 1, 2, -1, -1])
     m = pack_mask(seg)
-    assert m[3].tolist() == [True, True, True, True, False, False]  # suffix 1 sees prefix + itself
-    assert m[4].tolist() == [True, True, False, False, True, False]  # suffix 2 never sees suffix 1
-    assert m[1].tolist() == [True, True, False, False, False, False]
-    assert bool(m[5, 5]) and not bool(m[5, :5].any())  # padding sees only itself
+    assert m[3].tolist() == [True, True, True, True, False, False, False]  # suffix 1 sees prefix + itself
+    assert m[4].tolist() == [True, True, False, False, True, False, False]  # suffix 2 never sees suffix 1
+    assert m[1].tolist() == [True, True, False, False, False, False, False]
+    assert bool(m[6, 6]) and not bool(m[6, :6].any())  # padding sees only itself
 
 
-def test_packed_logprobs_equal_unshared_forward():
-    model, rows = _model(), _rows()
+def test_pack_mask_is_tree_causal():
+    # prefix | segment 1 | segment 2 (child of 1) | segment 3 (child of the prefix) | segment 4 (child of 2)
+    seg = torch.tensor([0, 0, 1, 1, 2, 3, 3, 4])
+    m = pack_mask(seg, [0, 1, 0, 2])
+    assert m[4].tolist() == [True, True, True, True, True, False, False, False]  # its parent and the prefix
+    assert m[6].tolist() == [True, True, False, False, False, True, True, False]  # not the sibling branch
+    assert m[7].tolist() == [True, True, True, True, True, False, False, True]  # every ancestor
+
+
+@pytest.mark.parametrize("make_rows", [_rows, _tree_rows], ids=["prefixes", "tree"])
+def test_packed_logprobs_equal_unshared_forward(make_rows):
+    model, rows = _model(), make_rows()
     batches = micro_batches(plan_packs(rows, min_shared=8), max_tokens=256)
     with torch.no_grad():
         for mb in batches:
@@ -170,8 +216,8 @@ def test_packed_logprobs_equal_unshared_forward():
                 torch.testing.assert_close(got[k, : rows[r].n_tokens], want, atol=1e-5, rtol=1e-5)
 
 
-def _loss_and_grads(share: bool, **kw):
-    model, rows = _model(), _rows()
+def _loss_and_grads(share: bool, make_rows=_rows, **kw):
+    model, rows = _model(), make_rows()
     cfg = OptimConfig(share_prefix=share, micro_batch_streams=2, micro_batch_tokens=128, **kw)
     updater = PolicyUpdater(Slot("policy", model, frozenset(Role), make_optimizer(model, cfg)), cfg, 0, pad_id=0)
     updater.prepare(rows)
@@ -186,10 +232,11 @@ def _loss_and_grads(share: bool, **kw):
     return total, {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+@pytest.mark.parametrize("make_rows", [_rows, _tree_rows], ids=["prefixes", "tree"])
 @pytest.mark.parametrize("old", ["recompute", "sampling"])
-def test_shared_prefix_loss_and_gradients_equal_unshared(old):
-    shared_loss, shared_grads = _loss_and_grads(True, old_logprobs=old, grad_checkpointing="off")
-    plain_loss, plain_grads = _loss_and_grads(False, old_logprobs=old, grad_checkpointing="off")
+def test_shared_prefix_loss_and_gradients_equal_unshared(old, make_rows):
+    shared_loss, shared_grads = _loss_and_grads(True, make_rows, old_logprobs=old, grad_checkpointing="off")
+    plain_loss, plain_grads = _loss_and_grads(False, make_rows, old_logprobs=old, grad_checkpointing="off")
     assert shared_loss == pytest.approx(plain_loss, abs=1e-6)
     for name, grad in plain_grads.items():
         torch.testing.assert_close(shared_grads[name], grad, atol=1e-6, rtol=1e-4, msg=name)
@@ -342,16 +389,31 @@ LAYOUTS = {
             (26, ()),
         ),
     ),
+    # trie segments (start, end, parent): two children of the prefix (3 tokens each); the first has two
+    # children (2 each), the second one (2); the first grandchild has a child of its own (4)
+    "tree": (
+        20,
+        (
+            (4, ((4, 7, -1), (7, 10, -1), (10, 12, 0), (12, 14, 0), (14, 16, 1), (16, 20, 2))),
+            (6, ((6, 9, -1), (9, 11, 0), (11, 13, 0), (13, 14, -1))),
+        ),
+    ),
 }
 
 
 def test_layout_row_sets_and_equal_runs():
     width, rows = LAYOUTS["runs"]
-    sets = PackLayout(width, rows).row_sets()
+    layout = PackLayout(width, rows)
+    sets = layout.row_sets()
     assert [members for members, _ in sets] == [[0, 2, 4], [1, 3], [5], [6]]
-    assert attention._equal_runs(rows[0][1]) == [(5, 3, 4), (17, 2, 3)]
-    assert attention._equal_runs(rows[5][1]) == [(10, 3, 1)]
+    assert attention._equal_runs(layout.rows[0][1]) == [(5, 3, 4, -1), (17, 2, 3, -1)]
+    assert attention._equal_runs(layout.rows[5][1]) == [(10, 3, 1, -1)]
     assert attention._equal_runs(()) == []
+    # siblings of equal length run together only behind the same parent
+    tree = PackLayout(*LAYOUTS["tree"]).rows[0][1]
+    assert attention._equal_runs(tree) == [(4, 2, 3, -1), (10, 2, 2, 0), (14, 1, 2, 1), (16, 1, 4, 2)]
+    with pytest.raises(ValueError, match="parent"):
+        PackLayout(8, ((2, ((2, 4, 1), (4, 6, -1))),))
 
 
 @pytest.mark.parametrize("layouts", sorted(LAYOUTS))
@@ -369,11 +431,13 @@ def test_segment_attention_equals_masked_attention_with_gradients(dtype, flash_m
     width, rows = LAYOUTS[layouts]
     layout = PackLayout(width, rows)
     seg = torch.full((len(rows), width), -1)
-    for b, (prefix, spans) in enumerate(rows):
+    parents = []
+    for b, (prefix, spans) in enumerate(layout.rows):
         seg[b, :prefix] = 0
-        for j, (s, e) in enumerate(spans, start=1):
+        for j, (s, e, _) in enumerate(spans, start=1):
             seg[b, s:e] = j
-    mask = torch.stack([pack_mask(s) for s in seg]).unsqueeze(1)
+        parents.append([parent + 1 for _, _, parent in spans])
+    mask = torch.stack([pack_mask(s, par) for s, par in zip(seg, parents)]).unsqueeze(1)
     q = torch.randn(len(rows), heads, width, dim, generator=g, dtype=dtype, requires_grad=True)
     k = torch.randn(len(rows), kv_heads, width, dim, generator=g, dtype=dtype, requires_grad=True)
     v = torch.randn(len(rows), kv_heads, width, dim, generator=g, dtype=dtype, requires_grad=True)

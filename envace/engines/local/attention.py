@@ -9,10 +9,10 @@ identical outputs). ``use_gqa_attention(model)`` switches a model to it; masks a
 for ``sdpa``.
 
 Packed training sequences (``envace.engines.local.packing``) carry their layout on the mask
-(``PackLayout``): the attention then runs per segment — the shared prefix causally, each suffix over
-[prefix, its own tokens] — instead of one masked attention over every (query, key) pair of the pack,
-most of which the block-causal mask discards (the CPU kernels do not skip masked blocks). Exact: each
-query attends to exactly the keys the mask allows.
+(``PackLayout``): the attention then runs per segment — the shared prefix causally, each trie segment
+over [prefix, its ancestor segments, its own tokens] — instead of one masked attention over every
+(query, key) pair of the pack, most of which the tree-causal mask discards (the CPU kernels do not skip
+masked blocks). Exact: each query attends to exactly the keys the mask allows.
 """
 
 from __future__ import annotations
@@ -181,18 +181,28 @@ PACK_LAYOUT_ATTR = "envace_pack_layout"
 
 @dataclass(frozen=True)
 class PackLayout:
-    """Where the segments of each packed row lie: ``rows[b] = (prefix_len, ((start, end), ...))``.
+    """Where the segments of each packed row lie: ``rows[b] = (prefix_len, ((start, end, parent), ...))``.
 
-    Row b's prefix is ``[0, prefix_len)``; its suffixes are the given half-open spans (contiguous, in
-    order, starting at ``prefix_len``); positions after the last span are padding. ``blocked(n, group)``
-    is the mask of the keys a segment of n tokens may *not* attend among its own n keys (causal; the
-    prefix has no other keys, a suffix sees every prefix key, so those columns need no mask), repeated
-    for ``group`` query heads per key head; built once per length and reused by every layer.
+    Row b's prefix is ``[0, prefix_len)``; its segments are the given half-open spans (contiguous, in
+    order, starting at ``prefix_len``), each behind its ``parent`` (an index into the same spans, always an
+    earlier one; -1: the prefix; a ``(start, end)`` pair means -1); positions after the last span are
+    padding. A segment attends to the prefix, its ancestors' spans and causally to itself.
+    ``blocked(n, group)`` is the mask of the keys a segment of n tokens may *not* attend among its own n
+    keys (causal; the prefix has no other keys, a segment sees every key of its context, so those columns
+    need no mask), repeated for ``group`` query heads per key head; built once per length and reused by
+    every layer.
     """
 
     width: int
-    rows: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]
+    rows: tuple[tuple[int, tuple[tuple[int, int, int], ...]], ...]
     _blocked: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        rows = tuple((prefix, tuple((*span, -1)[:3] for span in spans)) for prefix, spans in self.rows)
+        for _, spans in rows:
+            if any(not -1 <= parent < j for j, (_, _, parent) in enumerate(spans)):
+                raise ValueError(f"PackLayout: a segment's parent must be an earlier segment or -1, got {spans}")
+        object.__setattr__(self, "rows", rows)
 
     def blocked(self, n: int, group: int, device: torch.device) -> torch.Tensor:
         key = (n, group, device)
@@ -201,7 +211,7 @@ class PackLayout:
             self._blocked[key] = (~allowed).repeat(group, 1)
         return self._blocked[key]
 
-    def row_sets(self) -> list[tuple[list[int], tuple[int, tuple[tuple[int, int], ...]]]]:
+    def row_sets(self) -> list[tuple[list[int], tuple[int, tuple[tuple[int, int, int], ...]]]]:
         """The rows grouped by identical layout (first-appearance order): each set runs as one batch."""
         sets: dict = {}
         for b, layout in enumerate(self.rows):
@@ -209,15 +219,33 @@ class PackLayout:
         return [(rows, layout) for layout, rows in sets.items()]
 
 
-def _equal_runs(spans: tuple[tuple[int, int], ...]) -> list[tuple[int, int, int]]:
-    """Maximal runs of consecutive equal-length spans: (start, count, length) each."""
+def _equal_runs(spans: tuple[tuple[int, int, int], ...]) -> list[tuple[int, int, int, int]]:
+    """Maximal runs of consecutive equal-length spans behind the same parent: (start, count, length,
+    parent) each."""
     runs: list[list[int]] = []
-    for start, end in spans:
-        if runs and runs[-1][2] == end - start:
+    for start, end, parent in spans:
+        if runs and runs[-1][2] == end - start and runs[-1][3] == parent:
             runs[-1][1] += 1
         else:
-            runs.append([start, 1, end - start])
-    return [(a, n, length) for a, n, length in runs]
+            runs.append([start, 1, end - start, parent])
+    return [(a, n, length, parent) for a, n, length, parent in runs]
+
+
+def _context(x: torch.Tensor, prefix: int, spans: tuple[tuple[int, int, int], ...], parent: int) -> torch.Tensor:
+    """The keys (or values) a segment behind ``parent`` attends besides its own: the prefix, then each
+    ancestor's span, root first (``x`` ``[B, Hkv, L, D]``). A view when those lie back to back."""
+    chain = []
+    while parent >= 0:
+        chain.append(spans[parent][:2])
+        parent = spans[parent][2]
+    ranges = [[0, prefix]]
+    for start, end in reversed(chain):
+        if ranges[-1][1] == start:
+            ranges[-1][1] = end
+        else:
+            ranges.append([start, end])
+    parts = [x[:, :, a:b] for a, b in ranges]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
 
 def segment_attention(
@@ -225,16 +253,16 @@ def segment_attention(
 ) -> torch.Tensor:
     """Attention of packed rows, segment by segment; returns [B, L, H, D] (zeros at padding positions).
 
-    Per row: the prefix attends causally to itself; each suffix attends to the prefix and causally to
-    its own tokens. The work is the pairs the block-causal mask allows, not the whole L × L square.
-    Rows with the same layout run as one batch, and so do consecutive suffixes of equal length (K
-    samples that all ran to their token budget): a run of n suffixes is two batched matmuls for the
-    scores and two for the output, whatever n, instead of a matmul pair per suffix over a copied
-    [prefix, suffix] key block. On CPU the plain matmuls run at the matmul kernels' speed, faster than
-    the flash kernel with a mask on these short segments (SmolLM2 shapes, bf16, forward + backward,
-    one AMD EPYC core: a 200-token suffix behind a 715-token prefix 15 ms vs 23 ms;
-    ``scripts/bench_step.py`` measures the whole update); for a small model, the number of calls is
-    what counts.
+    Per row: the prefix attends causally to itself; each segment attends to its context (the prefix and
+    its ancestor segments) and causally to its own tokens. The work is the pairs the tree-causal mask
+    allows, not the whole L × L square. Rows with the same layout run as one batch, and so do
+    consecutive sibling segments of equal length (K samples that all ran to their token budget): a run
+    of n segments is two batched matmuls for the scores and two for the output, whatever n, instead of a
+    matmul pair per segment over a copied [context, segment] key block. On CPU the plain matmuls run at
+    the matmul kernels' speed, faster than the flash kernel with a mask on these short segments
+    (SmolLM2 shapes, bf16, forward + backward, one AMD EPYC core: a 200-token suffix behind a
+    715-token prefix 15 ms vs 23 ms; ``scripts/bench_step.py`` measures the whole update); for a small
+    model, the number of calls is what counts.
     """
     group = query.shape[1] // key.shape[1]
     outputs, order = [], []
@@ -245,16 +273,18 @@ def segment_attention(
             pick = torch.tensor(rows, device=query.device)
         q, k, v = query[pick], key[pick], value[pick]
         pieces = [prefix_attention(q[:, :, :prefix], k[:, :, :prefix], v[:, :, :prefix], layout, scaling)]
-        for start, n, length in _equal_runs(spans):
+        for start, n, length, parent in _equal_runs(spans):
+            ctx_k, ctx_v = _context(k, prefix, spans, parent), _context(v, prefix, spans, parent)
+            own = layout.blocked(length, group, query.device)
             if n == 1:
-                keys = torch.cat([k[:, :, :prefix], k[:, :, start : start + length]], dim=2)
-                values = torch.cat([v[:, :, :prefix], v[:, :, start : start + length]], dim=2)
-                blocked = layout.blocked(length, group, query.device)
-                pieces.append(masked_attention(q[:, :, start : start + length], keys, values, blocked, scaling))
+                keys = torch.cat([ctx_k, k[:, :, start : start + length]], dim=2)
+                values = torch.cat([ctx_v, v[:, :, start : start + length]], dim=2)
+                pieces.append(masked_attention(q[:, :, start : start + length], keys, values, own, scaling))
             else:
                 span = slice(start, start + n * length)
-                own = layout.blocked(length, group, query.device)
-                pieces.append(suffix_run_attention(q[:, :, span], k, v, prefix, span, n, own, scaling))
+                pieces.append(
+                    suffix_run_attention(q[:, :, span], ctx_k, ctx_v, k[:, :, span], v[:, :, span], n, own, scaling)
+                )
         used = spans[-1][1] if spans else prefix
         if used < layout.width:
             pieces.append(query.new_zeros(len(rows), query.shape[1], layout.width - used, query.shape[3]))
@@ -268,39 +298,41 @@ def segment_attention(
 
 def suffix_run_attention(
     query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    prefix: int,
-    span: slice,
+    ctx_key: torch.Tensor,
+    ctx_value: torch.Tensor,
+    own_key: torch.Tensor,
+    own_value: torch.Tensor,
     n: int,
     blocked: torch.Tensor,
     scaling: float | None,
 ) -> torch.Tensor:
-    """n consecutive suffixes of S tokens each behind one prefix, in one batch; returns [B, H, n*S, D].
+    """n consecutive segments of S tokens each behind one context, in one batch; returns [B, H, n*S, D].
 
-    ``query`` ``[B, H, n*S, D]`` (the run's queries); ``key``/``value`` ``[B, Hkv, L, D]`` (the whole
-    packed rows: the prefix is ``[0, prefix)``, the run's own keys ``span``); ``blocked`` ``[G*S, S]`` the
-    causal mask of one suffix over its own keys. Suffix j's queries are scored against the prefix keys
-    (one matmul for every suffix) and against its own S keys (one batched matmul over the suffixes); the
-    softmax runs over both parts at once, so each suffix's result is its attention over [prefix, own
-    keys], as ``masked_attention`` computes it (up to float summation order in the output's sum).
+    ``query`` ``[B, H, n*S, D]`` (the run's queries); ``ctx_key``/``ctx_value`` ``[B, Hkv, C, D]`` the keys
+    every segment of the run sees (the prefix and their common ancestors); ``own_key``/``own_value``
+    ``[B, Hkv, n*S, D]`` the run's own; ``blocked`` ``[G*S, S]`` the causal mask of one segment over its own
+    keys. Segment j's queries are scored against the context (one matmul for every segment) and against
+    its own S keys (one batched matmul over the segments); the softmax runs over both parts at once, so
+    each segment's result is its attention over [context, own keys], as ``masked_attention`` computes it
+    (up to float summation order in the output's sum).
     """
     b, heads, _, d = query.shape
-    kv_heads = key.shape[1]
+    kv_heads = ctx_key.shape[1]
     group = heads // kv_heads
     s = blocked.shape[-1]
+    context = ctx_key.shape[2]
     scale = scaling if scaling is not None else d**-0.5
-    # [B, Hkv, G, n, S, D] -> [B, Hkv, n, G*S, D]: per key head, suffix j's G*S query rows together
+    # [B, Hkv, G, n, S, D] -> [B, Hkv, n, G*S, D]: per key head, segment j's G*S query rows together
     grouped = (query * scale).reshape(b, kv_heads, group, n, s, d).transpose(2, 3).reshape(b, kv_heads, n, group * s, d)
-    own_keys = key[:, :, span].reshape(b, kv_heads, n, s, d)
-    own_values = value[:, :, span].reshape(b, kv_heads, n, s, d)
-    to_prefix = torch.matmul(grouped.reshape(b, kv_heads, n * group * s, d), key[:, :, :prefix].transpose(-1, -2))
+    own_keys = own_key.reshape(b, kv_heads, n, s, d)
+    own_values = own_value.reshape(b, kv_heads, n, s, d)
+    to_context = torch.matmul(grouped.reshape(b, kv_heads, n * group * s, d), ctx_key.transpose(-1, -2))
     to_own = torch.matmul(grouped, own_keys.transpose(-1, -2))  # [B, Hkv, n, G*S, S]
-    scores = torch.cat([to_prefix.reshape(b, kv_heads, n, group * s, prefix), to_own], dim=-1)
-    scores[..., prefix:].masked_fill_(blocked, float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    out = torch.matmul(probs[..., :prefix].reshape(b, kv_heads, n * group * s, prefix), value[:, :, :prefix])
-    out = out.reshape(b, kv_heads, n, group * s, d) + torch.matmul(probs[..., prefix:], own_values)
+    scores = torch.cat([to_context.reshape(b, kv_heads, n, group * s, context), to_own], dim=-1)
+    scores[..., context:].masked_fill_(blocked, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(ctx_value.dtype)
+    out = torch.matmul(probs[..., :context].reshape(b, kv_heads, n * group * s, context), ctx_value)
+    out = out.reshape(b, kv_heads, n, group * s, d) + torch.matmul(probs[..., context:], own_values)
     # back to [B, H, n*S, D]
     return out.reshape(b, kv_heads, n, group, s, d).transpose(2, 3).reshape(b, heads, n * s, d)
 

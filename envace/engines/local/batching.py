@@ -204,6 +204,11 @@ class PaddedBatch:
     def padded_tokens(self) -> int:
         return int(self.batch.input_ids.numel())
 
+    @property
+    def encoded_tokens(self) -> int:
+        """Real tokens one forward over this batch encodes (every row's whole stream)."""
+        return int(self.batch.attention_mask.sum())
+
     def logprobs(self, model: Any) -> torch.Tensor:
         return token_logprobs(model, self.batch)
 

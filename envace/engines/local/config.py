@@ -56,6 +56,10 @@ class OptimConfig:
     # share_prefix: rows sharing a prompt prefix are packed behind one copy of it (exact); False = the
     # legacy padded path (one row per sequence, ``micro_batch_streams`` rows per forward)
     share_prefix: bool = True
+    # share_tails: the packed rows' tails after their common prefix share their own common starts too (a token
+    # trie: identical samples, samples opening with the same call); False = one segment per row. Exact either
+    # way; an engine knob (benchmarks, A/Bs), not a pipeline param
+    share_tails: bool = True
     micro_batch_tokens: int = 4096  # padded tokens per forward/backward on the packed path (caps a pack too)
     # "auto": on when a micro-batch's estimated activations exceed ~1 GB (SmolLM2 at the cpu profile's
     # sizes), off for small ones (the tiny test models); "on" | "off" force it

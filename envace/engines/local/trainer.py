@@ -17,10 +17,11 @@ Choices (documented deviations):
   logged as ``rollout/logprob_diff`` (free from the update forward on a single pass; otherwise from
   the recompute forward, or from the opt-in ``logprob_check`` forward).
 - Speed (``envace.engines.local.packing``): rows sharing a prompt prefix are packed behind one copy
-  of it (exact block-causal masks), micro-batches are length-bucketed by a token budget, the LM
-  head runs only at trained positions, gradient checkpointing switches on where activations would
-  exceed ~1 GB, gradients accumulate into one flat buffer (``flat_gradients``); ``precision="bf16"``
-  runs forwards under bf16 autocast with float32 master weights.
+  of it, and their tails share their own common starts (a token trie; exact tree-causal masks;
+  ``update/encoded_tokens`` counts what the forwards encode), micro-batches are length-bucketed by a
+  token budget, the LM head runs only at trained positions, gradient checkpointing switches on where
+  activations would exceed ~1 GB, gradients accumulate into one flat buffer (``flat_gradients``);
+  ``precision="bf16"`` runs forwards under bf16 autocast with float32 master weights.
 - Trajectories whose reward has status JUDGE_FAILED are excluded from baselines (``exclude=``) and
   from the loss (no rows), and counted in ``judge_failures``.
 - A model trains only on the outputs of its roles (``Slot.roles``): frozen roles' outputs are not in
@@ -254,6 +255,7 @@ class PolicyUpdater:
                 rows,
                 max_tokens=self.cfg.micro_batch_tokens,
                 pair_cost=0.0 if segmented else attention_cost_ratio(self.slot.model),
+                tree=self.cfg.share_tails,
             )
             # segment-wise, putting packs side by side saves only Python calls: past SEGMENTED_BATCH_TOKENS a
             # pack runs alone (no padding, half the activations; SmolLM2 update: peak RSS -260 MB, no slower)
@@ -408,6 +410,7 @@ class PolicyUpdater:
     ) -> None:
         """Backward over every micro-batch of ``rows``, summing the loss metrics into ``acc``."""
         for batch in self.batches(rows):
+            acc["update/encoded_tokens"] = acc.get("update/encoded_tokens", 0.0) + batch.encoded_tokens
             losses = self._losses(batch, n_tokens, len(rows))
             if not losses:
                 continue
