@@ -120,6 +120,8 @@ def test_tail_trie_encodes_each_shared_token_once():
             tail = rows[r].input_ids[pack.prefix_len :]
             spelled = [tail[pack.segments[k].offset : pack.segments[k].offset + pack.segments[k].length] for k in path]
             assert torch.equal(torch.cat([tail[:0], *spelled]), tail)
+    with pytest.raises(ValueError, match="plan_packs"):  # a hand-made pack without its segments
+        collate_packs(rows, [Pack(act.rows, act.prefix_len, act.length)])
     flat = plan_packs(rows, min_shared=8, tree=False)
     assert act.length < next(p for p in flat if len(p.rows) == 5).length == 30 + 9 + 9 + 13 + 17 + 7
 

@@ -49,7 +49,7 @@ from envace.engines.local.batching import TrainRow, value_tensors
 
 
 @dataclass(frozen=True)
-class Segment:
+class TailSegment:
     """One trie node of a pack: tail tokens ``[offset, offset + length)`` of the rows through it (tails start
     after the shared prefix), behind the segment ``parent`` (an index into ``Pack.segments``; -1: the prefix)."""
 
@@ -69,7 +69,7 @@ class Pack:
     rows: tuple[int, ...]
     prefix_len: int
     length: int
-    segments: tuple[Segment, ...] = ()
+    segments: tuple[TailSegment, ...] = ()
     paths: tuple[tuple[int, ...], ...] = ()
 
 
@@ -79,13 +79,13 @@ def common_prefix_len(a: torch.Tensor, b: torch.Tensor) -> int:
     return int(diff[0]) if diff.numel() else n
 
 
-def tail_trie(tails: Sequence[torch.Tensor]) -> tuple[tuple[Segment, ...], tuple[tuple[int, ...], ...]]:
+def tail_trie(tails: Sequence[torch.Tensor]) -> tuple[tuple[TailSegment, ...], tuple[tuple[int, ...], ...]]:
     """The radix tree of token sequences ``tails``: segments breadth first, and each sequence's path.
 
     A segment is a maximal run of tokens that the same set of sequences hold behind the same history; a
     sequence ending inside another's run splits it there. Identical sequences share one path.
     """
-    segments: list[Segment] = []
+    segments: list[TailSegment] = []
     paths: list[list[int]] = [[] for _ in tails]
     lengths = [int(t.numel()) for t in tails]
     queue = [(list(range(len(tails))), 0, -1)]  # (sequences sharing tokens [0, depth), depth, their segment)
@@ -100,7 +100,7 @@ def tail_trie(tails: Sequence[torch.Tensor]) -> tuple[tuple[Segment, ...], tuple
                 head = tails[branch[0]][depth:end]
                 differs = torch.stack([tails[i][depth:end] != head for i in branch[1:]]).any(dim=0).nonzero()
                 end = depth + int(differs[0]) if differs.numel() else end
-            segments.append(Segment(depth, end - depth, parent))
+            segments.append(TailSegment(depth, end - depth, parent))
             for i in branch:
                 paths[i].append(len(segments) - 1)
             queue.append((branch, end, len(segments) - 1))
@@ -114,7 +114,7 @@ def _pack(rows: Sequence[TrainRow], members: list[int], prefix: int, tree: bool 
     if tree:
         segments, paths = tail_trie(tails)
     else:  # one segment per row, each behind the prefix
-        segments = tuple(Segment(0, int(t.numel()), -1) for t in tails if t.numel())
+        segments = tuple(TailSegment(0, int(t.numel()), -1) for t in tails if t.numel())
         paths, k = [], 0
         for t in tails:
             paths.append((k,) if t.numel() else ())
@@ -269,10 +269,15 @@ class PackedBatch:
 def _pack_tensors(rows: Sequence[TrainRow], pack: Pack, width: int, pad_id: int):
     """One pack's ``ids``, ``pos``, ``seg`` (``width``), each segment's start, and each member's tail map
     (tail offset -> packed index)."""
+    p = pack.prefix_len
+    if p + sum(part.length for part in pack.segments) != pack.length or len(pack.paths) != len(pack.rows):
+        raise ValueError(
+            f"Pack {pack.rows}: prefix {p} + segments {[part.length for part in pack.segments]} do not make its "
+            f"length {pack.length}, or {len(pack.paths)} paths for {len(pack.rows)} rows; build packs with plan_packs"
+        )
     ids = torch.full((width,), pad_id, dtype=torch.long)
     pos = torch.zeros(width, dtype=torch.long)
     seg = torch.full((width,), -1, dtype=torch.long)
-    p = pack.prefix_len
     first = rows[pack.rows[0]].input_ids
     ids[:p], pos[:p], seg[:p] = first[:p], torch.arange(p), 0
     holder = {k: j for j, path in enumerate(pack.paths) for k in path}  # a member holding each segment
