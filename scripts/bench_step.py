@@ -284,8 +284,6 @@ def main() -> None:
                 str(args.threads),
                 "--seed",
                 str(args.seed),
-                "--gold-samples",
-                args.gold_samples,
                 "--sft-epochs",
                 str(args.sft_epochs),
                 "--sft-tasks",

@@ -199,7 +199,7 @@ def test_pack_mask_is_block_causal():
 def test_pack_mask_is_tree_causal():
     # prefix | segment 1 | segment 2 (child of 1) | segment 3 (child of the prefix) | segment 4 (child of 2)
     seg = torch.tensor([0, 0, 1, 1, 2, 3, 3, 4])
-    m = pack_mask(seg, [0, 1, 0, 2])
+    m = pack_mask(seg, [-1, 0, -1, 1])
     assert m[4].tolist() == [True, True, True, True, True, False, False, False]  # its parent and the prefix
     assert m[6].tolist() == [True, True, False, False, False, True, True, False]  # not the sibling branch
     assert m[7].tolist() == [True, True, True, True, True, False, False, True]  # every ancestor
@@ -438,7 +438,7 @@ def test_segment_attention_equals_masked_attention_with_gradients(dtype, flash_m
         seg[b, :prefix] = 0
         for j, (s, e, _) in enumerate(spans, start=1):
             seg[b, s:e] = j
-        parents.append([parent + 1 for _, _, parent in spans])
+        parents.append([parent for _, _, parent in spans])
     mask = torch.stack([pack_mask(s, par) for s, par in zip(seg, parents)]).unsqueeze(1)
     q = torch.randn(len(rows), heads, width, dim, generator=g, dtype=dtype, requires_grad=True)
     k = torch.randn(len(rows), kv_heads, width, dim, generator=g, dtype=dtype, requires_grad=True)

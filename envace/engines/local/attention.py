@@ -232,8 +232,9 @@ def _equal_runs(spans: tuple[tuple[int, int, int], ...]) -> list[tuple[int, int,
 
 
 def _context(x: torch.Tensor, prefix: int, spans: tuple[tuple[int, int, int], ...], parent: int) -> torch.Tensor:
-    """The keys (or values) a segment behind ``parent`` attends besides its own: the prefix, then each
-    ancestor's span, root first (``x`` ``[B, Hkv, L, D]``). A view when those lie back to back."""
+    """The keys (or values) of the prefix, then of segment ``parent`` and its ancestors' spans, root first
+    (``x`` ``[B, Hkv, L, D]``): what a child of ``parent`` attends besides its own keys, or, given a segment
+    itself, everything it attends. A view when those lie back to back."""
     chain = []
     while parent >= 0:
         chain.append(spans[parent][:2])
@@ -273,14 +274,14 @@ def segment_attention(
             pick = torch.tensor(rows, device=query.device)
         q, k, v = query[pick], key[pick], value[pick]
         pieces = [prefix_attention(q[:, :, :prefix], k[:, :, :prefix], v[:, :, :prefix], layout, scaling)]
+        index = {span[0]: j for j, span in enumerate(spans)}
         for start, n, length, parent in _equal_runs(spans):
-            ctx_k, ctx_v = _context(k, prefix, spans, parent), _context(v, prefix, spans, parent)
             own = layout.blocked(length, group, query.device)
-            if n == 1:
-                keys = torch.cat([ctx_k, k[:, :, start : start + length]], dim=2)
-                values = torch.cat([ctx_v, v[:, :, start : start + length]], dim=2)
+            if n == 1:  # its context and its own keys, gathered at once (a view when they lie back to back)
+                keys, values = _context(k, prefix, spans, index[start]), _context(v, prefix, spans, index[start])
                 pieces.append(masked_attention(q[:, :, start : start + length], keys, values, own, scaling))
             else:
+                ctx_k, ctx_v = _context(k, prefix, spans, parent), _context(v, prefix, spans, parent)
                 span = slice(start, start + n * length)
                 pieces.append(
                     suffix_run_attention(q[:, :, span], ctx_k, ctx_v, k[:, :, span], v[:, :, span], n, own, scaling)

@@ -207,17 +207,18 @@ def micro_batches(packs: Sequence[Pack], max_tokens: int) -> list[list[Pack]]:
 def pack_mask(segments: torch.Tensor, parents: Sequence[int] | None = None) -> torch.Tensor:
     """``[L, L]`` bool (True = may attend) from per-token segment ids (0 prefix, 1.. segments, -1 pad).
 
-    ``parents[j - 1]`` is segment j's parent id (0: the prefix); None: every segment hangs off the prefix. A
-    token sees the earlier tokens of its own segment and of its ancestors'; padding sees only itself.
+    ``parents[j - 1]`` is segment j's parent, as ``TailSegment.parent`` counts (an index into the segments,
+    -1: the prefix); None: every segment hangs off the prefix. A token sees the earlier tokens of its own
+    segment and of its ancestors'; padding sees only itself.
     """
     n = segments.numel()
     count = int(segments.max()) + 1 if n else 1
-    parents = list(parents) if parents is not None else [0] * (count - 1)
+    parents = list(parents) if parents is not None else [-1] * (count - 1)
     # sees[a, b]: segment b is segment a or one of its ancestors (the prefix, 0, is everyone's)
     sees = torch.eye(count, dtype=torch.bool)
     sees[:, 0] = True
     for j in range(1, count):
-        sees[j] |= sees[parents[j - 1]]
+        sees[j] |= sees[parents[j - 1] + 1]
     causal = torch.ones(n, n, dtype=torch.bool).tril()
     real = segments >= 0
     idx = segments.clamp(min=0)
@@ -267,8 +268,8 @@ class PackedBatch:
 
 
 def _pack_tensors(rows: Sequence[TrainRow], pack: Pack, width: int, pad_id: int):
-    """One pack's ``ids``, ``pos``, ``seg`` (``width``), each segment's start, and each member's tail map
-    (tail offset -> packed index)."""
+    """One pack's ``ids``, ``pos``, ``seg`` (``width``), each segment's start, and each member's position map
+    (position in the row -> packed index)."""
     p = pack.prefix_len
     if p + sum(part.length for part in pack.segments) != pack.length or len(pack.paths) != len(pack.rows):
         raise ValueError(
@@ -289,10 +290,10 @@ def _pack_tensors(rows: Sequence[TrainRow], pack: Pack, width: int, pad_id: int)
         ids[span], pos[span], seg[span] = tokens, torch.arange(p + part.offset, p + part.offset + part.length), k + 1
         starts.append(cursor)
         cursor += part.length
-    maps = []
-    for path in pack.paths:
-        pieces = [torch.arange(starts[k], starts[k] + pack.segments[k].length) for k in path]
-        maps.append(torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long))
+    maps = [
+        torch.cat([torch.arange(p), *(torch.arange(starts[k], starts[k] + pack.segments[k].length) for k in path)])
+        for path in pack.paths
+    ]
     return ids, pos, seg, starts, maps
 
 
@@ -308,14 +309,12 @@ def collate_packs(
         i, p_ids, seg, starts, maps = _pack_tensors(rows, pack, width, pad_id)
         ids.append(i)
         pos.append(p_ids)
-        parents = [part.parent for part in pack.segments]
-        masks.append(pack_mask(seg, [q + 1 for q in parents]))
+        masks.append(pack_mask(seg, [part.parent for part in pack.segments]))
         spans = tuple((s, s + part.length, part.parent) for s, part in zip(starts, pack.segments))
         layout.append((pack.prefix_len, spans))
-        for r, tail in zip(pack.rows, maps):
+        for r, where in zip(pack.rows, maps):
             positions = rows[r].positions
-            inside = (positions - pack.prefix_len).clamp(min=0, max=max(int(tail.numel()) - 1, 0))
-            packed = torch.where(positions < pack.prefix_len, positions, tail[inside] if tail.numel() else positions)
+            packed = where[positions]
             pack_idx.append(torch.full_like(positions, b))
             tok_idx.append(packed)
             row_idx.append(torch.full_like(positions, len(order)))
