@@ -108,6 +108,28 @@ def test_shared_prefix_rows_match_unbatched(model, share):
     feed({"c0": [90], "c1": [91, 92]})
 
 
+def test_small_prefixes_are_copied_by_default(model, monkeypatch):
+    """``share_prefixes=None`` shares a prefilled prefix only from ``SHARE_MIN_BYTES`` of keys and values per row
+    and layer (below that, sharing's extra calls cost more than re-reading the copies); the logits are the
+    same either way."""
+    cfg = model.config
+    per_token = 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4  # fp32 k and v
+    prompt = list(range(1, 9))
+    got = {}
+    cached = (len(prompt) - 1) * per_token  # the prefill: all but the last prompt token
+    for limit, shared in ((cached + 1, False), (cached, True)):
+        monkeypatch.setattr(BatchedStreams, "SHARE_MIN_BYTES", limit)
+        kv = BatchedStreams(model, ["p"])
+        kv.append({"p": prompt[:-1]})
+        kv.repeat([["a", "b"]])
+        assert (kv.shared is not None) == shared
+        got[shared] = kv.append({"a": prompt[-1:], "b": prompt[-1:]})
+        assert BatchedStreams(model, ["p"], share_prefixes=not shared).share_prefixes is (not shared)
+    for key in ("a", "b"):
+        torch.testing.assert_close(got[True][key], got[False][key], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got[True][key], _alone(model, prompt), atol=1e-5, rtol=1e-5)
+
+
 def test_shared_prefix_bf16_matches_copied_rows(model):
     """In bf16 (the cache in bf16, scores read key-first), shared-prefix decoding gives the copied rows' logits."""
     runs = {}
@@ -265,12 +287,15 @@ def test_lean_bf16_decoding_matches_hf_bf16(model):
             torch.testing.assert_close(got[key], want[key], atol=3e-2, rtol=3e-2)
 
 
-def test_lean_fuses_projections_only_on_an_inference_copy(model):
-    """A model being trained decodes with separate q/k/v and gate/up matmuls (no ~430 MB of fused copies
-    beside the optimiser state); a frozen copy fuses them. Both give HF's logits."""
+def test_lean_fuses_projections_only_on_an_inference_copy_or_a_small_model(model, monkeypatch):
+    """A model being trained decodes with separate q/k/v and gate/up matmuls where the fused copies would be
+    large (SmolLM2: ~430 MB beside the optimiser state), fused ones where they are small; a frozen copy
+    always fuses them. Both give HF's logits."""
     from envace.engines.local.lean import LeanLlama
 
     assert all(p.requires_grad for p in model.parameters())
+    assert LeanLlama(model).fused  # the tiny model's copies are a few KB
+    monkeypatch.setattr(LeanLlama, "FUSED_COPY_LIMIT_BYTES", 1024)
     assert not LeanLlama(model).fused and LeanLlama(model, fuse=True).fused
     frozen = copy.deepcopy(model).requires_grad_(False)
     assert LeanLlama(frozen).fused

@@ -48,7 +48,7 @@ def gqa_sdpa_attention(
         return segment_attention(query, key, value, layout, scaling), None
     short = query.shape[2] <= DECODE_QUERY_TOKENS and (query.shape[2] == 1 or attention_mask is not None)
     if short and not torch.is_grad_enabled():
-        return _decode_attention(query, key, value, attention_mask, scaling), None
+        return decode_attention(query, key, value, attention_mask, scaling), None
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(query.shape[2] > 1 and attention_mask is None and causal)
     out = F.scaled_dot_product_attention(
@@ -69,20 +69,39 @@ def gqa_sdpa_attention(
 DECODE_QUERY_TOKENS = 4
 
 
-def _decode_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scaling: float | None
+def decode_blocked(mask: torch.Tensor, q: int, length: int, group: int) -> torch.Tensor:
+    """The keys each stacked query row of ``decode_attention`` may *not* attend, ``[B, 1, G*q, L]``, from a
+    boolean ``mask`` ``[B, 1, q or 1, L]`` (True = attend) and ``group`` query heads per key head. The same
+    for every layer of a forward: built once there."""
+    b = mask.shape[0]
+    m = mask.expand(b, 1, q, length).unsqueeze(2).expand(b, 1, group, q, length)
+    return ~m.reshape(b, 1, group * q, length)
+
+
+def decode_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float | None,
+    blocked: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """softmax(q kᵀ · scale + mask) v with grouped heads; returns [B, q, H, D] like ``gqa_sdpa_attention``."""
+    """softmax(q kᵀ · scale + mask) v with grouped heads; returns [B, q, H, D] like ``gqa_sdpa_attention``.
+
+    ``blocked`` (``decode_blocked``), where given, stands for a boolean ``mask``."""
     b, h, q, d = query.shape
     kv_heads = key.shape[1]
     group = h // kv_heads
     scale = scaling if scaling is not None else d**-0.5
     grouped = query.reshape(b, kv_heads, group * q, d)
-    scores = _scores(grouped, key).float() * scale  # [B, Hkv, G*q, L]
-    if mask is not None:  # None only for a single query token, which may see the whole cache
+    scores = _scores(grouped, key).float().mul_(scale)  # [B, Hkv, G*q, L], a fresh tensor
+    if blocked is None and mask is not None and mask.dtype == torch.bool:
+        blocked = decode_blocked(mask, q, key.shape[2], group)
+    if blocked is not None:
+        scores.masked_fill_(blocked, float("-inf"))
+    elif mask is not None:  # None only for a single query token, which may see the whole cache
         m = mask.expand(b, 1, q, key.shape[2]).unsqueeze(2).expand(b, 1, group, q, key.shape[2])
-        m = m.reshape(b, 1, group * q, key.shape[2])
-        scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.float()
+        scores += m.reshape(b, 1, group * q, key.shape[2]).float()
     out = torch.matmul(torch.softmax(scores, dim=-1).to(value.dtype), value)  # [B, Hkv, G*q, D]
     return out.reshape(b, h, q, d).transpose(1, 2).contiguous()
 

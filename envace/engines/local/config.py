@@ -21,7 +21,8 @@ class RolloutConfig(RolloutBudget):
     ``reuse_kv=False`` is the naive baseline of the rollout benchmark: every stream is re-encoded
     from scratch before each generation and the K samples of a prompt prefill it separately.
     ``share_prompt_kv``: the K samples of a prompt decode against one copy of its prefilled keys/values
-    (``kv.SharedPrefix``; where the model decodes through ``LeanLlama``); False copies them into every
+    (``kv.SharedPrefix``; where the model decodes through ``LeanLlama`` and the prefix is large enough to
+    be worth it, ``BatchedStreams.SHARE_MIN_BYTES``); False copies them into every
     sample's row (the pre-sharing path, kept for ``scripts/bench_step.py``'s old path). The same
     computation up to float summation order.
     """

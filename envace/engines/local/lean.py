@@ -12,7 +12,8 @@ What differs from HF's forward, and why it is the same computation:
   gate/up projections run as one matmul each over weights concatenated once per ``LeanLlama`` (the rows
   of the concatenation are exactly the separate weights). On a model being trained (float32 decoding
   reads the trained weights themselves) they stay separate matmuls: the concatenated copies would add
-  ~430 MB (SmolLM2) to a rollout that runs beside the optimiser state (``fuse`` overrides);
+  ~430 MB (SmolLM2) to a rollout that runs beside the optimiser state, unless they are small
+  (``FUSED_COPY_LIMIT_BYTES``: a tiny model's step is mostly per-call costs; ``fuse`` overrides);
 - RMSNorm uses torch's fused ``rms_norm`` in float32, then casts and scales as HF does (one call with
   the weight when everything is float32: the same products);
 - the rotary embedding comes from the model's own ``rotary_emb`` module (any RoPE scaling it
@@ -45,6 +46,8 @@ import torch.nn.functional as F
 
 from envace.engines.local.attention import (
     DECODE_QUERY_TOKENS,
+    decode_attention,
+    decode_blocked,
     gqa_sdpa_attention,
     shared_prefix_blocked,
     shared_prefix_decode_attention,
@@ -83,6 +86,24 @@ class LeanLlama:
                 return False
         return not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
+    # fused q/k/v and gate/up copies of a model being trained are made only below this size: they save two
+    # matmuls and a cat per layer and decode step, which is what a small model's step is made of (the peer
+    # workload's 0.7M-parameter Llama: ~3% of a rollout), while SmolLM2's copies would be ~430 MB
+    FUSED_COPY_LIMIT_BYTES = 16 << 20
+
+    @classmethod
+    def fuse_by_default(cls, model: Any) -> bool:
+        """Fuse on an inference copy (no parameter requires grad), or where the fused copies are small."""
+        if not any(p.requires_grad for p in model.parameters()):
+            return True
+        fused = [
+            m.weight
+            for layer in model.model.layers
+            for m in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
+            + (layer.mlp.gate_proj, layer.mlp.up_proj)
+        ]
+        return sum(w.numel() * w.element_size() for w in fused) <= cls.FUSED_COPY_LIMIT_BYTES
+
     def __init__(self, model: Any, fuse: bool | None = None):
         if not self.supports(model):
             raise ValueError(
@@ -101,7 +122,7 @@ class LeanLlama:
         self.heads = cfg.num_attention_heads
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.fused = not any(p.requires_grad for p in model.parameters()) if fuse is None else fuse
+        self.fused = self.fuse_by_default(model) if fuse is None else fuse
         join = torch.cat if self.fused else tuple
         self.layers = []
         with torch.no_grad():
@@ -168,11 +189,14 @@ class LeanLlama:
             cols = torch.arange(length, device=ids.device)
             rows = torch.arange(length - t, length, device=ids.device)
             mask = mask & (cols[None, :] <= rows[:, None])[None, None]
-        shared = prefix is not None and t <= DECODE_QUERY_TOKENS
+        # a decode step's key mask, grouped per key head, is built once per forward for every layer
+        shared, blocked = prefix is not None and t <= DECODE_QUERY_TOKENS, None
         if shared:
             blocked = shared_prefix_blocked(mask.expand(b, 1, t, length), prefix.row_mask, nq // nkv)
         elif prefix is not None:
             mask = torch.cat([prefix.row_mask[:, None, None, :].expand(b, 1, mask.shape[2], -1), mask], dim=-1)
+        elif t <= DECODE_QUERY_TOKENS:  # the attention gqa_sdpa_attention runs for it (decode_attention)
+            blocked = decode_blocked(mask, t, length, nq // nkv)
         for i, (ln1, qkv_w, o_w, ln2, gate_up_w, down_w, scaling) in enumerate(self.layers):
             x = self._rms(h, ln1)
             qkv = linear(x, qkv_w) if self.fused else torch.cat([linear(x, w) for w in qkv_w], dim=-1)
@@ -198,6 +222,8 @@ class LeanLlama:
                     scaling,
                     prefix.uniform,
                 )
+            elif blocked is not None:
+                out = decode_attention(qk[:, :nq], keys, values, None, scaling, blocked)
             else:
                 if prefix is not None:
                     pk, pv = prefix.materialise(i)

@@ -206,7 +206,7 @@ class RolloutRunner:
                 [("prompt", i) for i in range(len(specs))],
                 self.pad_id,
                 precision=self.precision,
-                share_prefixes=self.cfg.share_prompt_kv,
+                share_prefixes=None if self.cfg.share_prompt_kv else False,
             )
             # all but the last prompt token: each sample feeds that one itself to get its own logits
             first = {("prompt", i): self._stream(episodes[i * k], role)[:-1] for i in range(len(specs))}
