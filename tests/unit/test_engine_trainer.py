@@ -174,3 +174,22 @@ def test_kl_to_reference_is_reported_and_grows():
     _, metrics, rows, _ = _update(cfg, ref=True)
     assert all(r.ref_logprobs is not None for r in rows)
     assert metrics["kl"] > 0  # the policy moved away from its frozen reference during the epochs
+
+
+def test_segmented_micro_batches_scale_with_the_activation_width():
+    """SmolLM2 (and anything wider) keeps SEGMENTED_BATCH_TOKENS per segment-wise forward; a narrower model
+    takes proportionally more tokens (the same activation memory); a model without a Llama-like config keeps
+    the SmolLM2 cap."""
+    from envace.engines.local.trainer import SEGMENTED_BATCH_TOKENS, segmented_batch_tokens
+
+    def shaped(**sizes):
+        holder = torch.nn.Module()
+        holder.config = LlamaConfig(**sizes)
+        return holder
+
+    smollm2 = dict(vocab_size=49152, num_hidden_layers=30, hidden_size=576, intermediate_size=1536)
+    assert segmented_batch_tokens(shaped(**smollm2)) == SEGMENTED_BATCH_TOKENS
+    assert segmented_batch_tokens(shaped(**{**smollm2, "vocab_size": 151936})) == SEGMENTED_BATCH_TOKENS
+    half = {**smollm2, "vocab_size": 49152 // 2, "hidden_size": 576 // 2, "intermediate_size": 1536 // 2}
+    assert segmented_batch_tokens(shaped(**half)) == 2 * SEGMENTED_BATCH_TOKENS
+    assert segmented_batch_tokens(torch.nn.Linear(2, 2)) == SEGMENTED_BATCH_TOKENS

@@ -59,7 +59,23 @@ from envace.engines.losses import compute_policy_loss
 
 logger = logging.getLogger(__name__)
 
-SEGMENTED_BATCH_TOKENS = 2048  # padded tokens per forward when the attention runs segment by segment
+SEGMENTED_BATCH_TOKENS = 2048  # padded tokens per forward when the attention runs segment by segment (SmolLM2)
+# activation floats per token, roughly: the logits, one hidden state per layer, one MLP intermediate; SmolLM2's
+SMOLLM2_ACTIVATION_WIDTH = 49152 + 30 * 576 + 1536
+
+
+def segmented_batch_tokens(model: torch.nn.Module) -> int:
+    """Padded tokens per segment-wise forward: ``SEGMENTED_BATCH_TOKENS`` for SmolLM2-sized activations and
+    wider; a model with narrower activations per token takes proportionally more tokens, for the same
+    activation memory in fewer, larger calls. Measured (``scripts/bench_peer_trl.py``'s 0.7M-parameter
+    Llama, 8 packs of 320 tokens, no-bf16 AMD EPYC): one forward instead of two, update 1.05x faster at 1
+    thread and 1.12x at 2."""
+    cfg = getattr(model, "config", None)
+    try:
+        width = int(cfg.vocab_size) + int(cfg.num_hidden_layers) * int(cfg.hidden_size) + int(cfg.intermediate_size)
+    except (AttributeError, TypeError):
+        return SEGMENTED_BATCH_TOKENS
+    return max(SEGMENTED_BATCH_TOKENS, SEGMENTED_BATCH_TOKENS * SMOLLM2_ACTIVATION_WIDTH // max(width, 1))
 
 
 @dataclass
@@ -257,10 +273,10 @@ class PolicyUpdater:
                 pair_cost=0.0 if segmented else attention_cost_ratio(self.slot.model),
                 tree=self.cfg.share_tails,
             )
-            # segment-wise, putting packs side by side saves only Python calls: past SEGMENTED_BATCH_TOKENS a
+            # segment-wise, putting packs side by side saves only Python calls: past segmented_batch_tokens a
             # pack runs alone (no padding, half the activations; SmolLM2 update: peak RSS -260 MB, no slower)
             budget = self.cfg.micro_batch_tokens
-            budget = min(budget, SEGMENTED_BATCH_TOKENS) if segmented else budget
+            budget = min(budget, segmented_batch_tokens(self.slot.model)) if segmented else budget
             return [collate_packs(rows, group, self.pad_id, self.device) for group in pack_micro_batches(packs, budget)]
         size = max(1, self.cfg.micro_batch_streams)
         out = []
