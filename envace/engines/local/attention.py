@@ -69,13 +69,18 @@ def gqa_sdpa_attention(
 DECODE_QUERY_TOKENS = 4
 
 
+def _stacked_rows(mask: torch.Tensor, q: int, length: int, group: int) -> torch.Tensor:
+    """``mask`` ``[B, 1, q or 1, L]`` laid out per stacked query row (``group`` query heads per key head, each
+    with its q queries): ``[B, 1, G*q, L]``."""
+    b = mask.shape[0]
+    return mask.expand(b, 1, q, length).unsqueeze(2).expand(b, 1, group, q, length).reshape(b, 1, group * q, length)
+
+
 def decode_blocked(mask: torch.Tensor, q: int, length: int, group: int) -> torch.Tensor:
     """The keys each stacked query row of ``decode_attention`` may *not* attend, ``[B, 1, G*q, L]``, from a
     boolean ``mask`` ``[B, 1, q or 1, L]`` (True = attend) and ``group`` query heads per key head. The same
     for every layer of a forward: built once there."""
-    b = mask.shape[0]
-    m = mask.expand(b, 1, q, length).unsqueeze(2).expand(b, 1, group, q, length)
-    return ~m.reshape(b, 1, group * q, length)
+    return ~_stacked_rows(mask, q, length, group)
 
 
 def decode_attention(
@@ -100,8 +105,7 @@ def decode_attention(
     if blocked is not None:
         scores.masked_fill_(blocked, float("-inf"))
     elif mask is not None:  # None only for a single query token, which may see the whole cache
-        m = mask.expand(b, 1, q, key.shape[2]).unsqueeze(2).expand(b, 1, group, q, key.shape[2])
-        scores += m.reshape(b, 1, group * q, key.shape[2]).float()
+        scores += _stacked_rows(mask, q, key.shape[2], group).float()
     out = torch.matmul(torch.softmax(scores, dim=-1).to(value.dtype), value)  # [B, Hkv, G*q, D]
     return out.reshape(b, h, q, d).transpose(1, 2).contiguous()
 
@@ -124,7 +128,7 @@ def shared_prefix_blocked(mask: torch.Tensor, prefix_mask: torch.Tensor, group: 
     b, _, q, slen = mask.shape
     plen = prefix_mask.shape[1]
     open_keys = torch.cat([prefix_mask[:, None, None, :].expand(b, 1, q, plen), mask.expand(b, 1, q, slen)], dim=-1)
-    return ~open_keys.unsqueeze(2).expand(b, 1, group, q, plen + slen).reshape(b, 1, group * q, plen + slen)
+    return decode_blocked(open_keys, q, plen + slen, group)
 
 
 def shared_prefix_decode_attention(
