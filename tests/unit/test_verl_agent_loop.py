@@ -73,12 +73,13 @@ def build_world(out) -> dict:
     }
 
 
-def make_loop(world: dict, server: HFServerManager, **settings):
+def make_loop(world: dict, server: HFServerManager, verl: dict | None = None, **settings):
+    """The agent loop over ``server``; ``verl`` updates verl's config, ``settings`` its ``envace`` node."""
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 
     from envace.engines.verl.agent_loop import ActRehearseAgentLoop
 
-    config = OmegaConf.merge(world["verl"], {"envace": settings}) if settings else world["verl"]
+    config = OmegaConf.merge(world["verl"], verl or {}, {"envace": settings})
     return ActRehearseAgentLoop(
         trainer_config=DictConfigWrap(config),
         server_manager=server,
@@ -89,16 +90,28 @@ def make_loop(world: dict, server: HFServerManager, **settings):
     )
 
 
-def encode_targets(loop, texts: list[str]) -> list[list[int]]:
+def encode_targets(loop, texts: list) -> list[list[int]]:
+    """Each text's tokens closed by the end-of-turn token; a list of token ids is taken as it is."""
     eot = loop.formatter.end_of_turn_token_ids[0]
-    return [loop.formatter.encode(text) + [eot] for text in texts]
+    return [list(text) if isinstance(text, list) else loop.formatter.encode(text) + [eot] for text in texts]
 
 
-def play(world: dict, *, scripts=None, uid: str = "u", session: int = 0, sampling=None, **settings):
-    """Run the loop once; ``scripts`` = {"act": [texts], "rehearse": [texts]} forces those outputs."""
+def play(
+    world: dict,
+    *,
+    scripts=None,
+    uid: str = "u",
+    session: int = 0,
+    sampling=None,
+    verl=None,
+    server_cls=None,
+    **settings,
+):
+    """Run the loop once; ``scripts`` = {"act": [texts], "rehearse": [texts]} forces those outputs (a text or, as
+    given, a list of token ids); ``server_cls`` replaces ``HFServerManager``; ``verl``/``settings``: ``make_loop``."""
     guide = ScriptedGuide({})
-    server = HFServerManager(world["model"], seed=7, global_steps=3, guide=guide)
-    loop = make_loop(world, server, **settings)
+    server = (server_cls or HFServerManager)(world["model"], seed=7, global_steps=3, guide=guide)
+    loop = make_loop(world, server, verl, **settings)
     trajectory = f"{uid}_{session}"
     for role, texts in (scripts or {}).items():
         guide.scripts[f"{trajectory}-{role}"] = encode_targets(loop, texts)
@@ -254,3 +267,85 @@ def test_grpo_takes_responses_from_a_frozen_simulator(world: dict, monkeypatch: 
     assert request.temperature == REHEARSE_TEMPERATURE
     scaffold = loop.formatter.decode([t for t, m in zip(rows[0].response_ids, rows[0].response_mask) if m == 0])
     assert json.dumps(spec.gold[0][0].responses[0], separators=(",", ":"))[:20] in scaffold
+
+
+# ---- stop reasons and tool-response truncation ---------------------------------------------------------------
+def test_generation_ending_for_every_stop_reason() -> None:
+    from envace.engines.verl.episode import Ending, generation_ending
+
+    eot, other = 2, 0
+    ends = frozenset({eot, other})
+    cases = [
+        ([5, 6, eot], "completed", 10, Ending.END_OF_TURN),
+        ([5, 6, other], "completed", 10, Ending.OTHER_END_TOKEN),  # Qwen3's <|endoftext|>: vLLM stops on it too
+        ([5, 6, other], None, 3, Ending.OTHER_END_TOKEN),  # an end token that used the last of the budget
+        ([5, 6], "completed", 10, Ending.SILENT_STOP),  # stopped on a stop token it did not return
+        ([5, 6], "completed", 2, Ending.LENGTH),  # vLLM reports the length limit as "completed" too
+        ([5, 6], "length", 10, Ending.LENGTH),  # verl's partial-rollout client
+        ([5, 6, eot], "aborted", 10, Ending.ABORTED),
+        ([], "abort", 10, Ending.ABORTED),
+        ([5, 6], "some_new_reason", 10, Ending.SILENT_STOP),  # unknown: logged, judged by tokens and budget
+    ]
+    for ids, reason, budget, expected in cases:
+        assert generation_ending(ids, reason, budget, eot, ends) is expected, (ids, reason, budget)
+
+
+def test_tool_responses_are_cut_by_verls_rule() -> None:
+    from envace.engines.verl.episode import truncate_tool_response
+
+    text = "abcdefghij"
+    assert truncate_tool_response(text, None, "middle") == text and truncate_tool_response(text, 10, "left") == text
+    assert truncate_tool_response(text, 4, "left") == "(truncated)...ghij"
+    assert truncate_tool_response(text, 4, "right") == "abcd...(truncated)"
+    assert truncate_tool_response(text, 4, "middle") == "ab...(truncated)...ij"
+    assert truncate_tool_response(text, 1, "middle") == "...(truncated)..."  # verl's text[-0:] would keep it all
+
+
+def test_another_end_token_never_reaches_the_act_row(world: dict, tmp_path) -> None:
+    from transformers import GenerationConfig
+
+    tokenizer, spec = world["tokenizer"], world["spec"]
+    eot, pad = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|pad|>")
+    GenerationConfig(eos_token_id=[eot, pad]).save_pretrained(tmp_path)  # as Qwen3's: [<|im_end|>, <|endoftext|>]
+    answer = spec.gold_answers[0]
+    verl = {"actor_rollout_ref": {"model": {"path": str(tmp_path)}}}
+    probe = make_loop(world, HFServerManager(world["model"]), verl)
+    rows, server, loop = play(world, scripts={"act": [probe.formatter.encode(answer) + [pad]]}, session=4, verl=verl)
+    assert server.requests[0]["params"]["stop_token_ids"] == [eot, pad]
+    (act,) = rows
+    trained = [t for t, m in zip(act.response_ids, act.response_mask) if m]
+    assert pad not in act.response_ids and loop.formatter.decode(trained) == answer
+    assert act.response_ids[-1] == eot and act.response_mask[-1] == 0  # the template's end, as scaffold
+    assert len(act.response_logprobs) == len(act.response_ids) == len(act.response_mask)
+    expected = recomputed_logprobs(world["model"], act, {int(Role.ACT): 1.0})
+    assert torch.allclose(torch.tensor(act.response_logprobs), expected, atol=1e-4)
+    assert act.extra_fields[INFO_KEY]["termination"] == "final_reply" and act.reward_score == pytest.approx(0.5)
+
+
+class AbortingServer(HFServerManager):
+    """Reports the first request as aborted by the server (verl's vLLM server on ``finish_reason == "abort"``)."""
+
+    async def generate(self, request_id: str, **kwargs):
+        out = await super().generate(request_id, **kwargs)
+        return out.model_copy(update={"stop_reason": "aborted"}) if self.calls == 1 else out
+
+
+def test_an_aborted_generation_excludes_the_trajectory(world: dict) -> None:
+    rows, _, _ = play(world, scripts=gold_texts(world["spec"]), session=5, server_cls=AbortingServer)
+    (act,) = rows
+    assert act.extra_fields[EXCLUDE_KEY] is True and sum(act.response_mask) == 0
+    assert act.extra_fields[INFO_KEY]["termination"] == "error"
+    assert act.extra_fields["reward_extra_info"]["envace_aborted"] == 1.0
+
+
+def test_long_tool_responses_are_cut_before_act_reads_them(world: dict) -> None:
+    from envace.envs.toolworld import ToolWorldExecutor, task_from_cm2_row
+
+    spec = world["spec"]
+    script = {"act": gold_texts(spec)["act"]}
+    rows, _, loop = play(world, scripts=script, variant="grpo", responses="executor", max_tool_response_length=8)
+    real = ToolWorldExecutor(task_from_cm2_row(world["row"])).execute(spec.gold[0][0].calls[0])
+    whole = json.dumps(real, ensure_ascii=False, separators=(",", ":"))
+    assert len(whole) > 8
+    scaffold = loop.formatter.decode([t for t, m in zip(rows[0].response_ids, rows[0].response_mask) if m == 0])
+    assert f"{whole[:4]}...(truncated)...{whole[-4:]}" in scaffold and whole not in scaffold

@@ -4,7 +4,9 @@
 overrides that ``build_overrides`` produced before it took the typed config (generated with that code and
 frozen; the simulator env vars unset). The agent-loop settings (``+envace.*``) now list the rollout budget's
 fields first (``LoopSettings`` subclasses ``RolloutBudget``), so that block is compared as a set; every other
-override, and the order of all of them outside that block, must be the same.
+override, and the order of all of them outside that block, must be the same. One value was changed in the
+fixture on purpose since: the grpo cases' ``+envace.baseline`` is ``trajectory_mean`` (standard GRPO); and two
+settings were added: ``+envace.max_tool_response_length`` / ``tool_response_truncate_side`` (null / middle).
 """
 
 from __future__ import annotations

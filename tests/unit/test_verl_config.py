@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -118,10 +120,13 @@ def test_rehearse_temperature_may_differ_where_rehearse_rows_do_not_train(tmp_pa
 
 
 def test_default_temperatures_pass_on_every_shipped_recipe(tmp_path: Path) -> None:
-    """The shipped defaults (1.0 / 1.0, SPEC §3) do not trip the temperature check on any variant verl runs."""
+    """The shipped defaults (1.0 / 1.0, docs/method.md §8) do not trip the temperature check on any variant
+    verl runs."""
+    cm2_grpo = ("algo.grpo_responses=simulator", "engine.simulator.base_url=http://sim/v1", "engine.simulator.model=m")
     for profile in ("smoke", "cpu", "paper"):
         for algo in ("envace", "grpo", "frozen_act", "frozen_rehearse"):
-            cfg = plain_cfg(f"profile={profile}", f"algo={algo}", "engine=verl")
+            simulator = cm2_grpo if (profile, algo) == ("paper", "grpo") else ()  # CM2 has no real executor
+            cfg = plain_cfg(f"profile={profile}", f"algo={algo}", "engine=verl", *simulator)
             assert cfg["rollout"]["act_temperature"] == cfg["rollout"]["rehearse_temperature"]
             overrides_for(cfg, tmp_path)
 
@@ -316,6 +321,35 @@ def test_cli_dry_run_and_multinode_scripts(pipeline_files: dict, tmp_path: Path,
         [spec_from_row(r, "toolworld") for r in pipeline_files["rows"]["train"]],
     )
     assert result.steps_done == 0 and result.checkpoint_dir == str((tmp_path / "engine" / "checkpoints").resolve())
+
+
+def test_multinode_creates_metrics_dir(pipeline_files: dict, tmp_path: Path) -> None:
+    """``--multinode`` creates ``<out>/metrics/`` (verl's file logger does not), and its submit.sh runs once:
+    a second submission would truncate the first run's metrics file, so it is refused."""
+    from envace.engines.verl.launcher import main
+
+    cfg = plain_cfg("profile=smoke", "model.kind=path", f"model.path={tmp_path / 'model'}", "tracking=none")
+    cfg["rollout"]["prompts_per_step"] = 2
+    cfg["paths"].update(pipeline_files["paths"])
+    params, out = tmp_path / "params.yaml", tmp_path / "mn"
+    OmegaConf.save(OmegaConf.create(cfg), params)
+    assert main(["--params", str(params), "--multinode", "10.0.0.1", "--output-dir", str(out)]) == 0
+    assert (out / "metrics").is_dir(), "verl's file logger opens <out>/metrics/<launch>.jsonl without creating it"
+    submit = (out / "submit.sh").read_text()
+    metrics = Path(submit.split("VERL_FILE_LOGGER_PATH=", 1)[1].split()[0].strip("'\""))
+    assert metrics.parent == out / "metrics"
+    fake_bin, calls = tmp_path / "bin", tmp_path / "ray_calls.txt"
+    fake_bin.mkdir()
+    (fake_bin / "ray").write_text(f'#!/usr/bin/env bash\necho "$*" >> {calls}\n')
+    (fake_bin / "ray").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}"}
+    first = subprocess.run(["bash", str(out / "submit.sh")], env=env, capture_output=True, text=True, check=False)
+    assert first.returncode == 0 and calls.read_text().startswith("job submit"), first.stderr
+    metrics.write_text('{"step": 1, "data": {"actor/loss": 0.5}}\n')  # what the first run's file logger wrote
+    again = subprocess.run(["bash", str(out / "submit.sh")], env=env, capture_output=True, text=True, check=False)
+    assert again.returncode != 0 and str(metrics) in again.stderr and "--multinode" in again.stderr
+    assert metrics.read_text() == '{"step": 1, "data": {"actor/loss": 0.5}}\n'
+    assert len(calls.read_text().splitlines()) == 1, "the second submission reached ray"
 
 
 def test_config_may_come_as_dict_dictconfig_or_dataclass(tmp_path: Path) -> None:

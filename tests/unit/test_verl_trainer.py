@@ -9,6 +9,9 @@ then runs unchanged; its advantages are compared with ``compute_rolewise_advanta
 
 from __future__ import annotations
 
+import inspect
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -158,6 +161,41 @@ def test_trainer_mode_behaves_as_sync(world: dict) -> None:
     assert cls.__name__ == "EnvacePPOTrainer" and get_trainer_cls("sync").__name__ == "PPOTrainerSync"
     trainer = cls(config=OmegaConf.create(OmegaConf.to_container(world["verl"], resolve=True)))
     assert trainer.trainer_mode == "sync" and type(trainer.replay_buffer) is ReplayBuffer
+
+
+# Where verl 0.9.1 reads the *configured* mode name (``trainer.v1.trainer_mode``, "envace" for us): once to pick the
+# trainer class (main_ppo), once into ``self.trainer_mode`` (PPOTrainer.__init__, which EnvacePPOTrainer renames to
+# "sync" before anything compares it), and in rollout_skip's optional per-mode lookup (default 1 = sync's value).
+MODE_READS = {"trainer/main_ppo.py": 1, "trainer/ppo/v1/trainer_base.py": 1, "utils/skip/rollout_skip.py": 1}
+_MODE_READ = re.compile(r"v1\.trainer_mode\b|v1\.get\(\s*[\"']trainer_mode")
+
+
+def test_envace_mode_renames_itself_to_sync_before_verl_reads_it(world: dict) -> None:
+    """Pins the verl internals the ``envace`` mode relies on: a verl upgrade that changes them fails here, by name,
+    instead of silently running the async code paths (or crashing) in a GPU job."""
+    import verl
+    from verl.trainer.ppo.v1 import get_trainer_cls
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    port = (
+        f"verl {verl.__version__}: the envace trainer mode (envace/engines/verl/trainer.py) renames itself to 'sync' "
+        "in _build_replay_buffer because verl compares the mode *name*; port that trick before moving the verl pin"
+    )
+    init = inspect.getsource(PPOTrainer.__init__)
+    set_at, built_at = init.find("self.trainer_mode = "), init.find("self._build_replay_buffer()")
+    assert 0 <= set_at < built_at, f"PPOTrainer.__init__ no longer sets trainer_mode before the replay buffer. {port}"
+    root = Path(verl.__file__).parent
+    reads = {}
+    for path in root.rglob("*.py"):
+        found = len(_MODE_READ.findall(path.read_text(encoding="utf-8")))
+        if found:
+            reads[path.relative_to(root).as_posix()] = found
+    assert reads == MODE_READS, f"verl reads trainer.v1.trainer_mode in new places {reads}. {port}"
+    trainer = get_trainer_cls("envace")(config=OmegaConf.create(OmegaConf.to_container(world["verl"], resolve=True)))
+    assert trainer.trainer_mode == "sync", f"the rename did not stick (trainer_mode={trainer.trainer_mode!r}). {port}"
+    assert type(trainer.replay_buffer) is ReplayBuffer and trainer.replay_buffer.trainer_mode == "sync", port
+    assert trainer.parameter_sync_step == 1, f"sync mode updates weights every step. {port}"
 
 
 def test_row_inputs_fallbacks_and_errors() -> None:

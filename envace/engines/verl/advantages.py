@@ -171,7 +171,7 @@ def verl_rolewise_advantage(
         response_mask: (bs, L) 1 on generated tokens.
         index: (bs,) group ids (verl passes ``non_tensor_batch["uid"]``).
         config: verl algorithm config; read: ``norm_adv_by_std_in_grpo`` (verl's default is True — set it
-            False for the SPEC default) and optional ``rolewise_baseline``. Explicit kwargs win.
+            False as docs/method.md §7 does) and optional ``rolewise_baseline``. Explicit kwargs win.
         role_ids: (bs, L) Role id per token (NO_ROLE off-mask) or (bs,) per row; else ``batch["role_ids"]``.
         trajectory_ids: (bs,) for ``trajectory_mean``; else ``non_tensor_batch["trajectory_id"]``.
         exclude: (bs,) bool; else ``batch["exclude_from_loss"]``. Rows with an all-zero mask are excluded.

@@ -15,6 +15,10 @@ could not be computed (judge failure) keeps its tokens but gets an all-zero mask
 
 Sampling: per-role temperatures from ``config.envace`` replace verl's rollout temperature during
 training; when verl asks for different sampling (validation uses ``val_kwargs``) its value is kept.
+Stopping: the server stops on the template's end-of-turn token and on every token of the tokenizer's EOS set
+(``end_token_ids``: its eos token and the model's ``generation_config.json`` eos ids, on which vLLM stops anyway);
+``EpisodeRunner`` keeps only the end-of-turn token in a stream (``episode.generation_ending``). A trajectory whose
+generation the server aborted is excluded like one whose reward failed.
 Requires verl's v1 trainer (``trainer.use_v1=True``, the default), which accepts several outputs per sample.
 """
 
@@ -26,6 +30,7 @@ from typing import Any
 from uuid import uuid4
 
 from omegaconf import OmegaConf
+from transformers import GenerationConfig
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 from verl.utils.profiler import simple_timer
 
@@ -76,6 +81,22 @@ def chat_formatter(tokenizer: Any, choice: str) -> ChatFormatter:
     return cached(("formatter", id(tokenizer), choice), build)
 
 
+def end_token_ids(tokenizer: Any, model_path: str | None) -> tuple[int, ...]:
+    """The tokenizer's EOS set: its ``eos_token_id`` and the eos ids of the model's ``generation_config.json``
+    (vLLM stops on those too; Qwen3's holds ``<|im_end|>`` and ``<|endoftext|>``). Cached per process."""
+
+    def build() -> tuple[int, ...]:
+        ids = [tokenizer.eos_token_id]
+        try:
+            ids.append(GenerationConfig.from_pretrained(model_path, local_files_only=True).eos_token_id)
+        except (OSError, ValueError, TypeError):  # no generation_config.json (or no model dir): the tokenizer's only
+            pass
+        flat = [i for entry in ids for i in (entry if isinstance(entry, (list, tuple)) else [entry])]
+        return tuple(dict.fromkeys(int(i) for i in flat if i is not None))
+
+    return cached(("end_token_ids", id(tokenizer), str(model_path)), build)
+
+
 def episode_from_row(row: dict[str, Any]) -> EpisodeSpec:
     """The episode of a dataset row (the ``envace_episode`` column, or the same key in ``extra_info``)."""
     text = row.get(EPISODE_COLUMN) or (row.get("extra_info") or {}).get(EPISODE_COLUMN)
@@ -96,6 +117,9 @@ class ActRehearseAgentLoop(AgentLoopBase):
         self.settings = settings_from_config(self.config)
         self.formatter = chat_formatter(self.tokenizer, self.settings.chat_template)
         self.with_logprobs = bool(self.rollout_config.get("calculate_log_probs", False))
+        model_path = self.config.actor_rollout_ref.model.get("path")
+        ends = (*self.formatter.end_of_turn_token_ids, *end_token_ids(self.tokenizer, model_path))
+        self.stop_token_ids = list(dict.fromkeys(ends))  # the template's end-of-turn token first
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
         spec = episode_from_row(kwargs)
@@ -129,6 +153,7 @@ class ActRehearseAgentLoop(AgentLoopBase):
             executor=executor,
             simulator=simulator,
             turn_gate=gate,
+            end_token_ids=self.stop_token_ids,
         )
         timing: dict[str, float] = {}
         with simple_timer("generate_sequences", timing):
@@ -160,7 +185,7 @@ class ActRehearseAgentLoop(AgentLoopBase):
         if params.get("temperature") == self.rollout_config.get("temperature"):
             params["temperature"] = temperature  # training: per-role temperature; validation keeps its own
         params["max_tokens"] = int(max_new)
-        params["stop_token_ids"] = list(self.formatter.end_of_turn_token_ids)
+        params["stop_token_ids"] = list(self.stop_token_ids)
         extra = {"priority": int(priority)} if priority is not None else {}
         out = await self.server_manager.generate(
             request_id=request_id, prompt_ids=list(prompt_ids), sampling_params=params, **extra
@@ -172,6 +197,7 @@ class ActRehearseAgentLoop(AgentLoopBase):
             tuple(out.log_probs) if out.log_probs else None,
             fields.get("min_global_steps", step),
             fields.get("max_global_steps", step),
+            out.stop_reason,
         )
 
     # ---- outputs ---------------------------------------------------------------------------------
@@ -184,7 +210,7 @@ class ActRehearseAgentLoop(AgentLoopBase):
         fallback_step: int,
     ) -> list[AgentLoopOutput]:
         """One output per emitted role stream, ACT last (see ``envace.engines.verl.rows``)."""
-        excluded = reward.status is not TrajectoryStatus.OK
+        excluded = reward.status is not TrajectoryStatus.OK or outcome.trajectory.info.get("aborted", False)
         streams = outcome.streams
         emit = [streams[Role.REHEARSE]] if self._emits_rehearse(streams) else []
         emit.append(streams[Role.ACT])
@@ -250,6 +276,7 @@ class ActRehearseAgentLoop(AgentLoopBase):
         traj = outcome.trajectory
         numbers = {
             "envace_judge_failed": float(reward.status is not TrajectoryStatus.OK),
+            "envace_aborted": float(traj.info.get("aborted", False)),
             "envace_act_outputs": float(outcome.streams[Role.ACT].outputs),
             "envace_rehearse_outputs": float(outcome.streams[Role.REHEARSE].outputs)
             if Role.REHEARSE in outcome.streams

@@ -6,7 +6,7 @@ does (used by tests and ``launch_verl_training(dry_run=True)`` to catch struct e
 job starts). The mapping, section by section:
 
 - algorithm: ``adv_estimator`` = ``envace_rolewise`` (role-wise variants) or ``envace_grpo`` (``grpo``),
-  ``norm_adv_by_std_in_grpo`` = ``algo.norm_by_std`` (False: the SPEC default; verl's default is True),
+  ``norm_adv_by_std_in_grpo`` = ``algo.norm_by_std`` (False: docs/method.md §7; verl's default is True),
   no KL in the reward.
 - actor: lr, clip ratio, grad clip, PPO epochs, token-mean, no entropy bonus, KL as a loss term
   (``low_var_kl``) only when ``algo.kl_coef > 0``, AdamW without weight decay, constant LR. Dynamic
@@ -32,11 +32,14 @@ job starts). The mapping, section by section:
   environment for every Ray worker (MLflow run, plugin module) — never secrets (verl logs its config).
 
 The verl-only ``engine`` options (``rollout_name``, ``tensor_parallel``, ``gpu_memory_utilization``,
-``max_token_len_per_gpu``, ``agent_workers``, ``chat_template``, ``val_every``) are set by
+``max_token_len_per_gpu``, ``agent_workers``, ``chat_template``, ``val_every``, ``gpu_memory_gib`` (read by
+``preflight``), ``max_tool_response_length``, ``tool_response_truncate_side``) are set by
 ``conf/engine/verl.yaml`` and null in the other engine files; null means the value in that file
 (``engine_option``, its one reader), where
 ``max_token_len_per_gpu: null`` means 2 × ``rollout.max_stream_tokens``. ``engine.simulator``'s null
-``base_url`` / ``model`` fall back to the env vars ``ENVACE_SIMULATOR_URL`` / ``ENVACE_SIMULATOR_MODEL``;
+``base_url`` / ``model`` fall back to the env vars ``ENVACE_SIMULATOR_URL`` / ``ENVACE_SIMULATOR_MODEL``
+(``check_supported`` refuses ``grpo`` before launch when its tool responses have no source: executor
+responses on a data source without an executable environment, or a simulator without base_url and model);
 ``engine.overrides`` (raw overrides) are appended last. Extra overrides given later win (Hydra applies them
 in order). Every public function takes the ``Config`` (a ``DictConfig`` or plain mapping of it is converted
 once by ``envace.config.typed_config``).
@@ -68,6 +71,7 @@ from envace.engines.base import get_variant
 from envace.engines.lora import lora_spec
 from envace.engines.verl.advantages import VERL_GRPO_NAME, VERL_ROLEWISE_NAME
 from envace.engines.verl.settings import AGENT_LOOP_NAME, SETTINGS_NODE, TRAINER_MODE, EndpointSettings, LoopSettings
+from envace.sources import DATA_SOURCES, data_source
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +168,33 @@ def check_supported(cfg: ConfigLike) -> None:
             f"rollout.rehearse_temperature={act_t} (equal to rollout.act_temperature), or run engine=local, "
             "which scores each role at its own temperature"
         )
+    _check_response_source(cfg)
+
+
+_SIMULATOR_KEYS = (
+    "engine.simulator.base_url (an OpenAI-compatible endpoint ending in /v1; or the env var ENVACE_SIMULATOR_URL), "
+    "engine.simulator.model (or ENVACE_SIMULATOR_MODEL) and engine.simulator.api_key_env (the env var holding "
+    "its key; null = no authentication)"
+)
+
+
+def _check_response_source(cfg: Config) -> None:
+    """grpo's tool responses must have a source inside the Ray workers: a real executor rebuilt from the
+    data source's rows, or a simulator endpoint. Refused here, before launch, instead of in every worker."""
+    settings = loop_settings(cfg)
+    if settings.responses == "executor" and data_source(settings.data_source).executor_from_row is None:
+        executable = sorted(DATA_SOURCES.items(lambda s: s.executor_from_row is not None))
+        raise VerlConfigError(
+            f"algo.name=grpo with algo.grpo_responses=executor needs real tool executions, but data.source="
+            f"{settings.data_source} has no executable environment (executable: {executable}). Set "
+            f"algo.grpo_responses=simulator and the frozen simulator's endpoint: {_SIMULATOR_KEYS}"
+        )
+    if settings.responses == "simulator" and not (settings.simulator.base_url and settings.simulator.model):
+        raise VerlConfigError(
+            "algo.name=grpo with algo.grpo_responses=simulator takes its tool responses from a frozen simulator "
+            f"endpoint, and none is set (base_url={settings.simulator.base_url!r}, model="
+            f"{settings.simulator.model!r}). Set {_SIMULATOR_KEYS}"
+        )
 
 
 def loop_settings(cfg: ConfigLike) -> LoopSettings:
@@ -179,6 +210,8 @@ def loop_settings(cfg: ConfigLike) -> LoopSettings:
         reward=judge.name.value,
         baseline=algo.baseline.value,
         chat_template=str(engine_option(cfg.engine, "chat_template")),
+        max_tool_response_length=engine_option(cfg.engine, "max_tool_response_length"),
+        tool_response_truncate_side=str(engine_option(cfg.engine, "tool_response_truncate_side")),
         seed=cfg.seed,
         judge=EndpointSettings(
             base_url=judge.base_url,

@@ -16,10 +16,18 @@ ACT stream → until a final reply of the last user turn, a parse failure, the p
 the token budget. The rules are those of the local engine's rollout (``envace.engines.local.rollout``)
 so both engines train on the same trajectories; differences:
 
-- A server that stops on an end-of-turn token but does not return it (the budget was not used up) gets
-  the token appended as scaffold (mask 0): the stream must end with it before the next message.
+- How a generation ended (``generation_ending``: its last token, verl's ``stop_reason``, the budget) decides
+  what the stream keeps. The template's end-of-turn token is kept (trained). Another end token of the
+  tokenizer's EOS set (Qwen3's ``<|endoftext|>``, on which vLLM also stops) is removed from the output's
+  tokens, log-probs and text, and a server that stopped without returning its stop token likewise gets the
+  end-of-turn token appended as scaffold (mask 0): the stream must end with it before the next message. An
+  aborted request ends the episode (``Termination.ERROR``, ``info["aborted"]``; the agent loop excludes it).
+- Tool responses longer than ``max_tool_response_length`` characters are cut before the ACT stream sees them,
+  by verl's ``ToolAgentLoop`` rule (``truncate_tool_response``); the trajectory keeps them whole.
 - Required checklist items are enforced at the end of each user turn by ``turn_gate`` when given, as
   in the local engine (``Termination.REQUIRED_ITEM_FAILED``).
+- A call to a tool the task does not offer gets ``envace.core.unknown_tool``'s error without asking
+  anyone, as in the local engine (its call message and answer are REHEARSE scaffold, no output).
 - Scaffold text (tool responses, user turns, call messages) that would push a stream past
   ``max_stream_tokens`` ends the episode (MAX_TOKENS) *before* it is appended, so every row verl trains
   on stays within the configured length (the local engine appends it, then stops).
@@ -28,6 +36,7 @@ so both engines train on the same trajectories; differences:
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +53,7 @@ from envace.core.rehearse_context import (
     rehearse_system_message,
     stream_text,
 )
+from envace.core.unknown_tool import unknown_tool_response
 from envace.core.wire import parse_rehearsal, parse_tool_calls
 from envace.engines.base import EpisodeSpec
 from envace.engines.verl.settings import LoopSettings
@@ -60,6 +70,7 @@ class Generation:
     logprobs: tuple[float, ...] | None = None
     min_global_step: int | None = None
     max_global_step: int | None = None
+    stop_reason: str | None = None  # verl's TokenOutput.stop_reason: "completed", "length", "aborted" or None
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
@@ -70,6 +81,60 @@ class Generation:
 
 
 GenerateFn = Callable[[Role, list[int], int, float], Awaitable[Generation]]
+ABORTED_REASONS = frozenset({"aborted", "abort"})
+KNOWN_REASONS = frozenset({None, "completed", "stop", "length"}) | ABORTED_REASONS
+
+
+class Ending(enum.Enum):
+    """How one generation ended, and so what its stream keeps."""
+
+    END_OF_TURN = "end_of_turn"  # the template's end-of-turn token closes it: kept, trained
+    OTHER_END_TOKEN = "other_end_token"  # another EOS-set token: removed, end-of-turn appended as scaffold
+    SILENT_STOP = "silent_stop"  # stopped before the budget without returning a stop token: end-of-turn appended
+    LENGTH = "length"  # the token budget ran out: the episode ends (MAX_TOKENS)
+    ABORTED = "aborted"  # the server aborted the request: the episode ends (ERROR) and is not trained on
+
+
+def generation_ending(
+    ids: Sequence[int], stop_reason: str | None, budget: int, end_of_turn: int, end_ids: frozenset[int]
+) -> Ending:
+    """Classify a generation by its last token, the server's ``stop_reason`` and the ``budget`` it was given.
+    verl's vLLM server reports both a stop and the length limit as "completed", so the budget tells them apart."""
+    if stop_reason in ABORTED_REASONS:
+        return Ending.ABORTED
+    if ids and ids[-1] == end_of_turn:
+        return Ending.END_OF_TURN
+    if ids and ids[-1] in end_ids:
+        return Ending.OTHER_END_TOKEN
+    if stop_reason == "length" or len(ids) >= budget:
+        return Ending.LENGTH
+    if stop_reason not in KNOWN_REASONS:
+        logger.warning("unknown stop_reason %r from the server: taken as a stop before the budget", stop_reason)
+    return Ending.SILENT_STOP
+
+
+def _cut_left(text: str, n: int) -> str:
+    return "(truncated)..." + text[len(text) - n :]
+
+
+def _cut_right(text: str, n: int) -> str:
+    return text[:n] + "...(truncated)"
+
+
+def _cut_middle(text: str, n: int) -> str:
+    return text[: n // 2] + "...(truncated)..." + text[len(text) - n // 2 :]
+
+
+TRUNCATIONS: dict[str, Callable[[str, int], str]] = {"left": _cut_left, "right": _cut_right, "middle": _cut_middle}
+
+
+def truncate_tool_response(text: str, max_chars: int | None, side: str) -> str:
+    """verl ``ToolAgentLoop``'s rule for a tool response over ``max_chars`` characters: keep the last ``max_chars``
+    (``left``), the first ``max_chars`` (``right``) or half of each (``middle``), marked "(truncated)";
+    ``max_chars=None`` keeps every response whole."""
+    if max_chars is None or len(text) <= max_chars:
+        return text
+    return TRUNCATIONS[side](text, max_chars)
 
 
 @dataclass
@@ -191,7 +256,9 @@ class EpisodeRunner:
         executor: Any = None,
         simulator: Any = None,
         turn_gate: TurnGate | None = None,
+        end_token_ids: Sequence[int] = (),
     ):
+        """``end_token_ids``: further tokens a server stops on (the tokenizer's EOS set; ``generation_ending``)."""
         self.spec = spec
         self.settings = settings
         self.fmt = formatter
@@ -200,7 +267,9 @@ class EpisodeRunner:
         self.sample_index = sample_index
         self.executor = executor
         self.simulator = simulator  # a ChatBackend (envace.inference) for responses='simulator'
-        self.stop_ids = frozenset(formatter.end_of_turn_token_ids)
+        self.end_of_turn = formatter.end_of_turn_token_ids[0]
+        self.stop_ids = frozenset(formatter.end_of_turn_token_ids) | frozenset(end_token_ids)
+        self.aborted = False
         self.trainable = settings.trainable_roles
         self.streams: dict[Role, RoleStream] = {}
         self.turn_gate = turn_gate
@@ -239,23 +308,26 @@ class EpisodeRunner:
             return None
         gen = await self.generate_fn(role, stream.token_ids, budget, self.settings.temperature(role))
         self.steps.extend(s for s in (gen.min_global_step, gen.max_global_step) if s is not None)
-        ids = list(gen.token_ids)
-        finished = bool(ids) and ids[-1] in self.stop_ids
-        body = ids[:-1] if finished else ids
-        stream.add_generation(ids, gen.logprobs, self.fmt.decode(body), role in self.trainable)
-        if not finished and len(ids) < budget:  # stopped on end-of-turn without returning it
-            eot = self.fmt.end_of_turn_token_ids[0]
-            stream.add_scaffold([eot], self.fmt.decode([eot]))
+        ids, logprobs = list(gen.token_ids), gen.logprobs
+        ending = generation_ending(ids, gen.stop_reason, budget, self.end_of_turn, self.stop_ids)
+        if ending is Ending.OTHER_END_TOKEN:  # not the template's: out of the stream, its log-prob with it
+            ids, logprobs = ids[:-1], None if logprobs is None else logprobs[:-1]
+        body = ids[:-1] if ending is Ending.END_OF_TURN else ids
+        stream.add_generation(ids, logprobs, self.fmt.decode(body), role in self.trainable)
+        if ending in (Ending.OTHER_END_TOKEN, Ending.SILENT_STOP):
+            stream.add_scaffold([self.end_of_turn], self.fmt.decode([self.end_of_turn]))
             stream.ends_with_generation = True
-            finished = True
-        if not finished:
-            self.termination = Termination.MAX_TOKENS
+        elif ending is not Ending.END_OF_TURN:
+            self.aborted = ending is Ending.ABORTED
+            self.termination = Termination.ERROR if self.aborted else Termination.MAX_TOKENS
             return None
         return self.fmt.decode(body)
 
     def _append(self, role: Role, text: str) -> bool:
         """Append scaffold text to a stream; past ``max_stream_tokens`` the episode ends instead (False)."""
-        ids = self.fmt.encode(text)
+        return self._append_ids(role, self.fmt.encode(text), text)
+
+    def _append_ids(self, role: Role, ids: list[int], text: str) -> bool:
         if len(self.streams[role]) + len(ids) > self.settings.max_stream_tokens:
             self.termination = Termination.MAX_TOKENS
             return False
@@ -267,7 +339,7 @@ class EpisodeRunner:
         text = await self._generate(Role.ACT)
         if text is None:
             return
-        parsed = parse_tool_calls(text, allowed_names=self.spec.tool_names)
+        parsed = parse_tool_calls(text)
         if not parsed.ok:
             self.parse_errors.extend((Role.ACT.name, e.code.value) for e in parsed.errors)
             self.termination = Termination.ACT_PARSE_ERROR
@@ -283,7 +355,11 @@ class EpisodeRunner:
         )
         responses = []
         for call in calls:
-            response = await RESPONDERS[self.settings.responses](self, call)
+            response = unknown_tool_response(call, self.spec.tool_names)
+            if response is not None:
+                self._answer_by_rule(call, response)
+            else:
+                response = await RESPONDERS[self.settings.responses](self, call)
             if self.termination is not None:
                 return
             responses.append(response)
@@ -293,7 +369,13 @@ class EpisodeRunner:
         if self.steps_in_turn >= self.settings.max_steps_per_turn:
             self.termination = Termination.MAX_STEPS
             return
-        self._append(Role.ACT, self.fmt.continuation(act_observation_messages(calls, responses), self.spec.tools))
+        self._append(Role.ACT, self.fmt.continuation(self._observations(calls, responses), self.spec.tools))
+
+    def _observations(self, calls: tuple[ToolCall, ...], responses: list[Any]) -> list[dict[str, Any]]:
+        """The tool messages ACT reads: each response cut to ``max_tool_response_length`` characters."""
+        limit, side = self.settings.max_tool_response_length, self.settings.tool_response_truncate_side
+        messages = act_observation_messages(calls, responses)
+        return [{**m, "content": truncate_tool_response(m["content"], limit, side)} for m in messages]
 
     def _final_reply(self, content: str) -> None:
         self.turns.append(Turn(content, user_turn=self.user_turn))
@@ -310,6 +392,22 @@ class EpisodeRunner:
         self.history.append(Said("user", self.spec.user_turns[self.user_turn]))
 
     # ---- REHEARSE / simulator ------------------------------------------------------------------
+    def _answer_by_rule(self, call: ToolCall, response: Any) -> None:
+        """Record the unknown-tool rule's answer in the history and, when the policy rehearses, in the
+        REHEARSE stream as scaffold: the call message, then the answer, laid out as any answered call."""
+        answer = Answered(call, response)
+        stream = self.streams.get(Role.REHEARSE)
+        if stream is not None:
+            message = next_call_message(
+                self.prompts, self.spec.tools, self.history, call, self.settings.rehearse_context_tokens
+            )
+            text = stream_text(self.fmt, self.prompts, self.spec.tools, message, stream.ends_with_generation)
+            ids = self.fmt.encode(answer.answer_text()) + [self.fmt.end_of_turn_token_ids[0]]
+            if not (self._append(Role.REHEARSE, text) and self._append_ids(Role.REHEARSE, ids, self.fmt.decode(ids))):
+                return
+            stream.ends_with_generation = True  # the next call message continues it as after a generation
+        self.history.append(answer)
+
     async def rehearse(self, call: ToolCall) -> Any:
         """The policy's REHEARSE output for ``call`` (None and a termination when unusable)."""
         stream = self.streams[Role.REHEARSE]
@@ -361,6 +459,7 @@ class EpisodeRunner:
             "parse_errors": list(self.parse_errors),
             "final_answers": [finals.get(t, "") for t in range(len(self.spec.user_turns))],
             "responses": self.settings.responses,
+            "aborted": self.aborted,
         }
         if self.executor is not None and hasattr(self.executor, "state"):
             info["final_state"] = self.executor.state()

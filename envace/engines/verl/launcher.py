@@ -6,7 +6,11 @@ subprocess (verl starts its own local Ray cluster); ``dry_run=True`` composes ve
 overrides (struct errors surface here, on a CPU machine) and prints the command instead.
 
 Multi-node: ``multinode_commands`` gives the ``ray start`` lines for the head and the workers and the
-``ray job submit -- python -m verl.trainer.main_ppo …`` line; docs/GPU.md walks through them.
+``ray job submit -- python -m verl.trainer.main_ppo …`` line (no job runtime env: the workers' environment has
+one source, the overrides); ``write_multinode_scripts`` writes them as scripts, creates ``<output_dir>/metrics/``
+and makes ``submit.sh`` refuse a second submission of the same launch. docs/GPU.md walks through them.
+
+Checks: ``plan_launch`` runs ``preflight`` on verl's composed config before anything is created.
 
 MLflow: verl's ``mlflow`` logger attaches to the run named by ``MLFLOW_RUN_ID``. With a parent run (the
 ``train`` stage's run, or ``ENVACE_PARENT_RUN_ID``) we create a child run ``verl`` under it and hand
@@ -23,7 +27,6 @@ with ``train.resume`` a re-run of the same output directory continues from the l
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shlex
@@ -46,6 +49,7 @@ from envace.engines.verl.config_builder import (
     compose_verl_config,
 )
 from envace.engines.verl.episodes import act_prompt_uuids, read_jsonl, split_records, write_dataset
+from envace.engines.verl.preflight import preflight
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +79,11 @@ class LaunchPlan:
 
     def shell(self) -> str:
         return shlex.join(self.command)
+
+    @property
+    def metrics_file(self) -> Path:
+        """Where verl's ``file`` logger writes this launch's step metrics (it does not create the folder)."""
+        return Path(self.env_vars["VERL_FILE_LOGGER_PATH"])
 
 
 # ---- model and data -----------------------------------------------------------------------------
@@ -229,16 +238,18 @@ def verl_command(overrides: Sequence[str], python: str | None = None) -> list[st
 def multinode_commands(
     overrides: Sequence[str], *, head: str = "$HEAD_IP", n_gpus_per_node: int = 8, python: str = "python"
 ) -> dict[str, str]:
-    """Shell lines for a Ray cluster: start the head, start each worker, submit the job from the head."""
-    runtime_env = json.dumps({"env_vars": {"VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE, **TELEMETRY_OFF}})
+    """Shell lines for a Ray cluster: start the head, start each worker, submit the job from the head.
+
+    The job carries no ``--runtime-env-json``: the workers' environment has one source, the
+    ``+ray_kwargs.ray_init.runtime_env.env_vars.*`` overrides, which ``main_ppo`` passes to ``ray.init``. Ray
+    refuses to start a job whose own runtime env shares any env var key with ``ray.init``'s, even with equal
+    values ("Failed to merge the Job's runtime env").
+    """
     job = [python, "-m", MAIN_MODULE, *overrides]
     return {  # the dashboard (Ray's unauthenticated job API) listens on the cluster address, not on all interfaces
         "head": f"ray start --head --port=6379 --dashboard-host={head} --num-gpus={n_gpus_per_node}",
         "worker": f"ray start --address={head}:6379 --num-gpus={n_gpus_per_node}",
-        "submit": (
-            f"ray job submit --address=http://{head}:8265 --runtime-env-json={shlex.quote(runtime_env)} -- "
-            + shlex.join(job)
-        ),
+        "submit": f"ray job submit --address=http://{head}:8265 -- " + shlex.join(job),
     }
 
 
@@ -259,32 +270,41 @@ def plan_launch(
     files: Mapping[str, Path] | None = None,
     model_path: str | None = None,
 ) -> LaunchPlan:
-    """Compute the launch (data paths, env vars, overrides, command); creates the MLflow child run
+    """Compute the launch (data paths, env vars, overrides, command) and check it against verl's composed config
+    (``preflight``: raises on what verl would refuse, logs warnings into the notes); creates the MLflow child run
     unless ``dry_run``. Does not write datasets (``prepare_verl_data`` does)."""
     cfg = typed_config(cfg)
     check_supported(cfg)
     out = Path(output_dir).resolve() if output_dir else default_output_dir(cfg)
     files = dict(files or data_files(out))
     model = model_path or model_dir(cfg)
-    env, notes = mlflow_env(cfg, tracking_uri=tracking_uri, parent_run_id=parent_run_id, create=not dry_run)
     launch_id = time.strftime("%Y%m%d-%H%M%S")
-    env.update(
-        {
-            "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE,
-            "VERL_FILE_LOGGER_PATH": str(out / "metrics" / f"{launch_id}.jsonl"),
-            **TELEMETRY_OFF,
-        }
-    )
-    overrides = build_overrides(
-        cfg,
-        train_files=[str(files["train"])],
-        val_files=[str(files["val"])],
-        output_dir=out,
-        model_path=model,
-        env_vars=env,
-        extra_loggers=["file"],
-    )
-    overrides += list(extra_overrides)
+
+    def plan(create_run: bool) -> tuple[dict[str, str], list[str], list[str]]:
+        env, notes = mlflow_env(cfg, tracking_uri=tracking_uri, parent_run_id=parent_run_id, create=create_run)
+        env.update(
+            {
+                "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE,
+                "VERL_FILE_LOGGER_PATH": str(out / "metrics" / f"{launch_id}.jsonl"),
+                **TELEMETRY_OFF,
+            }
+        )
+        overrides = build_overrides(
+            cfg,
+            train_files=[str(files["train"])],
+            val_files=[str(files["val"])],
+            output_dir=out,
+            model_path=model,
+            env_vars=env,
+            extra_loggers=["file"],
+        )
+        return env, notes, overrides + list(extra_overrides)
+
+    env, notes, overrides = plan(create_run=False)
+    warnings = preflight(cfg, overrides)  # before the MLflow child run exists: a refused launch leaves none
+    if not dry_run:
+        env, notes, overrides = plan(create_run=True)
+    notes += [f"warning: {w}" for w in warnings]
     return LaunchPlan(verl_command(overrides), overrides, env, out, files, model, notes)
 
 
@@ -325,7 +345,7 @@ def launch_verl_training(
         sys.stdout.write(plan.shell() + "\n")
         return 0
     prepare_verl_data(cfg, plan.output_dir, uuids=uuids)
-    (plan.output_dir / "metrics").mkdir(parents=True, exist_ok=True)
+    plan.metrics_file.parent.mkdir(parents=True, exist_ok=True)
     (plan.output_dir / "command.sh").write_text(plan.shell() + "\n", encoding="utf-8")
     env = {**os.environ, **plan.env_vars}
     returncode = subprocess.run(plan.command, env=env, check=False).returncode
@@ -335,12 +355,29 @@ def launch_verl_training(
     return returncode
 
 
+def _refuse_a_second_submission(metrics_file: Path) -> str:
+    """Shell lines that stop ``submit.sh`` once its launch's metrics file exists (verl would truncate it)."""
+    quoted = shlex.quote(str(metrics_file))
+    message = (
+        f"envace: {metrics_file} exists: this submit.sh already launched a run, and verl would overwrite its "
+        "metrics. One submit.sh is one launch (one metrics file, one MLflow run): run "
+        "'python -m envace.engines.verl.launcher --multinode HEAD_IP' again for a new launch "
+        "(with train.resume it continues from the latest checkpoint)."
+    )
+    return f"if [ -e {quoted} ]; then\n  echo {shlex.quote(message)} >&2\n  exit 1\nfi\n"
+
+
 def write_multinode_scripts(plan: LaunchPlan, head: str, n_gpus_per_node: int) -> dict[str, Path]:
-    """``head.sh`` / ``worker.sh`` / ``submit.sh`` next to the run (printed by the CLI)."""
+    """``head.sh`` / ``worker.sh`` / ``submit.sh`` next to the run (printed by the CLI; each script's command is
+    its last line), and the metrics folder verl's file logger writes into without creating it. ``submit.sh``
+    refuses to run again once its metrics file exists, so a re-submission never overwrites a run's metrics."""
+    plan.metrics_file.parent.mkdir(parents=True, exist_ok=True)
+    guards = {"submit": _refuse_a_second_submission(plan.metrics_file)}
     paths = {}
     for name, line in multinode_commands(plan.overrides, head=head, n_gpus_per_node=n_gpus_per_node).items():
         path = plan.output_dir / f"{name}.sh"
-        path.write_text(f"#!/usr/bin/env bash\nset -euo pipefail\n{line}\n", encoding="utf-8")
+        body = guards.get(name, "") + line
+        path.write_text(f"#!/usr/bin/env bash\nset -euo pipefail\n{body}\n", encoding="utf-8")
         path.chmod(0o755)
         paths[name] = path
     return paths

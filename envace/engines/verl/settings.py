@@ -14,6 +14,9 @@ Choices:
   ``grpo_responses``; every other variant rehearses with the policy).
 - ``trainable_roles`` follow ``envace.engines.base.VARIANTS``; ``per_role`` (two separate models) is
   refused by the config builder: verl trains one actor.
+- ``max_tool_response_length`` / ``tool_response_truncate_side`` cut over-long tool responses before ACT reads
+  them, by verl ``ToolAgentLoop``'s rule (``episode.truncate_tool_response``); None never cuts (the local
+  engine's behaviour).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ TRAINER_MODE = "envace"
 SETTINGS_NODE = "envace"
 RESPONSE_SOURCES = ("policy", "executor", "simulator")
 CHAT_TEMPLATES = ("auto", "model", "chatml")
+TRUNCATE_SIDES = ("left", "right", "middle")  # verl ToolAgentLoop's tool_response_truncate_side values
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,8 @@ class LoopSettings(RolloutBudget):
     reward: str = "verifiable"  # judge name (envace.judges) or "verifiable"
     baseline: str = "output_mean"
     chat_template: str = "auto"
+    max_tool_response_length: int | None = None  # characters; None = tool responses are never cut
+    tool_response_truncate_side: str = "middle"
     seed: int = 0
     judge: EndpointSettings = field(default_factory=EndpointSettings)
     simulator: EndpointSettings = field(default_factory=EndpointSettings)
@@ -76,6 +82,16 @@ class LoopSettings(RolloutBudget):
             )
         if self.chat_template not in CHAT_TEMPLATES:
             raise ValueError(f"envace.chat_template={self.chat_template!r}; valid: {list(CHAT_TEMPLATES)}")
+        if self.tool_response_truncate_side not in TRUNCATE_SIDES:
+            raise ValueError(
+                f"envace.tool_response_truncate_side={self.tool_response_truncate_side!r} "
+                f"(engine.tool_response_truncate_side); valid: {list(TRUNCATE_SIDES)}"
+            )
+        if self.max_tool_response_length is not None and self.max_tool_response_length < 1:
+            raise ValueError(
+                f"envace.max_tool_response_length={self.max_tool_response_length} (engine.max_tool_response_length) "
+                "must be >= 1 character, or null to never cut tool responses"
+            )
 
     @property
     def trainable_roles(self) -> frozenset[Role]:

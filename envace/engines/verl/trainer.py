@@ -9,7 +9,7 @@ estimator with all of them. Everything else is verl's synchronous trainer (``syn
 buffer, checkpointing, weight sync. Other estimators fall through to verl's own code path.
 
 Like the stock step, and in the same order: KL-in-reward is refused (use the actor's KL loss instead,
-SPEC §3), rollout correction runs first when configured (its rejection mask then defines the outputs),
+docs/method.md §8), rollout correction runs first when configured (its rejection mask then defines the outputs),
 advantages and returns are written back to TransferQueue as nested tensors. Metrics under ``envace/``:
 rows, outputs, tokens and mean |advantage| per role, excluded rows.
 """
@@ -90,7 +90,7 @@ class EnvacePPOTrainer(PPOTrainerSync):
         if algorithm.use_kl_in_reward:
             raise ValueError(
                 "algorithm.use_kl_in_reward=True is not supported with the envace estimators; use "
-                "actor_rollout_ref.actor.use_kl_loss=True (SPEC §3: KL as a loss term)"
+                "actor_rollout_ref.actor.use_kl_loss=True (docs/method.md §8: KL as a loss term)"
             )
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=_FIELDS)
         nested_mask = data["response_mask"]
