@@ -2,9 +2,8 @@
 stack — no verl, ray, prefect, mlflow, hydra, dvc (and no torch.distributed beyond what torch itself loads).
 
 Each check runs in a fresh interpreter so that modules imported by other tests cannot hide a leak. The
-pieces built on verl (the verl estimator signature, the policy loss over verl's core_algos) live in
-envace/engines; tests/unit/test_import_graph.py checks statically that no core module imports verl even
-inside a function.
+pieces built on verl (the verl estimator signature) live in envace/engines/verl;
+tests/unit/test_import_graph.py checks statically that no core module imports verl even inside a function.
 """
 
 from __future__ import annotations

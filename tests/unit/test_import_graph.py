@@ -1,4 +1,4 @@
-"""The import graph of envace/ has no circles, and the core stays free of the verl engine.
+"""The import graph of envace/ has no circles, core stays free of the engines, only engines/verl imports verl, Ray.
 
 Every import counts: module-level and inside functions, ``from x import y`` (an edge to ``x``, and to
 ``x.y`` when that is a module), and ``importlib.import_module("...")`` with a literal name. A package's
@@ -142,3 +142,28 @@ def test_no_two_classes_share_a_name():
             if isinstance(node, ast.ClassDef):
                 places.setdefault(node.name, []).append(path.relative_to(ROOT.parent).as_posix())
     assert {name: where for name, where in places.items() if len(where) > 1} == {}
+
+
+GPU_STACK = ("verl", "ray")  # the GPU engine's dependencies: loading them costs seconds and prints warnings
+
+
+def gpu_stack_importers(root: Path) -> dict[str, list[str]]:
+    """Modules under ``root`` outside engines/verl that import verl or Ray (anywhere, functions included)."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).parts[:2] == ("engines", "verl"):
+            continue
+        tree = ast.parse(path.read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level]
+        hits = sorted({n for n in names if n.split(".")[0] in GPU_STACK})
+        if hits:
+            found[str(path.relative_to(root))] = hits
+    return found
+
+
+def test_only_the_verl_engine_imports_verl_or_ray():
+    found = gpu_stack_importers(ROOT)
+    assert not found, (
+        f"only envace/engines/verl/ may import {'/'.join(GPU_STACK)} (CPU runs must not load them): {found}"
+    )
