@@ -76,10 +76,17 @@ class Benchmark(str, enum.Enum):
 
 
 class Rehearser(str, enum.Enum):
-    """Who answers the imagined tool calls of test-time rehearsal (envace.stages.rehearsal_sweep)."""
+    """Who answers the imagined tool calls of test-time rehearsal (envace.stages.rehearsal_sweep).
+
+    ``trained``: the trained policy's REHEARSE role. ``base``: the SFT-start rehearser, the REHEARSE role of the
+    weights RL started from (``eval.baseline``: the SFT warm-up, already trained on real responses; the
+    untrained model in a run without warm-up). ``oracle``: a sandboxed copy of the real environment (the upper
+    bound on what rehearsal can give, ``envace.rehearsal.oracle``; its calls are counted apart).
+    """
 
     trained = "trained"
     base = "base"
+    oracle = "oracle"
 
 
 class TrackingBackend(str, enum.Enum):

@@ -121,6 +121,9 @@ class EngineConfig:
     agent_workers: Optional[int] = None
     chat_template: Optional[str] = None
     val_every: Optional[int] = None
+    gpu_memory_gib: Optional[float] = None
+    max_tool_response_length: Optional[int] = None
+    tool_response_truncate_side: Optional[str] = None
     simulator: EndpointConfig = field(default_factory=EndpointConfig)  # grpo_responses=simulator served remotely
     overrides: List[str] = field(default_factory=list)  # raw verl overrides, appended last
 
@@ -243,7 +246,7 @@ class RehearsalSweepConfig:
     n_attempts: List[int] = field(default_factory=lambda: [0, 1, 2, 3])
     modes: List[RehearsalMode] = field(default_factory=lambda: [RehearsalMode.parallel, RehearsalMode.sequential])
     max_n_by_mode: Dict[str, int] = field(default_factory=dict)  # per-mode cap on N, e.g. {sequential: 2}
-    rehearsers: List[Rehearser] = field(default_factory=lambda: [Rehearser.trained, Rehearser.base])
+    rehearsers: List[Rehearser] = field(default_factory=lambda: [Rehearser.trained, Rehearser.base, Rehearser.oracle])
     scope: RehearsalScope = RehearsalScope.turn  # task: rehearses future user turns (report: "sees future turns")
     summarizer: Summarizer = Summarizer.policy
     n_tasks: int = 2  # 0 = the whole split
@@ -255,6 +258,16 @@ class RehearsalSweepConfig:
     summary_max_new_tokens: int = 64
     act_temperature: float = 0.7  # > 0: parallel attempts are independent samples (0 with parallel N > 1 is refused)
     rehearse_temperature: float = 0.0
+
+
+@dataclass
+class PrimaryFamilyConfig:
+    """The science report's primary comparisons and their test (envace.reporting.science_family)."""
+
+    comparisons: List[str] = MISSING  # difference names, checked against the matrix's (check_family)
+    alpha: float = MISSING  # family-wise error rate of Holm's correction
+    permutations: int = MISSING  # Monte Carlo sign patterns beyond exact enumeration
+    permutation_seed: int = MISSING
 
 
 @dataclass
@@ -285,6 +298,7 @@ class ScienceConfig:
     testtime_n_tasks: int = MISSING
     testtime_other_seeds_n_attempts: List[int] = MISSING
     bootstrap_resamples: int = MISSING
+    primary: PrimaryFamilyConfig = field(default_factory=PrimaryFamilyConfig)
 
 
 @dataclass

@@ -151,6 +151,7 @@ def _scalar_metrics(data: dict[str, Any]) -> tuple[dict[str, dict[str, float]], 
         elif Path(path).name == "train.json":
             train = {
                 "final_reward": values.get("final/reward/mean"),
+                "real_env_calls": values.get("final/real_env/calls_total"),
                 "steps_done": values.get("steps_done"),
                 "variant": values.get("variant"),
             }

@@ -8,10 +8,11 @@ null tracker and bounded in size. Evaluation / test-time episode traces are ``en
   output, the real responses where there are any, reward, mean advantage per role.
 - ``log_datasets``: the prepared train/val splits as run inputs (``mlflow.log_input``: name, digest of
   the file, source path, a small per-row frame for the schema and profile).
-- ``log_policy_model``: the final checkpoint's role directories as MLflow **transformers** models
-  (``mlflow.transformers.load_model("runs:/<id>/policy")`` gives a text-generation pipeline) when the
-  weights total at most ``tracking.model_max_bytes``; above it the run gets a ``model.skipped`` tag and
-  the manifest only.
+- ``log_policy_model``: the final checkpoint's role directories as MLflow **transformers** logged models
+  (the experiment's Models tab: named ``policy`` / ``rehearse_model``, the run as their source, the run's
+  latest metrics linked; ``mlflow.transformers.load_model("runs:/<id>/policy")`` or ``"models:/<model id>"``
+  gives a text-generation pipeline) when the weights total at most ``tracking.model_max_bytes``; above it
+  the run gets a ``model.skipped`` tag and the manifest only.
 - ``system_metrics``: MLflow's own monitor (psutil: CPU, memory, disk, network) on the training run.
 - ``train_logging``: all of the above around a training run (the train stage's one entry point).
 """
@@ -28,6 +29,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from envace.config import to_plain
 from envace.core.records import Role
 
 logger = logging.getLogger(__name__)
@@ -53,24 +55,32 @@ def clip_text(text: Any, limit: int = MAX_TEXT) -> str:
     return text if len(text) <= limit else text[: limit - 12] + "…[clipped]"
 
 
+# MLflow's settings while envace traces: traces exported synchronously, and trace/span ids drawn from a
+# private generator seeded by the OS rather than from Python's ``random``, which every stage seeds
+# (``envace.utils.seeds``): with shared ``random`` two runs with the same seed get the same trace ids and
+# the later run overwrites the earlier one's traces (and tracing would shift the stage's own draws).
+TRACING_ENV = {"MLFLOW_ENABLE_ASYNC_TRACE_LOGGING": "false", "MLFLOW_TRACE_USE_ISOLATED_RANDOM_ID_GENERATOR": "true"}
+
+
 @contextlib.contextmanager
 def global_tracking_uri(uri: str) -> Iterator[None]:
     """MLflow's global tracking URI (tracing and the fluent APIs export there) set to ``uri`` for the
-    block, traces exported synchronously, and everything restored afterwards."""
+    block, tracing under ``TRACING_ENV``, and everything restored afterwards."""
     import mlflow
     from mlflow.tracking._tracking_service import utils
 
-    before, env_before = utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
-    async_before = os.environ.get("MLFLOW_ENABLE_ASYNC_TRACE_LOGGING")
-    os.environ["MLFLOW_ENABLE_ASYNC_TRACE_LOGGING"] = "false"
+    before = utils._tracking_uri
+    env_before = {key: os.environ.get(key) for key in ("MLFLOW_TRACKING_URI", *TRACING_ENV)}
+    os.environ.update(TRACING_ENV)
     mlflow.set_tracking_uri(uri)
+    mlflow.tracing.reset()  # the tracer provider is rebuilt under TRACING_ENV even if the URI was already set
     try:
         yield
     finally:
         with contextlib.suppress(Exception):
             mlflow.flush_trace_async_logging()
         mlflow.set_tracking_uri(before)
-        for key, value in (("MLFLOW_TRACKING_URI", env_before), ("MLFLOW_ENABLE_ASYNC_TRACE_LOGGING", async_before)):
+        for key, value in env_before.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
@@ -243,14 +253,35 @@ def log_policy_model(
                     pip_requirements=_requirements(),
                     metadata={"envace.checkpoint": str(path)},
                 )
-                client.log_artifacts(tracker.run_id, str(target), artifact)
+                model_id = log_logged_model(client, tracker.run_id, artifact, target)
             logged[artifact] = str(path)
+            tracker.set_tags({f"model.id.{artifact}": model_id})
         except Exception as exc:  # e.g. an architecture the installed flavour cannot rebuild
             logger.exception("MLflow: could not log %s as a transformers model", path)
             tracker.set_tags({"model.skipped": f"{type(exc).__name__}: {exc}"[:500]})
     if logged:
         tracker.set_tags({"model.uri": f"runs:/{tracker.run_id}/policy", "model.bytes": total})
     return logged
+
+
+def log_logged_model(client: Any, run_id: str, name: str, saved: Path) -> str:
+    """A saved MLflow model directory as a logged model ``name`` of the run's experiment: the run as its
+    source and its output, the run's latest metrics linked to it. Returns the model id."""
+    from mlflow.entities import LoggedModelOutput, Metric
+
+    run = client.get_run(run_id)
+    model = client.create_logged_model(run.info.experiment_id, name=name, source_run_id=run_id)
+    client.log_model_artifacts(model.model_id, str(saved))
+    client.finalize_logged_model(model.model_id, "READY")
+    latest = [
+        max(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp)) for key in run.data.metrics
+    ]
+    step = max((m.step for m in latest), default=0)
+    client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step)])
+    linked = [Metric(m.key, m.value, m.timestamp, m.step, model_id=model.model_id) for m in latest]
+    for i in range(0, len(linked), 1000):  # MLflow's batch limit
+        client.log_batch(run_id, metrics=linked[i : i + 1000])
+    return model.model_id
 
 
 def _requirements() -> list[str]:
@@ -304,7 +335,7 @@ def train_logging(cfg: Any, tracker: Any, engine: Any, checkpoints: Path | None 
             tracker,
             {s: Path(paths.prepared) / f"{s}.jsonl" for s in ("train", "val")},
             kept,
-            prefix=f"{cfg.data.source}-",
+            prefix=f"{to_plain(cfg.data.source)}-",  # the enum's value: toolworld-train
         )
     hooked = hasattr(engine, "sample_hook")
     if hooked and tracker_client(tracker) is not None:

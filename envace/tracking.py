@@ -23,6 +23,8 @@ import traceback
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from envace.utils.secrets import redact
+
 logger = logging.getLogger(__name__)
 
 STAGE_TAG = "envace.stage"
@@ -119,10 +121,10 @@ def numeric_items(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 def record_failure(run: Tracker, exc: BaseException) -> str:
-    """Record ``exc`` on ``run`` (tags + ``error.txt``); returns the status to end it with."""
+    """Record ``exc`` on ``run`` (tags + ``error.txt``, API keys redacted); returns the status to end it with."""
     try:
-        run.set_tags({"error": f"{type(exc).__name__}: {exc}", "error.type": type(exc).__name__})
-        run.log_text("".join(traceback.format_exception(exc)), "error.txt")
+        run.set_tags({"error": redact(f"{type(exc).__name__}: {exc}"), "error.type": type(exc).__name__})
+        run.log_text(redact("".join(traceback.format_exception(exc))), "error.txt")
     except Exception:  # never mask the stage's own error
         logger.exception("could not record the failure in MLflow")
     return "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"

@@ -14,10 +14,13 @@ SETS=("${@:2}")
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 REQ="$ROOT/requirements"
 PY=${PYTHON:-python3}
-PY_NEEDED=3.11
+# the one Python the locks are built for: pyproject.toml's requires-python ("==3.11.*")
+PY_NEEDED=$(sed -n 's/^requires-python = "==\(3\.[0-9]*\)\.\*".*/\1/p' "$ROOT/pyproject.toml")
 STAMP="$VENV/.envace-installed"
 
 die() { echo "[install] error: $*" >&2; exit 1; }
+[ -n "$PY_NEEDED" ] || die "pyproject.toml's requires-python is not of the form \"==3.X.*\": it names the one Python \
+the lock files are built for"
 
 LOCKS=("$REQ/cpu.lock")
 for set in "${SETS[@]}"; do
@@ -30,8 +33,10 @@ SPEC_HASH=$( (cat "$REQ"/* "$ROOT/pyproject.toml" "$ROOT/scripts/install.sh"; ec
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SPEC_HASH" ]; then
   # a venv outside the clone (CI keeps one per spec hash) may have been built by a checkout at another
   # path: point its editable envace at this one, or every subprocess (`python -m envace.stages.*`, DVC's
-  # stage commands) imports the other tree's code, or none
-  where=$(cd / && "$VENV/bin/python" -c 'import envace, os; print(os.path.dirname(os.path.dirname(os.path.abspath(envace.__file__))))' 2>/dev/null || true)
+  # stage commands) imports the other tree's code, or none. The check runs from / (so that the working
+  # directory cannot supply envace), with the venv's python by its absolute path (VENV may be relative)
+  venv_python="$(cd "$VENV" && pwd)/bin/python"
+  where=$(cd / && "$venv_python" -c 'import envace, os; print(os.path.dirname(os.path.dirname(os.path.abspath(envace.__file__))))' 2>/dev/null || true)
   if [ "$where" != "$ROOT" ]; then
     echo "[install] envace (editable) -> $ROOT (it pointed at: ${where:-nothing importable})"
     "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$ROOT"

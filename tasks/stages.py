@@ -81,7 +81,7 @@ def stage_order(root: str) -> list[str]:
 
 
 # Default timeout per stage task, seconds (one attempt; a retry gets its own). The cpu profile's
-# measured times (README) are minutes to ~50 min for train; these leave room for a slower machine.
+# measured times (docs/performance.md) are minutes to ~50 min for train; these leave room for a slower machine.
 TIMEOUT_SECONDS = {
     "prepare_data": 10 * 60,
     "template_prompts": 20 * 60,

@@ -1,4 +1,4 @@
-"""Role-wise GRPO advantages (SPEC §3) and the single-baseline GRPO of the ``grpo`` variant.
+"""Role-wise GRPO advantages (docs/method.md §7) and the single-baseline GRPO of the ``grpo`` variant.
 
 What it computes. For instruction x, K trajectories are sampled. Every *output* y (one ACT
 generation, or one REHEARSE generation answering one tool call) inherits the scalar reward R of its
@@ -9,21 +9,25 @@ trajectory. Outputs are grouped by (prompt group x, role r) and
 
 optionally divided by (σ_{x,r} + ε). The advantage is constant over the generated tokens of y
 (``token_advantages`` broadcasts it). ``compute_grpo_advantages`` is the same with one baseline per
-prompt group over all outputs (standard GRPO, used by the ``grpo`` ablation where only ACT trains).
+prompt group, whatever the role; the ``grpo`` ablation (only ACT trains) calls it with
+``baseline="trajectory_mean"`` (conf/algo/grpo.yaml): μ_x = the mean of the K trajectory rewards of x,
+which is standard GRPO (verl's ``compute_grpo_outcome_advantage`` on one row per trajectory).
 
 Deliberate choices and deviations (each tested in tests/unit/test_advantages.py):
 - Singleton group → A = 0. A (group, role) with a single member has no baseline; the reference
   implementation (and verl's ``compute_grpo_outcome_advantage``, which uses mean 0 / std 1) gives
   A = R there, i.e. an uncentred reward that pushes up whatever a lone output did. We give 0.
-- ``baseline="output_mean"`` (default) is the paper's formula as the reference computes it: μ over
-  outputs (rows), so a trajectory with many calls weighs more in its role's baseline.
+- ``baseline="output_mean"`` (default; the envace variants' setting) is the paper's formula as the
+  reference computes it (docs/method.md §7): μ over outputs (rows), so a trajectory with many calls weighs more in
+  its role's baseline. It is *not* standard GRPO: with rewards 0, 0, 0, 1 where the rewarded trajectory
+  holds 5 of the 8 outputs, μ = 0.625 instead of GRPO's 0.25.
   ``baseline="trajectory_mean"`` counts each trajectory once per (group, role): μ is the mean reward
   of the trajectories that produced at least one output of that role; it needs ``trajectory_ids``.
   Under trajectory_mean "singleton" means a single such trajectory.
 - ``norm_by_std`` defaults to False (as the reference; Dr. GRPO style). When True we divide by
   (σ + ε) with σ the *unbiased* (n−1) standard deviation over the baseline's members, exactly as
   verl's GRPO does (``torch.std``), so a single-role batch matches verl on groups of size ≥ 2.
-- ``exclude``: outputs whose trajectory has no valid reward (judge failure, SPEC §2) get A = 0 and
+- ``exclude``: outputs whose trajectory has no valid reward (judge failure, docs/method.md §5) get A = 0 and
   are not counted in any baseline. (Dropping them from the loss — zeroing their response mask — is
   the trainer's job; a zero advantage alone still lets KL and token-mean denominators see them.)
 - Padding or duplication for batch shapes must happen *after* this function: padded rows would
@@ -164,7 +168,7 @@ def compute_rolewise_advantages(
     exclude: Sequence[bool] | torch.Tensor | None = None,
     epsilon: float = 1e-6,
 ) -> torch.Tensor:
-    """Role-wise GRPO advantage of every output (SPEC §3): A = R − μ_{group, role} [/ (σ + ε)].
+    """Role-wise GRPO advantage of every output (docs/method.md §7): A = R − μ_{group, role} [/ (σ + ε)].
 
     Args:
         rewards: (N,) trajectory reward inherited by each output.

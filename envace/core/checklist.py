@@ -53,6 +53,26 @@ class BoundArgument:
     path: tuple[Any, ...]
 
 
+def _bound_from_dict(src: Any, where: str) -> BoundArgument:
+    ok = isinstance(src, Mapping) and _is_int(src.get("turn")) and isinstance(src.get("item"), str)
+    if not ok or not isinstance(src.get("path"), list):
+        raise ChecklistFormatError(where, 'expected {"turn": int, "item": str, "path": [...]}')
+    return BoundArgument(src["turn"], src["item"], tuple(src["path"]))
+
+
+def _bound_to_dict(bound: BoundArgument) -> dict[str, Any]:
+    return {"turn": bound.turn, "item": bound.item, "path": list(bound.path)}
+
+
+def _value_sources(raw: Any, n_values: int, where: str) -> tuple[BoundArgument | None, ...]:
+    """Parse an answer rule's optional ``bound_values`` (one entry per value, null = literal)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or len(raw) != n_values:
+        raise ChecklistFormatError(where, f"expected a list of {n_values} entries (null or a bound source)")
+    return tuple(None if src is None else _bound_from_dict(src, f"{where}[{i}]") for i, src in enumerate(raw))
+
+
 @dataclass(frozen=True)
 class ItemRule:
     """Optional machine-checkable form of an item (the ``rule`` key of an item dict).
@@ -66,7 +86,11 @@ class ItemRule:
       passed item ``item`` of turn ``turn``; unlisted arguments are free. With ``require_success``
       (default true for explicit rules) the call's response must not be an error object.
     * ``{"kind": "answer_contains", "values": ["42", "Paris"]}`` (or ``"text": "42"``) - the step's
-      user-visible reply mentions every value (``envace.judges.rule.mentions``); no values: passes.
+      user-visible reply mentions every value (``envace.core.answers.mentions``); no values: passes.
+      Optional ``"bound_values": [null, {"turn": 0, "item": "C1", "path": ["balance"]}]`` (one entry
+      per value): a bound value is read from the response of the call that passed that item when
+      there is one (the reply must then repeat what *that* response said, real or rehearsed), else
+      the literal value counts (``envace.core.answers.answer_target``).
     """
 
     kind: RuleKind
@@ -75,6 +99,7 @@ class ItemRule:
     bound_arguments: tuple[tuple[str, BoundArgument], ...] = ()
     require_success: bool = True
     values: tuple[str, ...] = ()
+    value_sources: tuple[BoundArgument | None, ...] = ()  # answer_contains: per value, or empty (all literal)
 
     @classmethod
     def from_dict(cls, raw: Any, where: str = "rule") -> ItemRule:
@@ -95,7 +120,8 @@ class ItemRule:
             values = raw.get("values")
         if not isinstance(values, list) or not all(_is_scalar(v) for v in values):
             raise ChecklistFormatError(f"{where}.values", "expected a list of strings or numbers (or 'text')")
-        return cls(kind, values=tuple(str(v) for v in values))
+        sources = _value_sources(raw.get("bound_values"), len(values), f"{where}.bound_values")
+        return cls(kind, values=tuple(str(v) for v in values), value_sources=sources)
 
     @classmethod
     def _tool_call_from_dict(cls, raw: Mapping[str, Any], where: str) -> ItemRule:
@@ -107,14 +133,7 @@ class ItemRule:
         bound_raw = raw.get("bound_arguments", {})
         if not isinstance(bound_raw, Mapping):
             raise ChecklistFormatError(f"{where}.bound_arguments", "expected an object")
-        bound = []
-        for arg, src in bound_raw.items():
-            ok = isinstance(src, Mapping) and _is_int(src.get("turn")) and isinstance(src.get("item"), str)
-            if not ok or not isinstance(src.get("path"), list):
-                raise ChecklistFormatError(
-                    f"{where}.bound_arguments.{arg}", 'expected {"turn": int, "item": str, "path": [...]}'
-                )
-            bound.append((str(arg), BoundArgument(src["turn"], src["item"], tuple(src["path"]))))
+        bound = [(str(arg), _bound_from_dict(src, f"{where}.bound_arguments.{arg}")) for arg, src in bound_raw.items()]
         require = raw.get("require_success", True)
         if not isinstance(require, bool):
             raise ChecklistFormatError(f"{where}.require_success", "expected true or false")
@@ -128,8 +147,11 @@ class ItemRule:
 
     def to_dict(self) -> dict[str, Any]:
         if self.kind is RuleKind.ANSWER_CONTAINS:
-            return {"kind": self.kind.value, "values": list(self.values)}
-        bound = {a: {"turn": b.turn, "item": b.item, "path": list(b.path)} for a, b in self.bound_arguments}
+            out: dict[str, Any] = {"kind": self.kind.value, "values": list(self.values)}
+            if self.value_sources:
+                out["bound_values"] = [_bound_to_dict(b) if b else None for b in self.value_sources]
+            return out
+        bound = {a: _bound_to_dict(b) for a, b in self.bound_arguments}
         return {
             "kind": self.kind.value,
             "name": self.tool_name,

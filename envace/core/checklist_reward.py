@@ -1,4 +1,4 @@
-"""The checklist reward of SPEC §2 (pure: no I/O, no judge calls).
+"""The checklist reward of docs/method.md §4 (pure: no I/O, no judge calls).
 
 A judge (``envace.judges``) returns one verdict per (assistant step, checklist item); this module turns
 those verdicts into the trajectory reward:
@@ -118,7 +118,7 @@ def continue_after_turn(items: Sequence[ChecklistItem], steps: Sequence[StepVerd
 
 
 def score_checklist(checklist: Checklist, step_verdicts: Iterable[StepVerdicts]) -> ChecklistScore:
-    """R = Σ_turns Σ_items w·pass / number of checklist turns, with early termination (SPEC §2)."""
+    """R = Σ_turns Σ_items w·pass / number of checklist turns, with early termination (docs/method.md §4)."""
     if checklist.n_turns == 0:
         raise ValueError("score_checklist: the checklist has no turns; it cannot define a reward")
     by_turn: list[list[StepVerdicts]] = [[] for _ in checklist.turns]

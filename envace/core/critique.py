@@ -1,4 +1,4 @@
-"""The self-critique wire format of test-time rehearsal (SPEC §4): parse and render.
+"""The self-critique wire format of test-time rehearsal (docs/method.md §12): parse and render.
 
 ``<critique>{"assessment": str, "success_likely": bool, "revision": str}</critique>``. ``parse_critique``
 never raises; it returns structured error codes. A failed critique is recorded on the attempt and is not

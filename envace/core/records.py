@@ -14,7 +14,7 @@ A trajectory holds one append-only ``Stream`` per role that generated in it. The
 agent's context (system + tools + user turns + its calls + the responses it received, rehearsed or
 real, as observation tokens). The REHEARSE stream is the environment-simulator's context (REHEARSE
 role prompt + tool schemas + the calls it answered and its own answers). Each generated segment is
-one output y in the sense of SPEC §3; its prompt is exactly the stream prefix before it, so a
+one output y in the sense of docs/method.md §7; its prompt is exactly the stream prefix before it, so a
 trainer can score every output of a stream with one forward pass, and a rollout can keep one KV
 cache per stream (append-only, never re-encoded).
 """
@@ -281,8 +281,8 @@ class EpisodeSpec:
     """One instruction as an engine sees it.
 
     ``user_turns`` are replayed in order; ``checklists[t]`` are the CM2 items of user turn t (for the
-    judge); ``gold[t]`` are the reference steps of turn t (source of REHEARSE few-shot examples from
-    earlier turns, of the SFT warm-up targets and of the built-in verifiable reward);
+    judge); ``gold[t]`` are the reference steps of turn t (the SFT warm-up's ACT and REHEARSE targets and
+    the built-in verifiable reward's reference; the REHEARSE prompt carries no examples from them);
     ``gold_answers[t]`` the reference final reply and ``answer_values[t]`` strings a correct final
     reply of turn t must contain.
     """
@@ -318,18 +318,6 @@ class EpisodeSpec:
             if tool_schema_name(tool) == name:
                 return tool
         return None
-
-    def examples_before(self, turn: int) -> tuple[tuple[ToolCall, Any], ...]:
-        """(call, real response) pairs of reference turns < ``turn`` — never of the current or later ones."""
-        pairs: list[tuple[ToolCall, Any]] = []
-        for steps in self.gold[:turn]:
-            for step in steps:
-                if step.responses is not None:
-                    pairs.extend(zip(step.calls, step.responses))
-        return tuple(pairs)
-
-    def examples_of_turn(self, turn: int) -> tuple[tuple[ToolCall, Any], ...]:
-        return self.examples_before(turn + 1)[len(self.examples_before(turn)) :]
 
 
 def tool_schema_name(tool: Mapping[str, Any]) -> str:

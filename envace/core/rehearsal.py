@@ -1,4 +1,4 @@
-"""Test-time private rehearsal: the pure logic (SPEC §4). No I/O, no backends, no executors.
+"""Test-time private rehearsal: the pure logic (docs/method.md §12). No I/O, no backends, no executors.
 
 The controller that *runs* rehearsal lives in ``envace.rehearsal``; the pure pieces it uses are:
 

@@ -1,4 +1,4 @@
-"""The rehearsal memory and its bound (SPEC §4): deterministic truncation to a character and a token budget.
+"""The rehearsal memory and its bound (docs/method.md §12): deterministic truncation to a character and a token budget.
 
 ``bound_memory`` keeps the longest prefix that fits together with a truncation marker, snapped back to a
 whitespace boundary. Token counts default to ``count_approx_tokens`` (words and punctuation marks, an

@@ -1,4 +1,4 @@
-"""Test-time rehearsal prompts (SPEC §4): the versioned templates and what they are filled with.
+"""Test-time rehearsal prompts (docs/method.md §12): the versioned templates and what they are filled with.
 
 ``RehearsalPrompts`` holds the templates (critique, history note for sequential attempts, summary, memory
 injection). The paper publishes none of these, so they are ours; each field is a ``str.format`` template

@@ -1,4 +1,4 @@
-"""The REHEARSE context: what the rehearser sees when it is asked for one tool response (SPEC §1).
+"""The REHEARSE context: what the rehearser sees when it is asked for one tool response (docs/method.md §2).
 
 One builder serves every path that asks the REHEARSE role for a response — the local engine's rollout,
 the verl episode, the world-model fidelity probe (also run inside training) and test-time rehearsal —
@@ -30,7 +30,7 @@ message; beyond it the oldest messages are dropped first and the oldest kept one
 (marked ``…``). Tokens are estimated as 4 characters each, without a tokenizer, so that every path —
 including chat endpoints that expose none — renders the same text.
 
-**Decisions where SPEC is silent.**
+**Decisions where the paper is silent** (docs/method.md §2).
 
 * No few-shot block in the system message, and no reference pairs of turns the trajectory played
   itself: after a played turn they would contradict what the rehearser answered in it. Reference
@@ -197,7 +197,8 @@ def call_message(
 ) -> Message:
     """The user message asking for the response to ``call`` after the conversation messages ``said``.
 
-    An unknown tool's schema is written as ``null`` so the rehearser can answer with an error.
+    An unknown tool's schema is written as ``null``; the loops never ask for one (``envace.core.unknown_tool``
+    answers such calls), but a history may hold one, and its call message is written the same way.
     """
     schema = next((t for t in tools if tool_function(t).get("name") == call.name), None)
     text = prompts.rehearse_call.format(

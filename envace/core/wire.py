@@ -1,4 +1,4 @@
-"""Wire formats of the two roles (SPEC §1): parse and render what the policy emits.
+"""Wire formats of the two roles (docs/method.md §1): parse and render what the policy emits.
 
 ACT tool calls use the Hermes/Qwen style that HF chat templates render with ``tools=``::
 

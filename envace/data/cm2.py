@@ -37,7 +37,6 @@ from envace.data.cm2_episodes import (
     Cm2Episode,
     RecordedExchange,
     cm2_row_to_episode_spec,
-    rehearsal_examples,
     to_engine_spec,
 )
 from envace.data.cm2_reasons import Cm2ValidationConfig, Problem, Reject, RejectReason
@@ -63,7 +62,6 @@ __all__ = [
     "load_cm2",
     "read_cm2_bytes",
     "read_cm2_file",
-    "rehearsal_examples",
     "reject_counts",
     "row_problem",
     "split_of",

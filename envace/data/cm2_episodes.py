@@ -1,5 +1,5 @@
-"""Episode specs of CM2 rows: what a rollout needs from one row, recorded (call, response) exchanges, and
-the REHEARSE few-shot examples drawn strictly from turns before the rehearsed one (no future-turn leak).
+"""Episode specs of CM2 rows: what a rollout needs from one row and its recorded (call, response) exchanges
+(the SFT warm-up's REHEARSE targets; the REHEARSE prompt itself carries no few-shot examples).
 
 ``cm2_row_to_episode_spec`` validates the row again (``envace.data.cm2_schema.check_row``), so a raw row
 from anywhere can be passed, and returns a ``Cm2Episode`` (the row's recorded exchanges and checklist
@@ -140,20 +140,3 @@ def cm2_row_to_episode_spec(
         exchanges=tuple(tuple(t) for t in exchanges),
         reference_replies=tuple(replies),
     )
-
-
-def rehearsal_examples(
-    spec: Cm2Episode, turn_index: int, max_examples: int | None = None
-) -> tuple[RecordedExchange, ...]:
-    """Recorded (call, response) pairs usable as REHEARSE few-shot examples for ``turn_index``.
-
-    Only turns strictly before ``turn_index`` contribute (the reference leaks the rehearsed turn's own
-    ground truth; SPEC §1 forbids it). With ``max_examples`` the most recent ones are kept.
-    """
-    if not 0 <= turn_index < spec.n_turns:
-        raise ValueError(f"turn_index={turn_index} outside 0..{spec.n_turns - 1} for episode {spec.uuid}")
-    earlier = tuple(ex for turn in spec.exchanges[:turn_index] for ex in turn)
-    if max_examples is not None:
-        earlier = earlier[-max_examples:] if max_examples > 0 else ()
-    assert all(ex.turn < turn_index for ex in earlier)
-    return earlier

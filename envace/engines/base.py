@@ -1,17 +1,20 @@
 """The training-engine interface: what an engine consumes, how rewards plug in, and the variants.
 
 An engine (``local``: HF transformers + torch; ``verl``: the GPU plugin, written elsewhere) trains one
-policy that plays ACT and REHEARSE with role-wise GRPO (SPEC §3). Everything an engine needs to know
+policy that plays ACT and REHEARSE with role-wise GRPO (docs/method.md §7). Everything an engine needs to know
 about one instruction lives in an ``EpisodeSpec``; everything it needs to score a rollout is a
 ``RewardFn``; the ablation being run is a registered ``Variant``.
 
 Deliberate choices (and deviations from the reference implementation):
-- REHEARSE few-shot examples come from *earlier user turns only* (``EpisodeSpec.examples_before``);
-  the reference leaks later-turn ground truth into the rehearsal prompt.
+- The REHEARSE prompt has no few-shot examples at all (``envace.core.rehearse_context``): it holds the
+  tool's schema and the conversation the trajectory itself played; the reference leaks later-turn ground
+  truth into the rehearsal prompt as examples.
 - A ``RewardFn`` may report ``TrajectoryStatus.JUDGE_FAILED``: such a trajectory is excluded from the
   loss and counted, never silently scored 0 (the reference scores it 0).
-- The built-in ``toolworld_verifiable_reward`` is a simple verifiable score for tests and the CPU demo
-  (gold-call matching + answer values); the pipeline plugs the checklist/rule judge in its place.
+- The built-in ``toolworld_verifiable_reward`` (``judge=verifiable``) scores gold-call matching and the
+  answer's key values; both parts follow the trajectory's own responses (real or rehearsed) wherever gold
+  read a value from a response, so an imagined world that is consistent scores as gold does. The
+  checklist judges (``judge=rule|llm|composite``) plug in its place.
 - The ``frozen_*`` variants freeze one *role* (its outputs get no gradient) even though weights are
   shared; the reference froze per worker group, which in shared mode froze both roles.
 """
@@ -30,6 +33,7 @@ from typing import (
     runtime_checkable,
 )
 
+from envace.core.answers import answer_target, mentions, turn_answer_bindings
 from envace.core.bindings import MISSING as BINDING_MISSING
 from envace.core.bindings import CallCorrespondence
 from envace.core.records import EpisodeSpec, GoldStep, Role, Trajectory, TrajectoryStatus
@@ -142,8 +146,11 @@ class RewardFn(Protocol):
     def __call__(self, spec: EpisodeSpec, trajectory: Trajectory) -> RewardOutcome | tuple: ...
 
 
-def _gold_calls_matched(spec: EpisodeSpec, trajectory: Trajectory) -> tuple[dict[int, int], dict[int, int]]:
-    """Per user turn: how many made calls were paired with a gold call of that turn, and how many calls were made.
+def _gold_calls_matched(
+    spec: EpisodeSpec, trajectory: Trajectory
+) -> tuple[dict[int, int], dict[int, int], CallCorrespondence]:
+    """Per user turn: how many made calls were paired with a gold call of that turn, how many calls were
+    made, and the correspondence itself (the trajectory's response of each paired gold call).
 
     Pairing follows ``envace.core.bindings.CallCorrespondence`` over the whole trajectory, in
     order: each made call takes the first still unpaired gold call of its user turn that it matches.
@@ -166,14 +173,29 @@ def _gold_calls_matched(spec: EpisodeSpec, trajectory: Trajectory) -> tuple[dict
                     del candidates[i]
                     break
         correspondence.end_step(accepted)
-    return matched, made
+    return matched, made, correspondence
+
+
+def _answer_fraction(spec: EpisodeSpec, turn: int, reply: str, correspondence: CallCorrespondence) -> float:
+    """Fraction of the turn's key values the reply mentions; a value read from a gold response must be
+    what the trajectory's corresponding response (real or rehearsed) holds there (``envace.core.answers``)."""
+    values = spec.answer_values[turn]
+    found = 0
+    for value, binding in zip(values, turn_answer_bindings(spec.meta, turn, len(values))):
+        source = correspondence.source_response(str(binding["call"])) if binding else BINDING_MISSING
+        target = answer_target(value, binding, source)
+        found += target is not BINDING_MISSING and mentions(reply, target)
+    return found / len(values)
 
 
 def toolworld_verifiable_reward(spec: EpisodeSpec, trajectory: Trajectory) -> RewardOutcome:
     """Built-in verifiable reward in [0, 1], the mean over user turns of a turn score; turns never reached score 0.
 
     A turn's score is the mean of its call score and, when the turn has answer values, the fraction of
-    them contained in its final reply (with no answer values, a turn without a final reply gets a 0 part).
+    them its final reply mentions (``envace.core.answers.mentions``, the evaluation's rule); a value the
+    gold read from a response (``spec.meta["answer_bindings"]``) must be the value at the same path in
+    the trajectory's *corresponding* response, real or rehearsed, when the trajectory made that call
+    (with no answer values, a turn without a final reply gets a 0 part).
     Call score: paired calls / max(#gold calls, #made calls) of the turn (1 when both are 0), so an extra
     call costs as much as a missing one. A made call is paired with a gold call when the name and the
     argument names agree and every argument matches, where an argument that the gold took from an
@@ -182,7 +204,7 @@ def toolworld_verifiable_reward(spec: EpisodeSpec, trajectory: Trajectory) -> Re
     one-to-one (the exact rule: ``envace.core.bindings``). So a trajectory that follows its own
     responses' ids consistently scores as gold even though a rehearser cannot know the real ids.
     """
-    matched, made = _gold_calls_matched(spec, trajectory)
+    matched, made, correspondence = _gold_calls_matched(spec, trajectory)
     finals: dict[int, str] = {}
     reached: set[int] = set()
     for turn in trajectory.turns:
@@ -199,8 +221,7 @@ def toolworld_verifiable_reward(spec: EpisodeSpec, trajectory: Trajectory) -> Re
         parts = [matched.get(t, 0) / max(n_gold, n_made) if n_gold or n_made else 1.0]
         values = spec.answer_values[t] if t < len(spec.answer_values) else ()
         if values:
-            reply = finals.get(t, "")
-            parts.append(sum(v in reply for v in values) / len(values))
+            parts.append(_answer_fraction(spec, t, finals.get(t, ""), correspondence))
         elif t not in finals:
             parts.append(0.0)  # the turn never reached a final reply
         scores.append(sum(parts) / len(parts))
@@ -211,7 +232,7 @@ def toolworld_verifiable_reward(spec: EpisodeSpec, trajectory: Trajectory) -> Re
 # ---- variants -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Variant:
-    """One ablation row of SPEC §3, selected by name from config."""
+    """One ablation row of docs/method.md §9, selected by name from config."""
 
     name: str
     trainable_roles: frozenset[Role]

@@ -8,12 +8,14 @@ Per user turn (replayed in order from the task): optional notes from a ``turn_ho
 memory), the user message, then up to ``max_steps_per_turn`` ACT generations. Each generation is parsed
 with ``envace.core.wire.parse_tool_calls``:
 * no call block and nothing malformed → the turn's final reply; the next user turn starts;
-* malformed → an ACT parse failure; the episode ends (``Termination.ACT_PARSE_ERROR``), as in SPEC §1;
+* malformed → an ACT parse failure; the episode ends (``Termination.ACT_PARSE_ERROR``), as in docs/method.md §1;
 * calls → the responder answers each; the calls and responses are appended (OpenAI ``tool_calls`` on
   the assistant message, one ``tool`` message per call) and ACT goes again.
 Using up the step budget of a turn ends the episode (``Termination.MAX_STEPS``); the remaining turns get
-an empty answer. Unknown tool names are *not* parse failures: the environment (or the rehearser) answers
-them with an error, as a real API would, and the agent may recover.
+an empty answer. Unknown tool names are *not* parse failures: such a call gets the error of
+``envace.core.unknown_tool`` (the rule of every training and evaluation loop) without reaching the
+responder, so no executor runs it and no rehearser is asked; the agent may recover. The calls of one step
+are answered in order, each run of offered ones by the responder with the answers before it in its history.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from envace.core.prompts import DEFAULT_ROLE_PROMPTS, RolePrompts, act_messages, act_observation_messages
-from envace.core.records import Termination, ToolCall, Turn
+from envace.core.records import Termination, ToolCall, Turn, tool_schema_name
 from envace.core.rehearse_context import Answered, Event, Said
 from envace.core.seeds import derive_seed
+from envace.core.unknown_tool import unknown_tool_response
 from envace.core.wire import parse_tool_calls
 from envace.envs.base import Executor
 from envace.evaluation.programs import ACTOR, GenerationCall, GenerationLedger, Program, generate_one
@@ -66,6 +69,10 @@ class Dialogue:
     first_turn_index: int = 0
     history: tuple[Message, ...] = ()
     history_events: tuple[Event, ...] = ()
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        return tuple(tool_schema_name(t) for t in self.tools)
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,47 @@ class ExecutorResponder:
     def state(self) -> dict[str, Any]:
         """The executor's state snapshot (for scoring)."""
         return self._executor.state()
+
+
+def _offered_run(calls: tuple[ToolCall, ...], start: int, tool_names: tuple[str, ...]) -> tuple[ToolCall, ...]:
+    """The calls from ``start`` up to the first one to a tool the task does not offer."""
+    end = start
+    while end < len(calls) and unknown_tool_response(calls[end], tool_names) is None:
+        end += 1
+    return calls[start:end]
+
+
+def _respond(
+    responder: ToolResponder,
+    calls: tuple[ToolCall, ...],
+    tool_names: tuple[str, ...],
+    user_turn: int,
+    user_text: str,
+    history: tuple[Event, ...],
+) -> Program[ResponseBatch]:
+    """One step's responses, in call order: the unknown-tool rule's answer for a tool the task does not
+    offer, the responder's for each run of offered ones (its history holds every answer before the run)."""
+    responses: list[Any] = []
+    texts: list[str | None] = []
+    stand_ins: list[int] = []
+    events = list(history)
+    while len(responses) < len(calls):
+        ruled = unknown_tool_response(calls[len(responses)], tool_names)
+        if ruled is not None:
+            responses.append(ruled)
+            texts.append(None)
+            events.append(Answered(calls[len(responses) - 1], ruled))
+            continue
+        run = _offered_run(calls, len(responses), tool_names)
+        batch = yield from responder.respond(run, user_turn, user_text, tuple(events))
+        answered = batch.texts or (None,) * len(batch.responses)
+        stand_ins.extend(len(responses) + i for i in batch.stand_ins)
+        events.extend(Answered(c, r, x) for c, r, x in zip(run, batch.responses, answered))
+        responses.extend(batch.responses)
+        texts.extend(answered)
+        if not batch.ok:
+            return ResponseBatch(tuple(responses), False, batch.error_codes, tuple(stand_ins), tuple(texts))
+    return ResponseBatch(tuple(responses), stand_ins=tuple(stand_ins), texts=tuple(texts))
 
 
 def _with_ids(calls: tuple[ToolCall, ...], user_turn: int, step: int) -> tuple[ToolCall, ...]:
@@ -215,9 +263,8 @@ def _play_turn(
             state.turns.append(Turn(act_text=output.text, rehearsed=responder.rehearsed, user_turn=turn))
             return Termination.ACT_PARSE_ERROR
         calls = _with_ids(parse.calls, turn, step)
-        batch = yield from responder.respond(calls, turn, user_text, tuple(state.events))
-        texts = batch.texts or (None,) * len(batch.responses)
-        state.events.extend(Answered(c, r, x) for c, r, x in zip(calls, batch.responses, texts))
+        batch = yield from _respond(responder, calls, dialogue.tool_names, turn, user_text, tuple(state.events))
+        state.events.extend(Answered(c, r, x) for c, r, x in zip(calls, batch.responses, batch.texts))
         state.turns.append(
             Turn(
                 output.text,

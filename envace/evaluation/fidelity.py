@@ -1,4 +1,4 @@
-"""World-model fidelity (SPEC §6): how well the REHEARSE role predicts the real environment.
+"""World-model fidelity (docs/method.md §13): how well the REHEARSE role predicts the real environment.
 
 For every call a policy made in real episodes (each recorded with its real response), the REHEARSE role
 (same backend or any other, REHEARSE role prompts) is asked for the response, teacher-forced:
@@ -6,7 +6,7 @@ For every call a policy made in real episodes (each recorded with its real respo
 * the request is ``envace.core.rehearse_context.rehearse_context`` — the layout the REHEARSE role is
   trained on — over the record's real history up to the call: the user turns so far, the agent's visible
   text, and every earlier call of the record with its *real* response (nothing of later turns: no
-  future ground truth, SPEC §1);
+  future ground truth, docs/method.md §2);
 * then the call itself.
 
 Comparisons (real scalars are wrapped as ``{"result": v}`` first, as the rehearsal format requires):
@@ -17,7 +17,9 @@ Comparisons (real scalars are wrapped as ``{"result": v}`` first, as the rehears
 * error agreement — both or neither are errors (an object with a non-empty ``"error"`` key).
 
 Responses a responder made up in place of the real executor's (``Turn.stand_ins``, e.g. FinMCP replay's
-NOT_RECORDED errors and simulated answers) are neither probed nor shown as examples or history.
+NOT_RECORDED errors and simulated answers) are neither probed nor shown as examples or history. Calls to
+a tool the task does not offer are not probed either: every loop answers them by rule
+(``envace.core.unknown_tool``), never the REHEARSE role; they stay in the history.
 
 A prediction that does not parse (or whose generation failed) scores 0 on all three and is counted in
 ``parse_failure_rate``. Reported overall (micro-averaged over calls) and per tool.
@@ -33,9 +35,10 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from envace.core.prompts import DEFAULT_ROLE_PROMPTS, RolePrompts
-from envace.core.records import ToolCall
+from envace.core.records import ToolCall, tool_schema_name
 from envace.core.rehearse_context import DEFAULT_CONTEXT_TOKENS, conversation_events, rehearse_context
 from envace.core.seeds import derive_seed
+from envace.core.unknown_tool import unknown_tool_response
 from envace.core.wire import as_result_object, parse_rehearsal
 from envace.envs.base import Task
 from envace.evaluation.programs import REHEARSER, GenerationCall, dispatch
@@ -174,11 +177,12 @@ def _record_probes(
     seed: int,
     context_tokens: int = DEFAULT_CONTEXT_TOKENS,
 ) -> list[_Probe]:
-    """One probe per real (non-stand-in) call of ``record``, in conversation order."""
+    """One probe per real (non-stand-in) call of ``record`` to an offered tool, in conversation order."""
     probes: list[_Probe] = []
+    tool_names = tuple(tool_schema_name(t) for t in task.tools)
     for k, turn in enumerate(record.turns):
         for j, (call, real) in enumerate(zip(turn.tool_calls, turn.responses)):
-            if j in turn.stand_ins:
+            if j in turn.stand_ins or unknown_tool_response(call, tool_names) is not None:
                 continue
             partial = replace(turn, tool_calls=turn.tool_calls[:j], responses=turn.responses[:j])
             history = conversation_events(

@@ -7,7 +7,7 @@ the matching list of ``GenerationReply``. The program itself never touches a bac
 * batching — ``gather`` steps several programs in lock-step and merges their pending calls into one
   ``generate`` call per seat (parallel rehearsal attempts, or several tasks at once);
 * seats — programs name the role of a backend (``ACTOR``, ``REHEARSER``), and the driver maps seats to
-  real backends, so the rehearser can be a different model than the actor (SPEC §4 control);
+  real backends, so the rehearser can be a different model than the actor (docs/method.md §12: the SFT-start control);
 * crash isolation — ``drive`` retries a failing batch one request at a time and hands the exception to
   the program that owns the failing request; ``gather(isolate=True)`` turns a crashed program into a
   ``Failed`` value instead of aborting its siblings;

@@ -16,7 +16,8 @@ Every failure is an ``EndpointError`` that names the URL, says what went wrong i
 exception as its ``__cause__``.
 
 The API key is read from the environment variable *named* by ``api_key_env`` (None: an endpoint without
-authentication); it is never logged, put in an error or shown in ``repr``. Without a key the SDK is
+authentication); it is never logged, put in an error or shown in ``repr``, and a server that echoes it
+in an error body has it redacted (``envace.utils.secrets``). Without a key the SDK is
 handed a placeholder (``EMPTY``, vLLM's convention) so it never falls back on ``OPENAI_API_KEY``.
 When the server answers with structured ``tool_calls`` instead of text, they are rendered back into the
 Hermes wire format (``<tool_call>{json}</tool_call>``) so callers parse one format.
@@ -38,6 +39,7 @@ import openai
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from envace.inference.base import ChatOutput, ChatRequest
+from envace.utils.secrets import redact, register_secret
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +118,7 @@ def read_api_key(api_key_env: str | None) -> str | None:
             f"the API key variable {api_key_env!r} (api_key_env) is not set: export it, name the variable that "
             f"holds the key, or {NO_AUTH_HINT}"
         )
+    register_secret(key)  # a server that echoes it in an error body: redacted from every error text
     return key
 
 
@@ -155,7 +158,7 @@ def endpoint_error(exc: BaseException, method: str, url: str, timeout: float) ->
             403: " (forbidden: the key lacks access)",
             404: " (not found: check the base URL, which ends in /v1, and the model name)",
         }.get(status, "")
-        body = exc.response.text[:200] if exc.response is not None else ""
+        body = redact(exc.response.text)[:200] if exc.response is not None else ""
         return EndpointError(
             f"{where} answered HTTP {status}{hint}: {body!r}",
             status=status,

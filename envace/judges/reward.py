@@ -10,7 +10,7 @@ engine ignores: the trajectory is excluded from the loss and counted.
 A response that is a JSON object with the key ``error_tool_call`` marks a tool-call error (CM2's
 convention, ``envace.core.conversation``); plain ``{"error": ...}`` tool answers are ordinary responses.
 
-``required_items_gate()`` enforces CM2's ``required_for_next_turn`` *during* a rollout (SPEC §2: the
+``required_items_gate()`` enforces CM2's ``required_for_next_turn`` *during* a rollout (docs/method.md §6: the
 episode ends after a turn whose required item did not pass): at the end of user turn t the rule judge
 grades turn t's required items on the conversation so far (rehearsed or real responses, bound
 arguments resolved against them). It answers only when every required item of the turn is

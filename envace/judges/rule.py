@@ -17,15 +17,18 @@ that follow; calls written only inside the content are not calls, as in the CM2 
 * answer_contains: the step's user-visible reply (content without its ``<think>`` block) mentions
   every value: after case-folding, collapsing whitespace and dropping thousands separators on both
   sides, the value occurs with no letter, digit or underscore directly before or after it ("150"
-  matches "$150." but not "1500") - the tool world's own "mentions" rule.
+  matches "$150." but not "1500"): ``envace.core.answers.mentions``, the rule evaluation uses too. A
+  value the rule binds to an item's response (``bound_values``) is read from the response of the call
+  that passed that item in this conversation, real or rehearsed (``answer_target``); when no call
+  passed it, the literal counts.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from envace.core.answers import answer_target, mentions
 from envace.core.bindings import (
     MISSING,
     bound_or_literal,
@@ -47,7 +50,6 @@ from envace.judges.base import (
 from envace.judges.conditions import parse_pass_condition
 
 _MISSING = MISSING  # one sentinel with the shared binding checks
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 Matched = dict[tuple[int, str], Any]  # (turn, item id) -> response of the call that passed it
 
 
@@ -83,6 +85,17 @@ def _arguments_match(args: Mapping[str, Any], rule: ItemRule, matched: Matched) 
     return True
 
 
+def answer_targets(rule: ItemRule, matched: Matched) -> list[Any]:
+    """What the reply must mention for each value of an answer rule (``envace.core.answers.answer_target``)."""
+    sources = rule.value_sources or (None,) * len(rule.values)
+    targets = []
+    for value, src in zip(rule.values, sources):
+        binding = {"path": list(src.path)} if src else None
+        response = matched.get((src.turn, src.item), _MISSING) if src else _MISSING
+        targets.append(answer_target(value, binding, response))
+    return targets
+
+
 def step_calls(step: ConversationStep) -> list[tuple[str, Mapping[str, Any] | None, Any]]:
     """(name, arguments object or None when invalid, parsed response or _MISSING) per call of a step."""
     calls = []
@@ -104,23 +117,16 @@ def user_visible_reply(content: Any) -> str:
     return split_thinking(content)[1]
 
 
-def _normalise(text: str) -> str:
-    return _THOUSANDS.sub("", " ".join(text.casefold().split()))
-
-
-def mentions(text: str, value: str) -> bool:
-    """``value`` occurs in ``text`` as a whole token (see the module docstring)."""
-    needle = _normalise(value)
-    if not needle:
-        return True
-    return re.search(r"(?<![0-9a-z_])" + re.escape(needle) + r"(?![0-9a-z_])", _normalise(text)) is not None
-
-
 def evaluate_rule(rule: ItemRule, step: ConversationStep, matched: Matched) -> tuple[bool, str, Any]:
     """(passed, one-line explanation, response of the passing call or _MISSING) of ``rule`` at ``step``."""
     if rule.kind is RuleKind.ANSWER_CONTAINS:
         reply = user_visible_reply(step.assistant.get("content"))
-        missing = [v for v in rule.values if not mentions(reply, v)]
+        targets = answer_targets(rule, matched)
+        missing = [
+            t if t is not _MISSING else v
+            for v, t in zip(rule.values, targets)
+            if t is _MISSING or not mentions(reply, t)
+        ]
         return not missing, f"reply misses {missing}" if missing else "reply mentions every value", _MISSING
     for name, args, response in step_calls(step):
         if name != rule.tool_name or args is None or not _arguments_match(args, rule, matched):

@@ -1,4 +1,4 @@
-"""Test-time private rehearsal (SPEC §4): attempts, critiques, memory, one committed execution, sweeps.
+"""Test-time private rehearsal (docs/method.md §12): attempts, critiques, memory, one committed execution, sweeps.
 
 Pure logic lives in ``envace.core``: config and records in ``rehearsal``, prompts in ``rehearsal_prompts``,
 the critique parser in ``critique``, the memory bound in ``rehearsal_memory``.

@@ -1,4 +1,4 @@
-"""Rehearse privately, then commit once: the test-time procedure of SPEC §4 for one task or a benchmark.
+"""Rehearse privately, then commit once: the test-time procedure of docs/method.md §12 for one task or a benchmark.
 
 ``rehearsed_episode(adapter, task, settings)`` runs the adapter's *one* real episode with a turn hook.
 The hook is a closure over the task's ``RehearsalContext`` (instructions, tools, user turns) and the
@@ -14,7 +14,8 @@ recording executor). With ``n_attempts == 0`` no hook is installed: the episode 
 Costs per task land in ``record.info["rehearsal"]``: completion tokens generated in rehearsal (ACT,
 REHEARSE, critique and summary generations), rehearsal and committed wall time, the backend seconds
 booked to rehearsal generations and how many of them a sweep reused from an earlier cell
-(``envace.rehearsal.reuse``), real-environment calls and the number of committed executions — counted,
+(``envace.rehearsal.reuse``), real-environment calls, calls an oracle rehearser ran on its sandboxes
+(``rehearsal_sandbox_calls``, ``envace.rehearsal.oracle``) and the number of committed executions — counted,
 not assumed: the real executions the adapter's episode opened on the task's ledger
 (``GenerationLedger.real_executions``; one per real executor built), so an episode that committed twice
 would report 2.
@@ -38,6 +39,7 @@ from envace.evaluation.records import EpisodeRecord
 from envace.evaluation.runner import BenchmarkRun, backend_name, run_programs
 from envace.inference.base import ChatBackend
 from envace.rehearsal.controller import RehearsalOutcome, RehearsalSettings, context_for_turn, rehearse
+from envace.rehearsal.oracle import SandboxCounter, sandbox_responders
 from envace.rehearsal.reuse import ReuseAwareLedger
 
 REHEARSAL_PURPOSES = ("rehearsal_act", "rehearse", "critique", "summary")
@@ -84,6 +86,9 @@ def rehearsed_episode(adapter: BenchmarkAdapter, task: Task, settings: Rehearsal
     """Private rehearsal + exactly one committed execution of ``task`` (seats ACTOR and REHEARSER)."""
     ledger = ReuseAwareLedger()
     outcomes: list[RehearsalOutcome] = []
+    sandbox = SandboxCounter()
+    if settings.sandbox and settings.config.n_attempts > 0:
+        settings = replace(settings, responders=sandbox_responders(adapter, task, sandbox))
     hook = None
     if settings.config.n_attempts > 0:
         hook = _memory_hook(adapter.rehearsal_context(task), settings, ledger, outcomes)
@@ -97,7 +102,7 @@ def rehearsed_episode(adapter: BenchmarkAdapter, task: Task, settings: Rehearsal
         "scope": cfg.scope.value,
         "prompts_version": settings.prompts.version,
         "outcomes": [o.to_json() for o in outcomes],
-        "costs": rehearsal_costs(record, outcomes, ledger),
+        "costs": {**rehearsal_costs(record, outcomes, ledger), "rehearsal_sandbox_calls": sandbox.calls},
     }
     return replace(record, info={**record.info, "rehearsal": info})
 
@@ -114,9 +119,10 @@ def evaluate_with_rehearsal(
     progress: bool = True,
     label: str = "",
 ) -> BenchmarkRun:
-    """Rehearse-then-commit on every task (``rehearser`` may be None only when ``n_attempts == 0``)."""
-    if rehearser is None and settings.config.n_attempts > 0:
-        raise ValueError("evaluate_with_rehearsal: n_attempts > 0 needs a rehearser backend")
+    """Rehearse-then-commit on every task (``rehearser`` may be None when ``n_attempts == 0`` or when a
+    sandboxed environment answers the attempts, ``settings.sandbox``)."""
+    if rehearser is None and settings.config.n_attempts > 0 and not settings.sandbox:
+        raise ValueError("evaluate_with_rehearsal: n_attempts > 0 needs a rehearser backend (or settings.sandbox)")
     backends = {ACTOR: actor} if rehearser is None else {ACTOR: actor, REHEARSER: rehearser}
     name = backend_name(actor)
     records = run_programs(

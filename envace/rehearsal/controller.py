@@ -1,10 +1,12 @@
-"""The private-rehearsal controller (SPEC §4): N imagined attempts, self-critiques, one bounded memory.
+"""The private-rehearsal controller (docs/method.md §12): N imagined attempts, self-critiques, one bounded memory.
 
 ``rehearse(context, ...)`` is a generation program over two seats — ``ACTOR`` (the policy: acts in the
 attempts, critiques them, writes the memory) and ``REHEARSER`` (imagines the tool responses; may be a
-different model, e.g. the untrained base model as the paper's control). Its inputs are a
+different model, e.g. the SFT-start model as the paper's control). Its inputs are a
 ``RehearsalContext`` (instructions, tools, user turns, the real conversation so far) and configs: it
-never receives an environment, an executor or a task with gold data, so it cannot reach real state.
+never receives an environment, an executor or a task with gold data, so it cannot reach real state. The
+one exception is explicit: the oracle rehearser's ``settings.responders`` answer on a *sandboxed copy*
+of the environment (``envace.rehearsal.oracle``), never the committed execution's executor.
 
 * ``parallel``: the N attempts (each followed by its critique) run in lock-step from the same context,
   their generations batched; attempts differ through their seeds (sampling temperature > 0).
@@ -71,6 +73,10 @@ class RehearsalSettings:
     role_prompts: RolePrompts = DEFAULT_ROLE_PROMPTS
     count_tokens: TokenCounter = count_approx_tokens
     context_tokens: int = DEFAULT_CONTEXT_TOKENS  # REHEARSE conversation per call message (as in training)
+    # True: a sandboxed copy of the real environment answers the attempts (the oracle rehearser,
+    # ``envace.rehearsal.oracle``); ``responders`` is then set per task by ``rehearsed_episode``
+    sandbox: bool = False
+    responders: Callable[[RehearsalContext], Any] | None = None  # one responder per attempt; None: REHEARSER seat
 
 
 def _attempt(
@@ -83,14 +89,18 @@ def _attempt(
     """One imagined ACT/REHEARSE trajectory followed by its self-critique."""
     cfg = settings.config
     seed_parts = (cfg.seed, context.task_id, "attempt", context.first_turn_index, index)
-    responder = RehearserResponder(
-        context.tools,
-        settings.role_prompts,
-        ledger,
-        max_new_tokens=cfg.rehearse_max_new_tokens,
-        temperature=cfg.rehearse_temperature,
-        seed_parts=seed_parts,
-        context_tokens=settings.context_tokens,
+    responder = (
+        settings.responders(context)
+        if settings.responders is not None
+        else RehearserResponder(
+            context.tools,
+            settings.role_prompts,
+            ledger,
+            max_new_tokens=cfg.rehearse_max_new_tokens,
+            temperature=cfg.rehearse_temperature,
+            seed_parts=seed_parts,
+            context_tokens=settings.context_tokens,
+        )
     )
     loop_config = ActLoopConfig(
         max_steps_per_turn=cfg.max_steps_per_turn,

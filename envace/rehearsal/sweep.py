@@ -1,4 +1,4 @@
-"""The test-time rehearsal grid (SPEC §4/§5): N × mode × rehearser, on one benchmark's tasks.
+"""The test-time rehearsal grid (docs/method.md §12, §14): N × mode × rehearser, on one benchmark's tasks.
 
 ``run_rehearsal_sweep`` evaluates every cell with ``evaluate_with_rehearsal``. N=0 (no rehearsal) does
 not depend on the mode or the rehearser, so it is run once and reported as a single cell with
@@ -35,6 +35,7 @@ from envace.evaluation.records import EpisodeRecord
 from envace.inference.base import ChatBackend
 from envace.rehearsal.committed import evaluate_with_rehearsal
 from envace.rehearsal.controller import RehearsalSettings
+from envace.rehearsal.oracle import OracleRehearser
 from envace.rehearsal.reuse import GenerationReuse
 
 NONE = "none"
@@ -51,6 +52,7 @@ class CellCosts:
     committed_wall_s: float
     real_env_calls: float
     committed_executions: float
+    rehearsal_sandbox_calls: float = 0.0  # calls the oracle rehearser ran on sandboxed copies (not real calls)
     rehearsal_generation_s: float = 0.0  # backend seconds booked to rehearsal generations (reused: original)
     rehearsal_reused_calls: float = 0.0  # rehearsal generations answered from an earlier cell of the sweep
 
@@ -108,9 +110,15 @@ def cell_costs(records: Sequence[EpisodeRecord]) -> CellCosts:
         committed_wall_s=mean("committed_wall_s"),
         real_env_calls=sum(float(r.real_calls) for r in records) / n,
         committed_executions=mean("committed_executions"),
+        rehearsal_sandbox_calls=mean("rehearsal_sandbox_calls"),
         rehearsal_generation_s=mean("rehearsal_generation_s"),
         rehearsal_reused_calls=mean("rehearsal_reused_calls"),
     )
+
+
+def is_oracle(rehearser: Any) -> bool:
+    """True for the oracle rehearser's marker (a sandboxed environment answers, ``envace.rehearsal.oracle``)."""
+    return isinstance(rehearser, OracleRehearser)
 
 
 def _cells(
@@ -144,7 +152,7 @@ def _cells(
 def run_rehearsal_sweep(
     adapter: BenchmarkAdapter,
     actor: ChatBackend,
-    rehearsers: Mapping[str, ChatBackend],
+    rehearsers: Mapping[str, ChatBackend | OracleRehearser],
     n_values: Sequence[int],
     modes: Sequence[str],
     tasks: Sequence[Task],
@@ -175,7 +183,7 @@ def run_rehearsal_sweep(
     reuse = GenerationReuse() if reuse_generations else None
     if reuse is not None:
         actor = reuse.wrap(actor)
-        rehearsers = {name: reuse.wrap(backend) for name, backend in rehearsers.items()}
+        rehearsers = {name: b if is_oracle(b) else reuse.wrap(b) for name, b in rehearsers.items()}
     results: list[CellResult] = []
     for n, mode, name, source, config in grid:
         if source is not None:
@@ -184,12 +192,13 @@ def run_rehearsal_sweep(
             if on_cell is not None:
                 on_cell(results[-1])
             continue
+        rehearser = None if n == 0 else rehearsers[name]
         run = evaluate_with_rehearsal(
             adapter,
             actor,
-            None if n == 0 else rehearsers[name],
+            None if is_oracle(rehearser) else rehearser,
             tasks,
-            replace(settings, config=config),
+            replace(settings, config=config, sandbox=is_oracle(rehearser)),
             concurrency=concurrency,
             max_batch=max_batch,
             progress=progress,

@@ -43,6 +43,7 @@ class RunResult:
     timestamp: str = ""
     n: Mapping[str, int] = field(default_factory=dict)  # episodes per benchmark, where recorded
     curves: Mapping[str, Sequence[Any]] | None = field(default=None, compare=False)
+    real_env_calls: float | None = None  # real environment calls of the whole run (SFT warm-up included)
 
 
 def collected_runs(doc: Mapping[str, Any] | None) -> list[RunResult]:
@@ -66,6 +67,7 @@ def collected_runs(doc: Mapping[str, Any] | None) -> list[RunResult]:
                 params=entry.get("params") or {},
                 success=success,
                 final_reward=(entry.get("train") or {}).get("final_reward"),
+                real_env_calls=(entry.get("train") or {}).get("real_env_calls"),
                 timestamp=entry.get("timestamp") or "",
                 curves=entry.get("curves"),
                 n=entry.get("n_tasks") or {},

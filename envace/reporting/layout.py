@@ -22,10 +22,18 @@ TITLES = {
     "domains": "Per domain and held-out transfer",
     "fidelity": "World-model fidelity (REHEARSE vs real execution)",
     "testtime": "Test-time private rehearsal",
+    "efficiency": "Sample efficiency: success vs real environment calls used in training",
     "training": "Training",
     "data": "Data",
 }
 
+
+EFFICIENCY_NOTE = (
+    "Real environment calls a policy's training consumed: the SFT warm-up's gold responses (executed once on a "
+    "fresh environment) plus every call its RL rollouts ran on the real environment (grpo with "
+    "`algo.grpo_responses=executor`; envace and the frozen-role variants make none). The fidelity probe's "
+    "measurement calls are not counted. Success is on the first benchmark, as in the main table."
+)
 
 FIDELITY_NOTE = (
     "Rates over the n (call, real response) pairs with Wilson 95% intervals; `field_f1` is a mean of "
@@ -40,6 +48,14 @@ TESTTIME_NOTE = (
     "rehearsal and the memory the committed run read saw requests revealed only later: not comparable "
     "with turn-scope rows. N=0 is the shared no-rehearsal baseline (scope `none`). success_rate is a "
     "fraction (0-1) with its Wilson 95% interval over the n tasks; costs as the sweep records them."
+)
+
+
+PER_ROLE_VERL_NOTE = (
+    "No `per_role` row from this engine: per_role trains one model per role, and verl trains one actor, so "
+    "the verl launcher refuses it before launch (`envace.engines.verl.config_builder.check_supported`). Only "
+    "the local engine trains it (one process, CPU or one GPU); the science matrix (`make science`) has it at "
+    "CPU scale."
 )
 
 
@@ -61,6 +77,7 @@ TABLE_INPUTS = {
     "ablation": [EVALUATIONS, "train"],
     "scale": [EVALUATIONS, "train"],
     "testtime": ["rehearsal_sweep"],
+    "efficiency": [EVALUATIONS, "train"],
     "training": ["train"],
     "data": ["prepare_data"],
 }

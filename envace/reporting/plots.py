@@ -300,6 +300,25 @@ def plot_data_stats(stats: Mapping[str, Any], path: Path) -> str | None:
     return draw(lambda: data_stats_figure(stats), path)
 
 
+def efficiency_figure(table: pd.DataFrame) -> Figure | str:
+    """Success (%) against the real environment calls a policy's training used, one point per policy."""
+    rows = table.dropna(subset=["real_env_calls", "success"]) if not table.empty else table
+    if rows.empty:
+        return "no policy with both a success rate and a count of real environment calls"
+    fig, (ax,) = new_figure("Success vs real environment calls used in training")
+    for i, row in enumerate(rows.to_dict("records")):
+        ax.scatter([row["real_env_calls"]], [row["success"]], color=f"C{i}", label=row["policy"], zorder=3)
+    ax.set_xlabel("real environment calls (SFT warm-up's gold responses + RL rollouts)")
+    ax.set_ylabel(f"success on {rows['benchmark'].iloc[0]} (%)")
+    ax.grid(alpha=0.3)
+    legend_outside(ax)
+    return fig
+
+
+def plot_efficiency(table: pd.DataFrame, path: Path) -> str | None:
+    return draw(lambda: efficiency_figure(table), path)
+
+
 def save_plots(
     out: Path,
     *,
@@ -307,6 +326,7 @@ def save_plots(
     curves: pd.DataFrame,
     variants: Mapping[str, pd.DataFrame],
     testtime: pd.DataFrame,
+    efficiency: pd.DataFrame | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """Draw every report figure into ``out``: (files written, {file not written: why}). ``testtime`` is
     ``sweep_cells(...)``; when it has cells their points also go to ``testtime_points.csv``."""
@@ -318,6 +338,9 @@ def save_plots(
         "fidelity_over_training.png": lambda p: plot_fidelity(curves, p),
         "testtime.png": lambda p: plot_testtime(testtime, p),
         "testtime_cost.png": lambda p: plot_testtime_cost(testtime, p),
+        "success_vs_real_calls.png": lambda p: plot_efficiency(
+            efficiency if efficiency is not None else pd.DataFrame(), p
+        ),
     }
     made, skipped = [], {}
     for name, job in jobs.items():

@@ -45,6 +45,8 @@ class InputState:
     commit: str | None
     state: str
     detail: str = ""
+    cpu: str = ""  # the CPU the producing stage ran on (produced_by.cpu), "" where not recorded
+    precision: str = ""  # the precision it resolved (produced_by.precision), "" where none
 
 
 def git(args: list[str], cwd: Path) -> str | None:
@@ -61,8 +63,10 @@ def repo_root(path: Path) -> Path | None:
     return Path(top) if top else None
 
 
-# what a run's results depend on; the pipeline's own outputs (metrics/, plots/, dvc.lock, ...) are not code
-SOURCE_PATHS = ("envace", "conf", "flows", "tasks", "dvc.yaml", "params.yaml", "pyproject.toml")
+# the code a run's results depend on; not the pipeline's own outputs (metrics/, plots/, dvc.lock, ...), nor
+# params.yaml: the config composed for this run (``make params``, ``dvc exp run -S``), recorded as the run's
+# profile and overrides, so a non-default profile does not make the code dirty
+SOURCE_PATHS = ("envace", "conf", "flows", "tasks", "dvc.yaml", "pyproject.toml")
 
 
 def head_state(root: Path) -> tuple[str, bool]:
@@ -94,7 +98,8 @@ def _recorded_state(name: str, path: Path, root: Path) -> InputState | None:
     why = [f"{CODE_DIR}/ changed since {short}"] if diff else []
     why += [f"{CODE_DIR}/ has uncommitted changes"] if git(["status", "--porcelain", "--", CODE_DIR], root) else []
     why += [f"produced by uncommitted code on top of {short}"] if record.get("code_dirty") else []
-    return InputState(name, short, STALE if why else CURRENT, "; ".join(why))
+    cpu = str(record.get("cpu") or "") + (" (bf16)" if record.get("cpu_bf16") else "")
+    return InputState(name, short, STALE if why else CURRENT, "; ".join(why), cpu, str(record.get("precision") or ""))
 
 
 def _stage_of(stem: str) -> str:
@@ -136,19 +141,16 @@ def input_state(path: Path, name: str | None = None) -> InputState:
         return InputState(name, None, UNKNOWN, "not in a git work tree")
     recorded = _recorded_state(name, path, root)
     producer = recorded.commit if recorded is not None else None
+    machine = {"cpu": recorded.cpu, "precision": recorded.precision} if recorded is not None else {}
     changed_stages = dvc_changed_stages(str(root.resolve()))
     if changed_stages is not None:
         stage = _stage_of(path.name[: -len(".json")])
         if stage in changed_stages:
-            return InputState(
-                name,
-                producer,
-                STALE,
-                f"dvc status: stage {stage}'s code or params changed since dvc.lock recorded its run",
-            )
-        return InputState(name, producer, CURRENT, "dvc status: its code and params match dvc.lock")
+            why = f"dvc status: stage {stage}'s code or params changed since dvc.lock recorded its run"
+            return InputState(name, producer, STALE, why, **machine)
+        return InputState(name, producer, CURRENT, "dvc status: its code and params match dvc.lock", **machine)
     if os.environ.get("DVC_STAGE"):  # inside `dvc repro`, which holds DVC's lock and re-ran what was stale
-        return InputState(name, producer, CURRENT, "checked by the running dvc repro against dvc.lock")
+        return InputState(name, producer, CURRENT, "checked by the running dvc repro against dvc.lock", **machine)
     if recorded is not None:
         return recorded
     rel = str(path.relative_to(root.resolve()))
@@ -193,10 +195,10 @@ def header_lines(
         "",
     ]
     if inputs:
-        lines += ["| input | produced by commit | state |", "|:--|:--|:--|"]
+        lines += ["| input | produced by commit | CPU | precision | state |", "|:--|:--|:--|:--|:--|"]
         lines += [
-            f"| `{s.name}` | {s.commit or '—'} | {'**STALE**' if s.state == STALE else s.state}"
-            f"{': ' + s.detail if s.detail else ''} |"
+            f"| `{s.name}` | {s.commit or '—'} | {s.cpu or '—'} | {s.precision or '—'} | "
+            f"{'**STALE**' if s.state == STALE else s.state}{': ' + s.detail if s.detail else ''} |"
             for s in inputs
         ]
         stale = [s.name for s in inputs if s.state == STALE]

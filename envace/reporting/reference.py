@@ -1,4 +1,4 @@
-"""The paper's numbers (../shared/SPEC.md §5, from the authors' project page), for the report's
+"""The paper's numbers (docs/method.md §14, from the authors' project page), for the report's
 reference column only: never measured here, never written into our columns.
 
 Each lookup returns the text of one reference cell, or None where the paper reports no comparable row.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 REFERENCE_COLUMN = "paper (Qwen3-8B, reference)"
 SOURCE = (
-    "EnvACE (arXiv 2608.06197), numbers from the authors' project page as listed in SPEC.md §5; "
+    "EnvACE (arXiv 2608.06197), numbers from the authors' project page (docs/method.md §14); "
     "Qwen3-8B trained on CM2 with verl on 16 GPUs. Not measured by this pipeline."
 )
 

@@ -17,8 +17,10 @@ from envace.experiments import OUTPUT_NAME
 from envace.reporting.comparison import CURRENT_RUN
 from envace.reporting.gain import GAIN_NOTE
 from envace.reporting.layout import (
+    EFFICIENCY_NOTE,
     FIDELITY_NOTE,
     FRACTION_TABLES,
+    PER_ROLE_VERL_NOTE,
     REFERENCE_NOTE,
     REFERENCE_TITLE,
     SFT_NOTE,
@@ -45,6 +47,15 @@ def cross_run_note(cfg: DictConfig, what: str, collected: bool) -> str:
             "`python -m envace.experiments collect && dvc repro report`."
         )
     return f"Rows: this run (`{CURRENT_RUN}`) and the latest experiment per {what} in {source} (`run` names it)."
+
+
+def ablation_note(cfg: DictConfig, table: pd.DataFrame, collected: bool) -> str:
+    """Where the ablation rows come from; under engine=verl without a per_role row, why that row is missing."""
+    note = cross_run_note(cfg, "variant", collected)
+    variants = set(table["variant"]) if "variant" in table else set()
+    if to_plain(cfg.engine.name) == "verl" and "per_role" not in variants:
+        note += " " + PER_ROLE_VERL_NOTE
+    return note
 
 
 def provenance(cfg: DictConfig, tables: dict[str, pd.DataFrame], inputs: list[InputState]) -> list[str]:
@@ -94,11 +105,12 @@ def markdown(
         "",
     ]
     notes = {
-        "ablation": cross_run_note(cfg, "variant", collected),
+        "ablation": ablation_note(cfg, tables["ablation"], collected),
         "scale": cross_run_note(cfg, "model", collected),
         "main": overall_note(tables["main"], to_plain(cfg.eval.benchmarks)),
         "gain": GAIN_NOTE,
         "testtime": TESTTIME_NOTE,
+        "efficiency": EFFICIENCY_NOTE,
         "fidelity": FIDELITY_NOTE,
     }
     if int(cfg.train.sft_epochs) > 0:

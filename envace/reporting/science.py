@@ -1,12 +1,19 @@
 """The science matrix's aggregate: ``science.json`` and ``science/report`` (markdown, CSVs, PNGs).
 
-``science.json`` (git-tracked, DVC metrics):
+``science.json`` (git-tracked) is written in two halves, as a stage's metrics are
+(``envace.stages.runner.write_metrics``): ``science.json`` holds the ``HEADLINE`` numbers, the DVC metrics
+``dvc metrics show`` lists; ``science.details.json`` beside it holds everything else at the same keys;
+``envace.stages.runner.read_metrics`` merges them back into this layout:
 - one entry per cell, keyed ``<variant>/seed<k>``: ``success`` (strict success rate on the test split),
   ``n``, ``held_out_domain_success``, ``tasks`` (task id -> 0/1) and the cell's training summary;
 - ``sft_base`` / ``untrained_base``: the shared starting checkpoint and the model before SFT, same layout;
 - ``aggregate``: per group (variant, sft_base, untrained_base) and subset (all, in_domain,
-  held_out_domain) the mean with its 95% bootstrap interval, and each paired difference with its interval
-  and verdict (envace.reporting.science_stats);
+  held_out_domain) the mean with its 95% bootstrap interval, and each paired difference with its
+  unadjusted 95% interval and that interval's reading (``verdict``, kept for old readers: exploratory, not
+  a test; envace.reporting.science_stats);
+- ``primary``: the declared family (``science.primary``) tested with Holm's correction: per comparison
+  its difference, per-seed differences, raw and Holm-adjusted p, verdict and bootstrap interval at the
+  family's level (envace.reporting.science_family);
 - ``testtime``: per sweep cell ``<variant>/seed<k>/<mode>/n<N>/<rehearser>`` its success, n, costs, and
   ``testtime_comparisons``: each cell's paired gain over N=0 and the paper's trained-vs-base comparison.
 
@@ -29,6 +36,7 @@ from omegaconf import DictConfig
 from envace.config import to_plain
 from envace.reporting import reference
 from envace.reporting.figures import save_figure
+from envace.reporting.science_family import TEST, primary_family, seeds_needed
 from envace.reporting.science_plots import curves_by_variant, curves_figure, main_figure, testtime_figure
 from envace.reporting.science_stats import summarize
 from envace.reporting.science_tables import (
@@ -36,25 +44,41 @@ from envace.reporting.science_tables import (
     differences_table,
     fidelity_table,
     main_table,
+    p_text,
+    primary_table,
     probe_fidelity_table,
     signed,
     testtime_table,
     timings,
 )
-from envace.utils.io import atomic_dir, write_json
+from envace.stages.runner import write_metrics
+from envace.utils.io import atomic_dir
 
 logger = logging.getLogger(__name__)
 
-# the paper's four claims: (name, the difference that tests it, what the paper reports)
+# the paper's four claims: (name, the differences that read it, what the paper reports); a test-time key
+# starting with "/" is the end of a comparison name (the primary pooled over seeds, or a seed's row)
 CLAIMS = (
-    ("EnvACE training improves its starting policy", "envace-sft_base", "EnvACE-8B 32.91 vs Qwen3-8B 28.48 Overall"),
-    ("Training the REHEARSE role beats standard GRPO (ACT only, real responses)", "envace-grpo", "τ² 36.7 vs 31.2"),
-    ("One shared policy beats two separate role models", "envace-per_role", "τ² 36.7 vs 35.5"),
+    ("EnvACE training improves its starting policy", ("envace-sft_base",), "EnvACE-8B 32.91 vs Qwen3-8B 28.48 Overall"),
+    ("Training the REHEARSE role beats standard GRPO (ACT only, real responses)", ("envace-grpo",), "τ² 36.7 vs 31.2"),
+    ("One shared policy beats two separate role models", ("envace-per_role",), "τ² 36.7 vs 35.5"),
     (
         "Test-time rehearsal helps with the trained rehearser, more than with the base",
-        "testtime",
+        ("/parallel/n2/trained-vs-n0", "/parallel/n2/trained-vs-base"),
         "parallel N=2: +4.2 trained vs +0.1 base",
     ),
+)
+EXPLORATORY = "exploratory (unadjusted 95% interval, not a test)"
+
+# what ``science.json`` keeps for DVC (glob patterns over the nested key path, as
+# ``envace.stages.runner.HEADLINE``): per group its mean over all tasks, each difference over all tasks and
+# the primary family's differences with their Holm-adjusted p; the cells, tasks, intervals and test-time
+# cells are in ``science.details.json``
+HEADLINE = (
+    "aggregate.variants.*.all.mean",
+    "aggregate.differences.*.all.diff",
+    "primary.comparisons.*.diff",
+    "primary.comparisons.*.p_holm",
 )
 
 
@@ -86,6 +110,7 @@ def science_json(summary: Mapping[str, Any], cfg: DictConfig) -> dict[str, Any]:
             }
     agg = summary["aggregate"]
     out["aggregate"] = {"variants": agg["variants"], "differences": agg["differences"]}
+    out["primary"] = agg["primary"]
     out["testtime"] = {
         k: {key: v for key, v in c.items() if key != "tasks"} | {"n": len(c["tasks"])}
         for k, c in summary["testtime"].items()
@@ -115,39 +140,51 @@ ALSO = {
 }
 
 
+def _label(name: str) -> str:
+    return f"`{name}`" if "/" in name else name.replace("-", " − ")
+
+
+def _primary_text(name: str, row: Mapping[str, Any], primary: Mapping[str, Any]) -> str:
+    if row["verdict"] == "not measured":
+        return f"{_label(name)}: not measured in this run (primary)"
+    seeds = ", ".join(f"{100 * d:+.1f}" for d in row["per_seed"])
+    return (
+        f"{_label(name)} = {signed(row, 'ci')} points (per seed {seeds}); sign-flip p = {p_text(row['p'])}, "
+        f"Holm-adjusted {p_text(row['p_holm'])} against α = {primary['alpha']} (smallest attainable with "
+        f"{row['n_seeds']} seed{'' if row['n_seeds'] == 1 else 's'}: {p_text(row['min_attainable_p'])}) → primary, "
+        f"**{row['verdict']}**"
+    )
+
+
+def comparison_text(agg: Mapping[str, Any], key: str) -> str | None:
+    """A comparison's reading: the primary row where the family declares it, else the exploratory row."""
+    primary = agg.get("primary") or {"comparisons": {}}
+    testtime = key.startswith("/")
+    for name, row in sorted(primary["comparisons"].items()):
+        if name == key or (testtime and name.endswith(key)):
+            return _primary_text(name, row, primary)
+    if testtime:
+        found = sorted((k, v) for k, v in agg["testtime"].items() if k.endswith(key))
+        name, d = found[0] if found else (None, None)
+    else:
+        name, d = key, agg["differences"].get(key, {}).get("all")
+    return None if d is None else f"{_label(name)} = {signed(d)} points ({d['n_tasks']} tasks) → {EXPLORATORY}"
+
+
 def claims_reading(agg: Mapping[str, Any]) -> list[str]:
     lines = []
-    for title, key, paper in CLAIMS:
-        if key == "testtime":
-            gains = {k: v for k, v in agg["testtime"].items() if k.endswith("parallel/n2/trained-vs-n0")}
-            versus = {k: v for k, v in agg["testtime"].items() if k.endswith("trained-vs-base")}
-            if not gains:
-                lines.append(f"- **{title}** (paper: {paper}): not measured in this run.")
-                continue
-            gain = next(iter(sorted(gains.items())))[1]
-            vs = next(iter(sorted(versus.items())))[1] if versus else None
-            word = {"A > B": "supports it", "A < B": "contradicts it", "cannot tell": "cannot tell"}[gain["verdict"]]
-            extra = f"; trained − base rehearser at N=2: {signed(vs)} points ({vs['verdict']})" if vs else ""
-            lines.append(
-                f"- **{title}** (paper: {paper}): parallel N=2 trained − N=0 = {signed(gain)} points on "
-                f"{gain['n_tasks']} tasks → this run {word}{extra}."
-            )
+    for title, keys, paper in CLAIMS:
+        texts = [t for t in (comparison_text(agg, k) for k in keys) if t]
+        head = f"- **{title}** (paper: {paper}): "
+        if not texts:
+            lines.append(head + "not measured in this run.")
             continue
-        d = agg["differences"].get(key, {}).get("all")
-        if d is None:
-            lines.append(f"- **{title}** (paper: {paper}): not measured in this run.")
-            continue
-        word = {"A > B": "supports it", "A < B": "contradicts it", "cannot tell": "cannot tell (the interval covers 0)"}
-        lines.append(
-            f"- **{title}** (paper: {paper}): {key.replace('-', ' − ')} = {signed(d)} points "
-            f"({d['n_tasks']} tasks × seeds {tuple(d['n_seeds'])}) → this run {word[d['verdict']]}."
-        )
-        for other, what in ALSO.get(key, ()):
-            o = agg["differences"].get(other, {}).get("all")
-            if o is not None:
-                lines.append(
-                    f"  - against {what}: {other.replace('-', ' − ')} = {signed(o)} points → {word[o['verdict']]}."
-                )
+        lines.append(head + texts[0] + ".")
+        lines += [f"  - {t}." for t in texts[1:]]
+        for other, what in ALSO.get(keys[0], ()):
+            text = comparison_text(agg, other)
+            if text is not None:
+                lines.append(f"  - against {what}: {text}.")
     return lines
 
 
@@ -161,10 +198,12 @@ def aggregate(cfg: DictConfig) -> dict[str, Any]:
     root = Path(s.metrics)
     variants = [str(v) for v in to_plain(s.variants)]
     summary = summarize(root, variants, int(s.bootstrap_resamples))
-    result = science_json(summary, cfg)
     agg = summary["aggregate"]
+    agg["primary"] = primary_family(summary, s, int(s.bootstrap_resamples))
+    result = science_json(summary, cfg)
     tables = {
         "science_main": main_table(agg, variants),
+        "science_primary": primary_table(agg["primary"]),
         "science_differences": differences_table(agg),
         "science_calibration": calibration_table(root),
         "science_fidelity": fidelity_table(root, summary["cells"]),
@@ -186,7 +225,7 @@ def aggregate(cfg: DictConfig) -> dict[str, Any]:
                 save_figure(fig, tmp / name)
                 drawn.append(name)
         (tmp / "science.md").write_text(report_text(cfg, tables, drawn, agg))
-    write_json(Path(s.json), result)
+    write_metrics(Path(s.json), result, HEADLINE)
     logger.info(
         "science: %d cells, %d test-time cells -> %s, %s",
         len(summary["cells"]),
@@ -208,10 +247,13 @@ def report_text(cfg: DictConfig, tables: Mapping[str, pd.DataFrame], figures: li
         f"warm-up ({s.sft_epochs} epochs on gold ACT/REHEARSE targets) is every cell's start; each cell then runs "
         f"{s.steps} role-wise GRPO steps ({cfg.rollout.prompts_per_step} prompts × K={cfg.rollout.samples_per_prompt}) "
         f"with training seed k ∈ {to_plain(s.seeds)}. Trained on the verifiable tool-world reward "
-        f"(judge `{to_plain(cfg.judge.name)}`); the headline metric is the strict success rate (every checklist "
-        "item met). "
+        f"(judge `{to_plain(cfg.judge.name)}`); the headline metric is the strict success rate: a task succeeds when "
+        "the final state of its domain equals the state its gold calls produce and every user turn's reply "
+        "mentions that turn's key values (envace.envs.toolworld.scoring). "
         "Intervals: 95% percentile bootstrap over tasks and seeds; differences are paired on the same tasks "
-        "(envace.reporting.science_stats). Every number below comes from a run of this code; the paper's "
+        "(envace.reporting.science_stats). Only the declared primary comparisons are tested (with a correction "
+        "for their number); every other difference is exploratory. Every number below comes from a run of this "
+        "code; the paper's "
         f'numbers appear only in the column "{reference.REFERENCE_COLUMN}" ({reference.SOURCE})',
         "",
         "## Calibration: the starting point",
@@ -222,7 +264,16 @@ def report_text(cfg: DictConfig, tables: Mapping[str, pd.DataFrame], figures: li
         "",
         markdown(tables["science_main"]),
         "",
-        "## Paired differences",
+        "## Primary comparisons (Holm-corrected)",
+        "",
+        primary_text(agg["primary"]),
+        "",
+        markdown(tables["science_primary"]),
+        "",
+        "## Exploratory differences (unadjusted 95% intervals)",
+        "",
+        "Every other difference, each read alone at 95% with no correction for the number of rows: an interval "
+        "that excludes 0 here is a lead for a primary comparison of a later run, not a finding.",
         "",
         markdown(tables["science_differences"]),
         "",
@@ -242,7 +293,8 @@ def report_text(cfg: DictConfig, tables: Mapping[str, pd.DataFrame], figures: li
         "Within one sweep the cells share identical generations (same seeds): attempts 1–2 of N=4 are "
         "N=2's, attempt 1 of N=2 is N=1's, so the N values are compared on common draws. Wall time is "
         "what each cell took in the sweep (the marginal time); generation seconds book every rehearsal "
-        "generation at what it cost when it was generated, reused or not.",
+        "generation at what it cost when it was generated, reused or not. The gains over N=0 are exploratory "
+        "(unadjusted 95% intervals, one seed's cell each); a primary comparison above pools a cell over seeds.",
         "",
         markdown(tables["science_testtime"]),
         "",
@@ -259,9 +311,28 @@ def report_text(cfg: DictConfig, tables: Mapping[str, pd.DataFrame], figures: li
         *claims_reading(agg),
         "",
         "What this shows and does not: a 135M-parameter model, a few GRPO steps per cell and tens of test tasks "
-        'can detect only large effects; "cannot tell" means the 95% interval covers 0 at this size, not that '
-        "the effect is absent. The paper's numbers come from an 8B model trained for 470 steps on CM2 and "
-        "evaluated on other benchmarks; they are a reference for direction, not a target for these values.",
+        'can detect only large effects; "not supported" means the primary\'s test did not reach α with these '
+        "seeds and tasks, not that the effect is absent. The paper's numbers come from an 8B model trained for "
+        "470 steps on CM2 and evaluated on other benchmarks; they are a reference for direction, not a target "
+        "for these values.",
         "",
     ]
     return "\n".join(parts)
+
+
+def primary_text(primary: Mapping[str, Any]) -> str:
+    """What the primary table tests, and what its seeds allow (the smallest attainable p)."""
+    m, alpha = primary["family_size"], primary["alpha"]
+    if not m:
+        return "No primary comparison is declared (`science.primary.comparisons` is empty): nothing is tested."
+    seeds = sorted({r["n_seeds"] for r in primary["comparisons"].values()})
+    return (
+        f"The {m} comparisons declared in `science.primary.comparisons` (chosen before the results), "
+        f"tested as a family: {TEST} (envace.reporting.science_family), family-wise α = {alpha}; a primary "
+        "is **supported** when its Holm-adjusted p < α. One-sided, since each is the claim that A beats B: "
+        'a negative difference reads "not supported", never "A < B". With S seeds the sign-flip p cannot go '
+        f"below 1/2^S (this run's comparisons have S ∈ {seeds}: smallest attainable p in the table); Holm's "
+        f"first step asks p < α/{m} = {alpha / m:.4g}, which needs at least {seeds_needed(alpha, m)} seeds, "
+        f"all in favour of A. Intervals: task-level paired bootstrap at {100 * primary['interval_level']:.4g}% "
+        f"= 1 − α/{m} (Bonferroni: simultaneous for the family); they size the effect and do not enter the verdict."
+    )

@@ -10,7 +10,8 @@ Intervals are percentile bootstraps (numpy, seeded). A variant's mean resamples 
 independently (two-way: the task set and the training seeds are both samples). A paired difference
 A − B draws one set of task indices for both sides (the pairing: the same tasks), and seeds of each side
 independently; a side with one run (the SFT base: greedy decoding, no training seed) keeps it.
-A difference whose interval excludes 0 is a finding; one that covers 0 says "cannot tell".
+Each interval here is an unadjusted 95% reading of one row (the report's exploratory rows); only the
+declared primary comparisons are tested, with a correction for their number (envace.reporting.science_family).
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ def outcomes_of(runs: Sequence[Sequence[Mapping[str, Any]]], where: str = "") ->
     return Outcomes(tuple(ids), matrix, tuple(by_id[0][i] for i in ids))
 
 
-def _percentile(values: np.ndarray) -> list[float]:
-    lo, hi = np.percentile(values, [100 * (1 - CONFIDENCE) / 2, 100 * (1 + CONFIDENCE) / 2])
+def percentile_interval(values: np.ndarray, confidence: float = CONFIDENCE) -> list[float]:
+    """The two-sided percentile interval of bootstrap replicates ``values`` at ``confidence``."""
+    lo, hi = np.percentile(values, [100 * (1 - confidence) / 2, 100 * (1 + confidence) / 2])
     return [float(lo), float(hi)]
 
 
@@ -100,15 +102,34 @@ def mean_interval(o: Outcomes, n_boot: int, seed: int = 0) -> dict[str, Any]:
     if n_tasks:
         rng = np.random.default_rng(seed)
         tasks = rng.integers(0, n_tasks, size=(n_boot, n_tasks))
-        out["ci95"] = _percentile(_resample_mean(o.matrix, tasks, rng))
+        out["ci95"] = percentile_interval(_resample_mean(o.matrix, tasks, rng))
     return out
+
+
+def aligned(b: Outcomes, task_ids: Sequence[str]) -> np.ndarray:
+    """``b``'s matrix with its columns in the order of ``task_ids`` (how a paired difference pairs tasks)."""
+    index = {t: i for i, t in enumerate(b.task_ids)}
+    missing = [t for t in task_ids if t not in index]
+    if missing:
+        raise ValueError(
+            f"science: cannot pair on tasks {missing[:5]} ({len(missing)} in all): one side was not scored on them"
+        )
+    return b.matrix[:, [index[t] for t in task_ids]]
+
+
+def paired_resamples(a: Outcomes, b: Outcomes, n_boot: int, seed: int = 0) -> np.ndarray:
+    """``n_boot`` bootstrap replicates of A − B: one draw of tasks for both sides (the pairing), the runs
+    (seeds) of each side drawn independently (envace.reporting.science_stats's docstring)."""
+    rng = np.random.default_rng(seed)
+    tasks = rng.integers(0, len(a.task_ids), size=(n_boot, len(a.task_ids)))
+    return _resample_mean(a.matrix, tasks, rng) - _resample_mean(aligned(b, a.task_ids), tasks, rng)
 
 
 def paired_difference(a: Outcomes, b: Outcomes, n_boot: int, seed: int = 0) -> dict[str, Any]:
     """A − B on the same tasks: the difference of means and its 95% paired bootstrap interval, with
-    ``verdict`` "A > B", "A < B" or "cannot tell" (the interval covers 0)."""
-    order = [b.task_ids.index(t) for t in a.task_ids]
-    bm = b.matrix[:, order]
+    ``verdict`` "A > B", "A < B" or "cannot tell" (the interval covers 0): one unadjusted reading, not a
+    test of a primary comparison (envace.reporting.science_family)."""
+    bm = aligned(b, a.task_ids)
     n_tasks = len(a.task_ids)
     out: dict[str, Any] = {
         "diff": a.mean - float(bm.mean()) if n_tasks else float("nan"),
@@ -119,10 +140,8 @@ def paired_difference(a: Outcomes, b: Outcomes, n_boot: int, seed: int = 0) -> d
     }
     if not n_tasks:
         return out
-    rng = np.random.default_rng(seed)
-    tasks = rng.integers(0, n_tasks, size=(n_boot, n_tasks))  # one draw of tasks for both sides: paired
-    diffs = _resample_mean(a.matrix, tasks, rng) - _resample_mean(bm, tasks, rng)
-    lo, hi = _percentile(diffs)
+    diffs = paired_resamples(a, b, n_boot, seed)
+    lo, hi = percentile_interval(diffs)
     out["ci95"] = [lo, hi]
     out["p_boot_le_0"] = float(np.mean(diffs <= 0))
     out["verdict"] = "A > B" if lo > 0 else "A < B" if hi < 0 else "cannot tell"

@@ -27,8 +27,8 @@ def ci_text(stat: Mapping[str, Any], key: str = "mean") -> str:
     return f"{body} [{pct(ci[0])}, {pct(ci[1])}]" if ci else body
 
 
-def signed(stat: Mapping[str, Any]) -> str:
-    ci = stat.get("ci95")
+def signed(stat: Mapping[str, Any], ci_key: str = "ci95") -> str:
+    ci = stat.get(ci_key)
     diff = stat.get("diff")
     if diff is None or (isinstance(diff, float) and math.isnan(diff)):
         return "–"
@@ -74,9 +74,33 @@ def differences_table(agg: Mapping[str, Any]) -> pd.DataFrame:
                     "difference (points) [95% CI]": signed(d),
                     "n tasks": d["n_tasks"],
                     "seeds (A, B)": tuple(d["n_seeds"]),
-                    "verdict": d["verdict"],
                 }
             )
+    return pd.DataFrame(rows)
+
+
+def p_text(p: float | None) -> str:
+    return "–" if p is None else f"{p:.3g}"
+
+
+def primary_table(primary: Mapping[str, Any]) -> pd.DataFrame:
+    """The declared primary comparisons (envace.reporting.science_family): difference with the bootstrap
+    interval at the family's level, per-seed differences, raw and Holm-adjusted p, verdict."""
+    level = f"{100 * primary['interval_level']:.4g}%"
+    rows = []
+    for name, r in primary["comparisons"].items():
+        rows.append(
+            {
+                "primary comparison": name,
+                f"A − B (points) [{level} CI, tasks]": signed(r, "ci"),
+                "per seed (points)": ", ".join(f"{100 * d:+.1f}" for d in r["per_seed"]) or "–",
+                "seeds": r["n_seeds"],
+                "smallest attainable p": p_text(r["min_attainable_p"]),
+                "p (sign-flip, one-sided)": p_text(r["p"]),
+                "p (Holm)": p_text(r["p_holm"]),
+                "verdict": r["verdict"],
+            }
+        )
     return pd.DataFrame(rows)
 
 

@@ -12,6 +12,8 @@ from typing import Any
 from envace.config import to_plain
 
 # ``cell_name`` parsed back (``envace.reporting.testtime_plots.sweep_cells``)
+# how a rehearser key reads in plots and tables (``base`` is the REHEARSE role of the weights RL started from)
+REHEARSER_LABELS = {"trained": "trained", "base": "SFT-start", "oracle": "oracle (sandboxed env)"}
 CELL_NAME = re.compile(r"^(?P<benchmark>[^/]+)/(?P<mode>[^/]+)/n(?P<n_attempts>\d+)/(?P<rehearser>[^/]+)$")
 
 
@@ -42,7 +44,7 @@ def cells_list(
     if isinstance(cells, list):
         return cells
     mode_rank = {m: i for i, m in enumerate(["none", *(modes or ["parallel", "sequential"])])}
-    rehearser_rank = {r: i for i, r in enumerate(["none", *(rehearsers or ["trained", "base"])])}
+    rehearser_rank = {r: i for i, r in enumerate(["none", *(rehearsers or ["trained", "base", "oracle"])])}
 
     def order(row: dict[str, Any]) -> tuple[Any, ...]:
         mode, rehearser = str(row.get("mode")), str(row.get("rehearser"))

@@ -25,6 +25,7 @@ import pandas as pd
 from envace.core.rehearsal import scope_label
 from envace.reporting.intervals import bootstrap_overall, successes, wilson
 from envace.reporting.reference import REFERENCE_COLUMN, main_reference, testtime_reference
+from envace.reporting.sweep_layout import REHEARSER_LABELS
 
 PAPER_BENCHMARKS = ("bfcl", "tau2", "vitabench")  # the paper's Overall = their mean
 CONTENDERS = ("policy", "base")
@@ -274,6 +275,7 @@ TESTTIME_COLS = [
     "cost/rehearsal_completion_tokens",
     "cost/rehearsal_wall_s",
     "cost/real_env_calls",
+    "cost/rehearsal_sandbox_calls",
     "cost/committed_executions",
     REFERENCE_COLUMN,
 ]
@@ -300,6 +302,7 @@ def testtime_table(m: Mapping[str, Any]) -> pd.DataFrame:
     frame[REFERENCE_COLUMN] = [
         testtime_reference(int(r["n_attempts"]), str(r["mode"]), str(r["rehearser"])) for r in frame.to_dict("records")
     ]
+    frame["rehearser"] = frame["rehearser"].map(lambda v: REHEARSER_LABELS.get(v, v))
     return frame[[c for c in TESTTIME_COLS if c in frame.columns]]
 
 

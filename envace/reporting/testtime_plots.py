@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 
 from envace.reporting import intervals
 from envace.reporting.figures import draw, new_figure
-from envace.reporting.sweep_layout import CELL_NAME
+from envace.reporting.sweep_layout import CELL_NAME, REHEARSER_LABELS
 
 COST_AXES = {
     "cost/rehearsal_completion_tokens": "rehearsal completion tokens (mean per task)",
@@ -95,7 +95,7 @@ def cell_intervals(cells: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
 
 SERIES_STYLE = {"parallel": ("o", "-", "none"), "sequential": ("s", "--", None)}  # marker, line, face
-REHEARSER_COLORS = {"trained": "tab:blue", "base": "tab:orange"}
+REHEARSER_COLORS = {"trained": "tab:blue", "base": "tab:orange", "oracle": "tab:green"}
 INTERVAL_NOTE = "bars: {method}"
 
 
@@ -113,7 +113,7 @@ def _series(cells: pd.DataFrame):
             "markerfacecolor": face or color,
             "markeredgewidth": 1.5,
         }
-        yield i, f"{mode}, {who} rehearser", rows.sort_values("n_attempts"), style
+        yield i, f"{mode}, {REHEARSER_LABELS.get(who, who)} rehearser", rows.sort_values("n_attempts"), style
 
 
 def _errorbar(ax, x, rows: pd.DataFrame, **style) -> None:

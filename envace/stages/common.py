@@ -72,9 +72,29 @@ def _backend(spec: Any, name: str, precision: str, prefix_cache_tokens: int) -> 
     return LocalHFBackend.from_spec(spec, name=name, precision=precision, prefix_cache_tokens=prefix_cache_tokens)
 
 
+def eval_precision(cfg: Config) -> str:
+    """The precision of the local chat backends: ``eval.precision``, where ``auto`` is the precision the
+    trained checkpoint ran at (its manifest's ``precision`` record, written by the train stage) when that run
+    was on a CPU, as the backends are; else ``auto`` (each backend probes)."""
+    wanted = str(cfg.eval.precision)
+    path = Path(cfg.paths.checkpoints) / MANIFEST
+    recorded = read_json(path).get("precision") if wanted == "auto" and path.is_file() else None
+    if recorded is None or recorded.get("device") != "cpu":
+        return wanted
+    logger.info("eval.precision auto -> %s, as recorded in %s", recorded["precision"], path)
+    return str(recorded["precision"])
+
+
+def backends_precision(*backends: Any) -> str | None:
+    """The precision ``backends`` ran at (their ``precision``): one value, ``"bf16+fp32"`` when they
+    differ, None when none has one (remote backends). Stages record it as ``precision``."""
+    found = sorted({str(p) for b in backends if (p := getattr(b, "precision", None)) is not None})
+    return "+".join(found) or None
+
+
 def backend_options(cfg: Config) -> tuple[str, int]:
-    """``(eval.precision, eval.prefix_cache_tokens)`` of the local chat backends."""
-    return str(cfg.eval.precision), int(cfg.eval.prefix_cache_tokens)
+    """``(precision, eval.prefix_cache_tokens)`` of the local chat backends (``eval_precision``)."""
+    return eval_precision(cfg), int(cfg.eval.prefix_cache_tokens)
 
 
 def read_manifest(cfg: Config) -> dict[str, Any]:

@@ -9,7 +9,8 @@ asked, teacher-forced, for the response of every real call it made: world-model 
 field F1, error agreement), overall and per tool.
 
 Outputs in ``paths.evaluation/<benchmark>``: ``<label>.predictions.jsonl`` (one record per task),
-``<label>.fidelity.json``; metrics in ``paths.metrics/evaluate_<benchmark>.json``.
+``<label>.fidelity.json``; metrics in ``paths.metrics/evaluate_<benchmark>.json``, with ``precision``, what the
+models ran at (``auto``: the training run's, ``envace.stages.common.eval_precision``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from envace.inference.preflight import preflight
 from envace.mlflow_traces import trace_episodes
 from envace.reporting.intervals import wilson
 from envace.reporting.science_stats import gain_vs_base
-from envace.stages.common import base_backend, baseline_kind, data_seed, trained_backend
+from envace.stages.common import backends_precision, base_backend, baseline_kind, data_seed, trained_backend
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.stages.suites import eval_suite, make_adapter
 from envace.utils.io import atomic_dir, read_jsonl, write_json, write_jsonl
@@ -108,6 +109,7 @@ def evaluate_one(
     summary: dict[str, Any] = {**result.metrics.to_json(), **adapter.summarize(subset, result.records)}
     n, wins = len(result.records), sum(r.success for r in result.records)
     summary["model"] = getattr(actor, "name", type(actor).__name__)
+    summary["precision"] = backends_precision(actor, rehearser)
     summary["success_ci95"] = list(wilson(wins, n) or ())  # Wilson interval over the tasks (binary outcomes)
     # ACT requests refused because the prompt exceeds the model's context window (local backends)
     summary["context_overflows"] = getattr(actor, "context_overflows", 0) - overflows
@@ -176,6 +178,7 @@ def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
         "split": suite.split,
         "n_tasks": len(tasks),
         "trials": suite.trials,
+        "precision": backends_precision(*(b for pair in models.values() for b in pair)),
         "not_runnable": skipped,
         **results,
         "gold_fidelity_calls": 0 if gold is None else gold.n_calls,

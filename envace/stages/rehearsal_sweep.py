@@ -2,8 +2,9 @@
 
 The trained policy acts; before its one committed execution on each task it runs N private
 rehearsal attempts (``parallel`` or ``sequential``) whose tool responses come from a rehearser — the
-trained model's REHEARSE role (``trained``) or the baseline model's (``base``, the paper's control:
-per ``eval.baseline`` the SFT warm-up's weights RL started from, or the untrained model). N=0 (no
+trained model's REHEARSE role (``trained``), the baseline model's (``base``, the "SFT-start rehearser",
+the paper's control: per ``eval.baseline`` the SFT warm-up's weights RL started from, or the untrained
+model), or a sandboxed copy of the real environment (``oracle``, the upper bound). N=0 (no
 rehearsal) is the shared baseline, run once. Rehearsal never reaches the real environment; only the
 committed execution does (envace.rehearsal enforces and tests it).
 
@@ -22,7 +23,9 @@ each benchmark's N=0) in ``paths.metrics/rehearsal_sweep.json``. ``cells`` is ke
 ``<benchmark>/<mode>/n<N>/<rehearser>`` (``envace.reporting.sweep_layout``), so that DVC sees every cell's
 numbers (``cells.toolworld/parallel/n2/trained.success_rate``); the cells' strings (mode, rehearser, scope)
 are in ``rehearsal_sweep.details.json`` at the same keys, and ``envace.stages.report.load_metrics`` turns
-the merged dict back into the list of rows the tables read (``sweep_layout.cells_list``).
+the merged dict back into the list of rows the tables read (``sweep_layout.cells_list``). ``precision`` (details
+file): what the models ran at (``eval.precision``, ``auto`` reusing the training run's:
+``envace.stages.common.eval_precision``).
 """
 
 from __future__ import annotations
@@ -36,19 +39,22 @@ from envace.config_schema import Config
 from envace.inference.preflight import preflight
 from envace.mlflow_traces import trace_episodes
 from envace.rehearsal import RehearsalSettings, run_rehearsal_sweep
+from envace.rehearsal.oracle import ORACLE_REHEARSER
 from envace.reporting.sweep_layout import keyed_cells
-from envace.stages.common import base_backend, data_seed, trained_backend
+from envace.stages.common import backends_precision, base_backend, data_seed, trained_backend
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.stages.suites import eval_suite, make_adapter
 from envace.utils.io import atomic_dir, write_json, write_jsonl
 
 logger = logging.getLogger(__name__)
 
-# rehearser name -> the backend that answers imagined tool calls
-# `base`: the baseline model's REHEARSE role (eval.baseline: the SFT warm-up's weights or the untrained model)
+# rehearser name -> what answers imagined tool calls (envace.config_enums.Rehearser)
+# `base`: the SFT-start rehearser, the baseline model's REHEARSE role (eval.baseline: the SFT warm-up's weights,
+# or the untrained model without one); `oracle`: a sandboxed copy of the real environment
 REHEARSERS = {
     "trained": lambda cfg: trained_backend(cfg, "rehearse"),
     "base": lambda cfg: base_backend(cfg, "rehearse"),
+    "oracle": lambda cfg: ORACLE_REHEARSER,
 }
 
 
@@ -156,7 +162,12 @@ def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
                 write_jsonl(tmp / benchmark / f"{cell.key}.records.jsonl", (rec.to_json() for rec in cell.records))
             logger.info("rehearsal_sweep: %d cells on %d %s tasks", len(cells), len(tasks), benchmark)
     tracker.log_artifact(out, "rehearsal")
-    return {"benchmarks": list(n_tasks), "n_tasks": n_tasks, "cells": keyed_cells(rows)}
+    return {
+        "benchmarks": list(n_tasks),
+        "n_tasks": n_tasks,
+        "precision": backends_precision(actor, *rehearsers.values()),
+        "cells": keyed_cells(rows),
+    }
 
 
 main = stage_main("rehearsal_sweep", run)

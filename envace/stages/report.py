@@ -101,6 +101,33 @@ def comparisons(cfg: Config, m: dict[str, Any], curves: pd.DataFrame):
     return ablation, scale, reward
 
 
+def efficiency_table(cfg: Config, m: dict[str, Any]) -> pd.DataFrame:
+    """Sample efficiency: success on the first benchmark against the real environment calls each policy's
+    training used — the SFT start (its warm-up's gold responses), this run's trained policy, and every
+    collected run that counted them (``final/real_env/calls_total``)."""
+    bench = to_plain(cfg.eval.benchmarks)[0]
+    evaluated = m.get(f"evaluate_{bench}", {})
+    train = m.get("train", {})
+    rows = []
+    if (
+        train.get("final/real_env/sft_calls") is not None
+        and (evaluated.get("base") or {}).get("success_rate") is not None
+    ):
+        rows.append(
+            (f"start ({baseline_name(m)})", train["final/real_env/sft_calls"], evaluated["base"]["success_rate"])
+        )
+    final_calls = train.get("final/real_env/calls_total")
+    if (evaluated.get("policy") or {}).get("success_rate") is not None:
+        rows.append((f"{to_plain(cfg.algo.name)} (this run)", final_calls, evaluated["policy"]["success_rate"]))
+    for r in collected_runs(load_experiments(cfg)):
+        if r.real_env_calls is not None and r.success.get(bench) is not None:
+            rows.append((f"{r.params.get('algo.name', '?')} ({r.run})", r.real_env_calls, r.success[bench]))
+    return pd.DataFrame(
+        [{"policy": p, "benchmark": bench, "real_env_calls": c, "success": 100 * s} for p, c, s in rows],
+        columns=["policy", "benchmark", "real_env_calls", "success"],
+    )
+
+
 def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     m = load_metrics(cfg)
     steps = load_steps(cfg)
@@ -119,6 +146,7 @@ def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
         "domains": domain_table(m),
         "fidelity": fidelity_table(m),
         "testtime": testtime_table(m),
+        "efficiency": efficiency_table(cfg, m),
         "training": summary_table(m.get("train", {})),
         "data": summary_table(m.get("prepare_data", {})),
     }
@@ -128,7 +156,12 @@ def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
         for key, frame in tables.items():
             frame.to_csv(tmp / f"{key}.csv", index=False)
         plots, skipped = save_plots(
-            tmp, steps=steps, curves=curves, variants=reward, testtime=sweep_cells(m.get("rehearsal_sweep"))
+            tmp,
+            steps=steps,
+            curves=curves,
+            variants=reward,
+            testtime=sweep_cells(m.get("rehearsal_sweep")),
+            efficiency=tables["efficiency"],
         )
         inputs = input_states(Path(cfg.paths.metrics), str(cfg.paths.metrics), sorted(m))
         write_text(tmp / "report.md", markdown(cfg, tables, plots, skipped, collected, inputs))

@@ -41,7 +41,9 @@ from envace.reporting.provenance import head_state
 from envace.tracking import NULL_TRACKER, NullTracker, Tracker
 from envace.tracking_runs import stage_run
 from envace.utils.io import read_json, write_json
+from envace.utils.machine import cpu_has_bf16, cpu_model
 from envace.utils.malloc import AllocatorError, ensure_allocator, running_allocator
+from envace.utils.secrets import install_log_redaction, redact, register_key_envs
 from envace.utils.seeds import seed_everything
 from envace.utils.telemetry import telemetry_off
 
@@ -53,6 +55,7 @@ MetricsPathFn = Callable[[Config], Path]
 
 def configure_logging(level: int = logging.INFO) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    install_log_redaction()  # API keys a server echoes never reach the log (envace.utils.secrets)
     for noisy in ("alembic", "mlflow.store", "urllib3", "httpx", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -67,10 +70,18 @@ DETAILS_SUFFIX = ".details.json"
 PRODUCED_BY = "produced_by"  # details-file key: the commit whose code wrote it (envace.reporting.provenance)
 
 
-def produced_by() -> dict[str, Any]:
-    """``{"commit", "code_dirty"}`` of the code running now (the report's stale check reads it back)."""
+def produced_by(precision: Any = None) -> dict[str, Any]:
+    """``{"commit", "code_dirty", "cpu", "cpu_bf16", "precision"}``: the code running now (the report's stale
+    check reads it back), the CPU it runs on and the precision the stage resolved (None where it ran no
+    model): bf16 numerics differ between instruction sets, so a result names both."""
     commit, dirty = head_state(Path.cwd())
-    return {"commit": commit, "code_dirty": dirty}
+    return {
+        "commit": commit,
+        "code_dirty": dirty,
+        "cpu": cpu_model(),
+        "cpu_bf16": cpu_has_bf16(),
+        "precision": precision,
+    }
 
 
 def details_path(metrics_path: Path) -> Path:
@@ -169,7 +180,7 @@ def write_metrics(
     """Write the two halves of ``metrics`` (``split_metrics``); returns (numbers path, details path)."""
     numbers, details = split_metrics(metrics, headline)
     details_file = details_path(metrics_path)
-    write_json(details_file, {**details, PRODUCED_BY: produced_by()})
+    write_json(details_file, {**details, PRODUCED_BY: produced_by(metrics.get("precision"))})
     write_json(metrics_path, numbers)
     return Path(metrics_path), details_file
 
@@ -201,6 +212,7 @@ def execute(
     """Run one stage under its MLflow run; returns the metrics (also written: ``write_metrics``). ``run_fn``
     gets the typed ``Config`` (a composed ``DictConfig`` given here is converted once)."""
     cfg = typed_config(cfg)
+    register_key_envs(flatten(cfg))  # the configured API keys are redacted from every error text
     preflight(cfg, name)  # a dead endpoint fails the stage before any model loads
     seed_everything(cfg.seed)
     started = time.perf_counter()
@@ -215,6 +227,8 @@ def execute(
         tracker.set_tags({ALLOCATOR_TAG: running_allocator()})  # the C allocator this stage ran on
         metrics = run_fn(cfg, tracker)
         numbers_file, details_file = write_metrics(metrics_path, metrics, headline_for(name))
+        machine = produced_by(metrics.get("precision"))  # what the details file records, on the run too
+        tracker.set_tags({f"envace.{k}": str(machine[k]) for k in ("cpu", "cpu_bf16", "precision")})
         seconds = time.perf_counter() - started
         tracker.log_metrics({**flatten(metrics), "stage_seconds": seconds})
         tracker.log_artifact(numbers_file, "metrics")
@@ -280,9 +294,10 @@ def one_line(exc: BaseException) -> str:
 
 
 def _failure(stage_id: str, exc: BaseException) -> int:
-    """Report a failed stage on one stderr line (+ traceback with ENVACE_DEBUG=1); returns the exit status."""
+    """Report a failed stage on one stderr line (+ traceback with ENVACE_DEBUG=1), configured API keys
+    redacted (``envace.utils.secrets``); returns the exit status."""
     if os.environ.get(ENV_DEBUG, "") not in ("", "0"):
-        traceback.print_exception(exc, file=sys.stderr)
+        sys.stderr.write(redact("".join(traceback.format_exception(exc))))
     if isinstance(exc, KeyboardInterrupt):
         message, status = "interrupted", EXIT_INTERRUPTED
     elif isinstance(exc, ConfigError):
@@ -294,7 +309,7 @@ def _failure(stage_id: str, exc: BaseException) -> int:
         hint = f"{where}; " if where else ""
         message = f"{type(exc).__name__}: {one_line(exc)} ({hint}{ENV_DEBUG}=1 prints the traceback)"
         status = EXIT_FAILED
-    sys.stderr.write(f"{stage_id}: error: {message}\n")
+    sys.stderr.write(redact(f"{stage_id}: error: {message}\n"))
     return status
 
 

@@ -23,10 +23,18 @@ matrix's data, checkpoints and metrics in their own places (``science.*`` in con
   before RL) at every N > 0 — a stage of its own so that two workers share that seed's grid; its files go
   to ``<science.metrics>/base_rehearser/testtime/<cell>/`` and the aggregate folds them into the seed's
   sweep (same tasks, same N=0);
-- ``aggregate``: ``metrics/science.json`` and ``reports/science*`` (envace.reporting.science).
+- ``aggregate``: ``metrics/science.json`` and ``reports/science*`` (envace.reporting.science), with the
+  declared primary comparisons (``science.primary``) tested as a family (envace.reporting.science_family);
+  every part first checks that family's names.
 
 Per-cell metrics (``science.metrics/<part>/``) are small, git-tracked files (DVC outputs with
 ``cache: false``), including ``tasks.json``: the per-task outcomes the paired statistics resample.
+
+One precision for the whole matrix: the SFT warm-up decides ``engine.precision`` (``auto``: its probe, once)
+and its manifest records it; every later part runs with ``engine.precision`` and ``eval.precision`` pinned to
+that record where they are ``auto`` (``precision_pins``), so a busy machine cannot make two cells decide
+differently. Every stage writes the precision it ran at (``precision`` in its details file), and the
+aggregate refuses a matrix whose files name more than one (``one_precision``), listing them.
 
     python -m envace.stages.science cell --variant grpo --seed 1 [key=value ...]
 """
@@ -41,15 +49,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from envace.config import PARAMS_FILE, load_params, to_plain, typed_config
 from envace.config_schema import Config
 from envace.engines.local.precision import cpu_model
 from envace.reporting.science import aggregate
+from envace.reporting.science_family import check_family
 from envace.reporting.science_stats import BASE_REHEARSER_DIR
 from envace.stages import evaluate, prepare_data, rehearsal_sweep, template_prompts, train
+from envace.stages.common import MANIFEST
 from envace.stages.runner import (
+    DETAILS_SUFFIX,
     EXIT_USAGE,
     _failure,
     configure_logging,
@@ -57,7 +68,7 @@ from envace.stages.runner import (
     execute,
     restart_on_allocator,
 )
-from envace.utils.io import read_jsonl, write_json
+from envace.utils.io import read_json, read_jsonl, write_json
 from envace.utils.telemetry import telemetry_off
 
 logger = logging.getLogger(__name__)
@@ -223,6 +234,43 @@ def part_overrides(cfg: DictConfig, part: str, variant: str | None = None, seed:
     raise ValueError(f"science: unknown part {part!r}; one of {PARTS}")
 
 
+PRECISION_KEYS = ("engine.precision", "eval.precision")
+
+
+def precision_pins(cfg: DictConfig, part: str) -> list[str]:
+    """Overrides pinning ``PRECISION_KEYS`` that are ``auto`` to the precision the SFT warm-up decided (its
+    manifest's ``precision`` record) for a part after it; [] for the parts up to the SFT warm-up, or when the
+    manifest records none (written before records: each stage decides, and the aggregate checks)."""
+    if part in ("data", "sft"):
+        return []
+    manifest = Path(cfg.science.dir) / "sft" / MANIFEST
+    record = read_json(manifest).get("precision") if manifest.is_file() else None
+    if record is None:
+        logger.warning("science %s: %s records no precision; each stage decides its own", part, manifest)
+        return []
+    auto = [key for key in PRECISION_KEYS if str(OmegaConf.select(cfg, key)) == "auto"]
+    return [f"{key}={record['precision']}" for key in auto]
+
+
+def one_precision(metrics: Path) -> str | None:
+    """The precision every stage of the matrix ran at (``precision`` in the details files under ``metrics``),
+    None when none records one; raises ``ValueError`` naming each part's when they differ."""
+    found = {}
+    for path in sorted(metrics.rglob(f"*{DETAILS_SUFFIX}")):
+        value = read_json(path).get("precision")
+        if value is not None:
+            found[str(path.relative_to(metrics)).removesuffix(DETAILS_SUFFIX)] = str(value)
+    if len({one for value in found.values() for one in value.split("+")}) > 1:  # "bf16+fp32": a mixed stage
+        listing = "; ".join(f"{part}: {value}" for part, value in found.items())
+        raise ValueError(
+            f"science aggregate: the parts under {metrics} ran at different precisions ({listing}), so their "
+            "numbers are not comparable. Re-run the parts at another precision than the SFT warm-up's "
+            "(`dvc repro --force --single-item science/dvc.yaml:<stage>`): they take the SFT's precision "
+            "unless engine.precision or eval.precision is set explicitly"
+        )
+    return next(iter(found.values()), None)
+
+
 def torch_threads() -> int:
     import torch
 
@@ -266,7 +314,9 @@ PART_STAGES = {
 def run_part(part: str, variant: str | None, seed: int | None, extra: list[str]) -> None:
     """Run ``part`` (its stages in this process, each under its own MLflow run), then its outcome files."""
     cfg = load_params(PARAMS_FILE, extra)
+    check_family(cfg.science)  # a misnamed primary comparison fails here, not after the matrix has run
     if part == "aggregate":
+        logger.info("science: every part ran at precision %s", one_precision(Path(cfg.science.metrics)))
         aggregate(cfg)
         return
     if part == "testtime_base":
@@ -277,9 +327,10 @@ def run_part(part: str, variant: str | None, seed: int | None, extra: list[str])
         variant = variant or to_plain(cfg.science.testtime_variant)
     stages = _stages()
     seconds: dict[str, float] = {}
+    pins = precision_pins(cfg, part)
     for stage, overrides in zip(PART_STAGES[part], part_overrides(cfg, part, variant, seed)):
         name, run_fn, metrics_path = stages[stage]
-        stage_cfg = typed_config(load_params(PARAMS_FILE, [*overrides, *extra]))
+        stage_cfg = typed_config(load_params(PARAMS_FILE, [*overrides, *pins, *extra]))
         logger.info("science %s: %s with %s", part, name, " ".join(overrides))
         started = time.perf_counter()
         execute(f"science_{part}/{name}", run_fn, stage_cfg, metrics_path(stage_cfg))

@@ -67,14 +67,13 @@ SUITE_OPTIONS = tuple(dict.fromkeys(o for opts in SUITE_OPTION_USERS.values() fo
 
 def eval_suite(cfg: Config, benchmark: str, section: str = "eval") -> Suite:
     """The resolved settings of ``benchmark`` from the typed config. ``section="eval"``: ``eval.*`` overridden
-    by ``eval.suites.<benchmark>``. ``section="rehearsal"``: the sweep's own task count and budgets
-    (``rehearsal.*``); the benchmark's split and options still come from ``eval.suites.<benchmark>``."""
+    by ``eval.suites.<benchmark>``. ``section="rehearsal"``: the sweep's own task count (``rehearsal.n_tasks``)
+    and split; its *committed* execution decodes with the evaluation's budgets (greedy, the same step and
+    token limits), so that the sweep's N=0 cell is the evaluation itself on the same tasks. Only the private
+    attempts sample, with ``rehearsal.act_temperature`` and ``rehearsal.max_steps_per_turn``
+    (``envace.rehearsal.controller``)."""
     over = getattr(cfg.eval.suites, benchmark)
     options = {k: to_plain(getattr(over, k)) for k in SUITE_OPTIONS if getattr(over, k) is not None}
-    if section == "rehearsal":
-        r = cfg.rehearsal
-        budgets = Budgets(r.max_steps_per_turn, r.act_max_new_tokens, r.act_temperature, cfg.seed)
-        return Suite(benchmark, over.split or r.split, r.n_tasks, budgets, options)
     ev = cfg.eval
 
     def pick(key: str) -> Any:  # eval.suites.<benchmark>.<key>, null = eval.<key>
@@ -82,6 +81,9 @@ def eval_suite(cfg: Config, benchmark: str, section: str = "eval") -> Suite:
         return getattr(ev, key) if value is None else value
 
     budgets = Budgets(pick("max_steps_per_turn"), pick("act_max_new_tokens"), ev.temperature, cfg.seed)
+    if section == "rehearsal":
+        r = cfg.rehearsal
+        return Suite(benchmark, over.split or r.split, r.n_tasks, budgets, options)
     trials = over.trials or 1
     if trials < 1:
         raise ValueError(f"eval.suites.{benchmark}.trials={trials}: must be >= 1")

@@ -10,7 +10,13 @@ oracle's calls on ``train.fidelity_tasks`` val tasks at step 0 (before any GRPO 
 (``fidelity/*``); train.json adds ``curves`` (``envace.core.curves``) to ``final/*``. Resumable: the engine
 checkpoints into ``.envace/train/<config hash>`` (outside DVC's outputs); a re-run of the same config continues from the
 latest one. On success the final weights move into ``paths.checkpoints/final`` with ``manifest.json`` (roles'
-directories, files, config hash) and the work directory is removed."""
+directories, files, config hash) and the work directory is removed.
+
+The precision the local engine decided once for the run (``engine.precision: auto`` resolved by the first process,
+``envace.engines.local.precision.decide_run_precision``) goes to the manifest's ``precision`` record (which the
+evaluate and rehearsal_sweep stages reuse for ``eval.precision: auto``), to the MLflow params
+``engine.precision_resolved`` / ``engine.precision_cpu_model`` / ``engine.precision_bf16_supported``, and to
+train.details.json's ``precision``."""
 
 from __future__ import annotations
 
@@ -60,9 +66,11 @@ def write_step_csv(path: Path, history: list[dict[str, Any]]) -> None:
 ROLE_MODELS = (("act", "act"), ("rehearse", "rehearse"))  # role -> its own model's name (else: policy)
 
 
-def export_checkpoint(result: Any, work: Path, cfg: Config, digest: str) -> dict[str, Any]:
+def export_checkpoint(
+    result: Any, work: Path, cfg: Config, digest: str, precision: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Move the engine's final weights (and the SFT warm-up's, when it ran) into paths.checkpoints with a
-    manifest."""
+    manifest (with the run's ``precision`` record when the engine made one)."""
     final = {name: Path(path) for name, path in result.artifacts.items()}
     with atomic_dir(cfg.paths.checkpoints) as tmp:
         shutil.move(str(work / "final"), tmp / "final")
@@ -84,8 +92,19 @@ def export_checkpoint(result: Any, work: Path, cfg: Config, digest: str) -> dict
         if result.baseline:  # the weights RL started from (after the SFT warm-up), per role
             base = result.baseline
             manifest["baseline"] = {role: f"{BASELINE_DIR}/{n if n in base else 'policy'}" for role, n in ROLE_MODELS}
+        if precision is not None:
+            manifest["precision"] = precision
         write_json(tmp / MANIFEST, manifest)
     return manifest
+
+
+def precision_params(record: dict[str, Any]) -> dict[str, Any]:
+    """The MLflow params of the run's precision decision (``precision_record``)."""
+    return {
+        "engine.precision_resolved": record["precision"],
+        "engine.precision_cpu_model": record["cpu_model"],
+        "engine.precision_bf16_supported": record["bf16_supported"],
+    }
 
 
 def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
@@ -114,17 +133,21 @@ def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     )
     with train_logging(cfg, tracker, engine):  # then logs manifest, train_steps.csv and the model to MLflow
         result = engine.train(engine_config, specs, callbacks=[on_step])
+        precision = getattr(engine, "precision_record", None)  # the local engine's decision (verl: none)
+        if precision is not None:
+            tracker.log_params(precision_params(precision))
         history = [dict(h) for h in result.history if "step" in h]  # with the rows a resumed run restored:
         for row in (h for h in history if int(h["step"]) not in logged):  # MLflow gets the whole curve too
             tracker.log_metrics(row, step=int(row["step"]))
         write_step_csv(Path(cfg.paths.plots) / "train_steps.csv", history)
-        manifest = export_checkpoint(result, work, cfg, digest)
+        manifest = export_checkpoint(result, work, cfg, digest, precision)
     shutil.rmtree(work, ignore_errors=True)
     final = {f"final/{k}": v for k, v in result.final_metrics.items() if isinstance(v, (int, float)) and k != "step"}
     return {
         "steps_done": result.steps_done,
         "n_train_rows": len(specs),
         "variant": manifest["variant"],
+        "precision": None if precision is None else precision["precision"],
         **final,
         "curves": training_curves(history, result.steps_done),
     }

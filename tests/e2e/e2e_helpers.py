@@ -26,6 +26,7 @@ _SKIP = (
     "science/metrics/",
     "science/report/",
     "science/science.json",
+    "science/science.details.json",
 )
 
 

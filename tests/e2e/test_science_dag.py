@@ -3,12 +3,13 @@ science/dvc.yaml (shared SFT, cells two at a time, test-time, aggregate), then a
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
 from e2e_helpers import run
+
+from envace.stages.runner import read_metrics
 
 pytestmark = pytest.mark.e2e
 
@@ -18,7 +19,7 @@ VENV = str(Path(sys.executable).parent.parent)
 def test_make_science_smoke_then_noop(project):
     make = ["make", f"VENV={VENV}", "PROFILE=smoke", "SCIENCE_JOBS=2"]
     run([*make, "science"], project, timeout=900)
-    out = json.loads((project / "science" / "science.json").read_text())
+    out = read_metrics(project / "science" / "science.json")  # the headline merged with its details
     cells = {f"{v}/seed{k}" for v in ("envace", "grpo") for k in (0, 1)}
     assert cells <= set(out) and {"aggregate", "sft_base", "untrained_base", "testtime"} <= set(out)
     n = out["sft_base"]["n"]
@@ -33,7 +34,7 @@ def test_make_science_smoke_then_noop(project):
         assert {"tasks.json", "train.json", "evaluate_toolworld.json", "timing_cell.json"} <= names
 
     run([*make, "science-testtime"], project, timeout=900)
-    out = json.loads((project / "science" / "science.json").read_text())
+    out = read_metrics(project / "science" / "science.json")  # the headline merged with its details
     assert "envace/seed0/sequential/n1/base" in out["testtime"]
     assert "envace/seed1/parallel/n1/trained" in out["testtime"]
     assert "envace/seed1/sequential/n1/trained" not in out["testtime"]  # other seeds: parallel, trained only

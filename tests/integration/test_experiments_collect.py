@@ -113,7 +113,7 @@ def test_one_entry_per_row_with_metrics_workspace_first_baseline_without_metrics
         "seed": 0,
     }
     assert grpo["success_rate"] == {"toolworld": {"policy": 0.25, "base": 0.125}}
-    assert grpo["train"] == {"final_reward": 0.25, "steps_done": 2, "variant": "grpo"}
+    assert grpo["train"] == {"final_reward": 0.25, "steps_done": 2, "variant": "grpo", "real_env_calls": None}
     assert entries[0]["params"]["algo.name"] == "per_role"  # a sequential exp run leaves the workspace at the last
 
 

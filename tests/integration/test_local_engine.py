@@ -10,6 +10,7 @@ step is a judge failure (excluded and counted).
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from dataclasses import replace
 
@@ -28,6 +29,8 @@ from envace.engines.local import (
     OptimConfig,
     RolloutConfig,
 )
+from envace.engines.local import precision as precision_probe
+from envace.engines.local.checkpoint import load_latest
 from envace.models import ModelSpec, load_model_and_tokenizer
 
 torch.set_num_threads(1)
@@ -126,6 +129,29 @@ def test_grpo_uses_real_executor(runs):
     assert _total(history, "tokens/rehearse") == 0 and _total(history, "outputs/rehearse") == 0
 
 
+def test_real_environment_calls_and_judge_failures_are_running_totals(world, runs):
+    """Sample efficiency: grpo counts every call its rollouts ran on the real executor, per step and as a
+    running total; envace makes none (no SFT warm-up in these runs, so the totals start at 0)."""
+    _, grpo = runs["grpo"]
+    per_step = [m["real_env/calls"] for m in grpo]
+    assert sum(per_step) > 0 and all(c == int(c) for c in per_step)
+    assert [m["real_env/calls_total"] for m in grpo] == list(itertools.accumulate(per_step))
+    assert [m["judge_failures_total"] for m in grpo] == list(itertools.accumulate(m["judge_failures"] for m in grpo))
+    _, envace = runs["envace"]
+    assert [m["real_env/calls"] for m in envace] == [0.0, 0.0] and envace[-1]["real_env/calls_total"] == 0.0
+    assert envace[-1]["judge_failures_total"] == 2 * 2
+
+
+def test_sft_warm_up_counts_the_real_responses_it_trains_on(world):
+    """The SFT warm-up's gold responses are real-environment calls too: the running total starts there."""
+    specs = world["specs"]
+    gold = sum(len(step.calls) for spec in specs for turn in spec.gold for step in turn if step.responses is not None)
+    assert gold > 0
+    _, history = _train(world, "envace", steps=1, sft=replace(BASE.sft, epochs=1))
+    rl = [m for m in history if "step" in m]
+    assert rl[-1]["real_env/calls_total"] == gold  # envace adds no real call after the warm-up
+
+
 def test_frozen_act_trains_rehearse_only(world, runs):
     result, history = runs["frozen_act"]
     assert _changed(result.models["policy"], world["initial"])
@@ -163,3 +189,48 @@ def test_kill_and_resume_gives_identical_weights(world, tmp_path, precision):
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert _changed(full.models["policy"], world["initial"])
     assert (tmp_path / "full" / "final" / "policy" / "config.json").is_file()
+
+
+def _probe_answers(monkeypatch, *speedups):
+    """A bf16 CPU whose model probe answers ``speedups`` in turn (then the last one again); returns
+    the list the probe appends a call to."""
+    calls = []
+
+    def probe(model, threads):
+        calls.append(threads)
+        return speedups[min(len(calls), len(speedups)) - 1]
+
+    monkeypatch.setattr(precision_probe, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(precision_probe, "model_bf16_speedup", probe)
+    return calls
+
+
+RESUMABLE = {
+    "steps": 2,
+    "prompts_per_step": 1,
+    "checkpoint_every": 1,
+    "precision": "auto",
+    "optim": replace(BASE.optim, track_role_grad_norms=False),
+}
+
+
+def test_resume_reuses_the_first_process_precision(world, tmp_path, monkeypatch):
+    """``auto`` is decided once per run: the first process probes (bf16 pays: 2x) and records bf16 in
+    its checkpoint; the resumed process, whose probe would now say fp32 (1x), reuses bf16 unprobed."""
+    calls = _probe_answers(monkeypatch, 2.0, 1.0)
+    _, first = _train(world, "envace", output_dir=str(tmp_path), stop_after_steps=1, **RESUMABLE)
+    _, resumed = _train(world, "envace", output_dir=str(tmp_path), **RESUMABLE)
+    assert [m["step"] for m in first + resumed] == [1.0, 2.0]
+    assert [m["engine/bf16"] for m in first + resumed] == [1.0, 1.0]
+    assert len(calls) == 1  # the resumed process did not probe
+    record = load_latest(tmp_path / "checkpoints").state["precision"]
+    assert record["precision"] == "bf16" and record["requested"] == "auto" and record["bf16_supported"] is True
+    assert record["cpu_model"] == precision_probe.cpu_model()
+
+
+def test_resume_refuses_an_explicit_other_precision(world, tmp_path, monkeypatch):
+    """A run decided bf16; resuming it with engine.precision=fp32 is refused, naming both and the fix."""
+    _probe_answers(monkeypatch, 2.0)
+    _train(world, "envace", output_dir=str(tmp_path), stop_after_steps=1, **RESUMABLE)
+    with pytest.raises(ValueError, match=r"engine.precision=fp32 but .* trained at bf16.*engine.precision=bf16"):
+        _train(world, "envace", output_dir=str(tmp_path), **{**RESUMABLE, "precision": "fp32"})

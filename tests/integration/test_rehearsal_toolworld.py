@@ -21,6 +21,7 @@ from envace.evaluation import OracleBackend, build_policy, evaluate, measure_fid
 from envace.evaluation.episode import ActLoopConfig
 from envace.inference.base import ChatOutput, ChatRequest
 from envace.rehearsal import RehearsalSettings, evaluate_with_rehearsal, run_rehearsal_sweep
+from envace.rehearsal.oracle import ORACLE_REHEARSER
 
 torch.set_num_threads(1)
 
@@ -47,6 +48,18 @@ class RecordingToolWorldEnv(ToolWorldEnv):
         executor = RecordingExecutor(task, self.calls)
         self.executors.append(executor)
         return executor
+
+
+class SandboxedAdapter(ToolWorldAdapter):
+    """The tool world whose fresh executors for rehearsal sandboxes log into ``sandbox_calls`` (the committed
+    execution's executors still come from ``env``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sandbox_calls: list[ToolCall] = []
+
+    def real_executor(self, task: Task) -> RecordingExecutor:
+        return RecordingExecutor(task, self.sandbox_calls)
 
 
 HARMFUL = ToolCall("transfer", {"from_account_id": "acc_2", "to_account_id": "acc_1", "amount": 999})
@@ -132,6 +145,45 @@ def test_small_sweep_on_the_tool_world():
     for cell in cells:  # the oracle ignores its memory, so every cell replays gold exactly once per task
         assert cell.metrics.success_rate == 1.0 and cell.costs.real_env_calls == pytest.approx(gold_calls)
     assert cells[1].records[0].info["rehearsal"]["outcomes"][0]["memory"]["source"] == "structured"
+
+
+@pytest.mark.parametrize("mode, scope", [("parallel", "turn"), ("sequential", "task")])
+def test_oracle_rehearser_answers_from_a_sandbox_never_the_committed_executor(bank_task, mode, scope):
+    """The oracle rehearser: the attempts' calls get the real environment's answers from sandboxed copies
+    (fresh executors, the real conversation replayed), counted apart; the committed execution stays one."""
+    env = RecordingToolWorldEnv()  # the committed executions' executors
+    adapter = SandboxedAdapter(ActLoopConfig(max_steps_per_turn=4), env=env)
+    oracle = OracleBackend([bank_task], make_executor=ToolWorldExecutor)  # its own executors, not env's
+    settings = RehearsalSettings(RehearsalConfig(n_attempts=2, mode=mode, scope=scope, act_temperature=0.7))
+    cells = run_rehearsal_sweep(
+        adapter,
+        RehearsingActor(oracle),
+        {"oracle": ORACLE_REHEARSER},
+        [2],
+        [mode],
+        [bank_task],
+        settings,
+        progress=False,
+        reuse_generations=False,
+    )
+    rec = cells[-1].records[0]
+    gold = [c for turn in bank_task.gold_calls for step in turn for c in step]
+    attempts = [a for o in rec.info["rehearsal"]["outcomes"] for a in o["attempts"]]
+    # the harmful transfer of every attempt got the bank's real answer (an error: acc_2 cannot cover it)
+    first = [a["turns"][0] for a in attempts if a["turns"] and a["turns"][0]["user_turn"] == 0]  # fresh state
+    assert first and all(t["tool_calls"][0]["arguments"]["amount"] == 999 for t in first)
+    real_answer = ToolWorldExecutor(bank_task).execute(HARMFUL)
+    assert all(t["responses"][0] == real_answer for t in first)
+    costs = rec.info["rehearsal"]["costs"]
+    assert costs["committed_executions"] == 1 and costs["real_env_calls"] == rec.real_calls == len(gold)
+    assert costs["rehearsal_sandbox_calls"] >= len(first) and cells[-1].costs.rehearsal_sandbox_calls > 0
+    # one committed execution, whose calls are exactly gold; the rehearsed transfers ran on sandboxes only
+    assert len(env.executors) == 1
+    assert [(c.name, c.arguments) for c in env.calls] == [(c.name, c.arguments) for c in gold]
+    sandboxed = [(c.name, c.arguments) for c in adapter.sandbox_calls]
+    assert (HARMFUL.name, HARMFUL.arguments) in sandboxed and len(sandboxed) == costs["rehearsal_sandbox_calls"]
+    final = rec.final_state["bank"]["accounts"]
+    assert final["acc_1"]["balance"] == 550 - 450 and final["acc_2"]["balance"] == 1590 and rec.success
 
 
 @pytest.fixture(scope="module")

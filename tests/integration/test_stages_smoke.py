@@ -74,6 +74,9 @@ def test_train_exports_a_checkpoint_with_a_manifest_and_step_metrics(chain):
     steps = pd.read_csv(root / "plots" / "train_steps.csv")
     assert list(steps["step"]) == list(range(0, cfg.train.steps + 1))  # step 0: the probe before any update
     assert metrics["train"]["steps_done"] == cfg.train.steps
+    # the precision the run decided once, recorded for the later stages (and MLflow's params)
+    assert metrics["train"]["precision"] == manifest["precision"]["precision"] in ("bf16", "fp32")
+    assert {"requested", "cpu_model", "bf16_supported"} <= set(manifest["precision"])
     assert not (root / ".envace" / "train").exists() or not any((root / ".envace" / "train").iterdir())
 
 
@@ -114,6 +117,9 @@ def test_evaluate_scores_policy_and_base_with_domains_and_fidelity(chain):
         assert len(read_jsonl(root / "evaluation" / "toolworld" / f"{label}.predictions.jsonl")) == m["n_tasks"]
     # the baseline is the SFT warm-up's weights (eval.baseline=auto, the run had a warm-up), with intervals
     assert m["baseline"] == "sft" and m["base"]["model"].startswith("sft:")
+    # eval.precision auto: every model at the precision the training run decided (its manifest)
+    trained_at = read_json(root / "checkpoints" / "manifest.json")["precision"]["precision"]
+    assert m["precision"] == m["policy"]["precision"] == m["base"]["precision"] == trained_at
     for label in ("policy", "base"):
         lo, hi = m[label]["success_ci95"]
         assert 0.0 <= lo <= m[label]["success_rate"] <= hi <= 1.0
@@ -135,12 +141,32 @@ def test_rehearsal_sweep_covers_the_grid(chain):
     n_positive = sum(1 for n in cfg.rehearsal.n_attempts if n > 0)
     assert len(cells) == 1 + n_positive * len(cfg.rehearsal.modes) * len(cfg.rehearsal.rehearsers)
     assert {(c["mode"], c["rehearser"]) for c in cells if c["n_attempts"]} == {
-        (m, r) for m in ("parallel", "sequential") for r in ("trained", "base")
+        (m, r) for m in ("parallel", "sequential") for r in ("trained", "base", "oracle")
     }
     assert {c["benchmark"] for c in cells} == {"toolworld"}
     assert {c["scope"] for c in cells if c["n_attempts"]} == {"turn"}  # the default: no future user turns
     assert all(c["cost/committed_executions"] == 1.0 for c in cells)
+    trained_at = read_json(root / "checkpoints" / "manifest.json")["precision"]["precision"]
+    assert metrics["rehearsal_sweep"]["precision"] == trained_at
     assert len(json.loads((root / "rehearsal" / "toolworld" / "cells.json").read_text())) == len(cells)
+
+
+def test_sweep_n0_equals_evaluation(chain):
+    """N=0 in the sweep is the evaluate stage's run: the same per-task outcomes and committed texts."""
+    cfg, metrics, root = chain
+    evaluated = {r["task_id"]: r for r in read_jsonl(root / "evaluation" / "toolworld" / "policy.predictions.jsonl")}
+    (n0,) = (c for c in metrics["rehearsal_sweep"]["cells"].values() if c["n_attempts"] == 0)
+    swept = read_jsonl(root / "rehearsal" / "toolworld" / f"n0-{n0['mode']}-{n0['rehearser']}.records.jsonl")
+    common = [r for r in swept if r["task_id"] in evaluated]
+    assert len(common) == len(swept) == cfg.rehearsal.n_tasks  # the sweep's tasks are among the evaluation's
+    for record in common:
+        gold = evaluated[record["task_id"]]
+        assert (record["success"], record["score"], record["final_answers"]) == (
+            gold["success"],
+            gold["score"],
+            gold["final_answers"],
+        )
+        assert [t["act_text"] for t in record["turns"]] == [t["act_text"] for t in gold["turns"]]
 
 
 def test_report_writes_tables_and_plots_from_the_metrics(chain):

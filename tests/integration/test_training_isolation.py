@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from envace.core.records import ToolCall
+from envace.core.unknown_tool import UNKNOWN_TOOL
 from envace.engines import executor_factory_for, get_engine
 from envace.engines.base import toolworld_verifiable_reward
 from envace.engines.local import (
@@ -90,8 +91,10 @@ def _train(world, variant: str, **overrides):
     return factory, produced
 
 
-def _tool_calls(trajectories) -> int:
-    return sum(len(turn.tool_calls) for traj in trajectories for turn in traj.turns)
+def _unknown(response) -> bool:
+    """The unknown-tool rule's answer: a call naming no tool of the task never reaches the executor
+    (``envace.core.unknown_tool``)."""
+    return isinstance(response, dict) and (response.get("error") or {}).get("code") == UNKNOWN_TOOL
 
 
 @pytest.mark.parametrize("variant", ["envace", "per_role", "frozen_act", "frozen_rehearse"])
@@ -111,8 +114,9 @@ def test_grpo_training_makes_one_real_call_per_tool_call(guided_world) -> None:
     factory, produced = _train(guided_world, "grpo")
     assert len(produced) == BASE.steps * BASE.prompts_per_step * BASE.rollout.samples_per_prompt
     assert len(factory.built) == len(produced)  # one fresh executor per trajectory
-    assert factory.calls == _tool_calls(produced) > 0
+    assert factory.calls == sum(traj.info["real_env_calls"] for traj in produced) > 0  # the sample-efficiency count
     for executor, traj in zip(factory.built, produced):  # built and scored in the same (episode) order
-        assert executor.calls == [c for turn in traj.turns for c in turn.tool_calls]
-        assert executor.responses == [r for turn in traj.turns for r in turn.responses]
+        known = [(c, r) for turn in traj.turns for c, r in zip(turn.tool_calls, turn.responses) if not _unknown(r)]
+        assert executor.calls == [c for c, _ in known]
+        assert executor.responses == [r for _, r in known]
         assert not any(turn.rehearsed for turn in traj.turns if turn.tool_calls)

@@ -11,13 +11,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from envace.config import compose
 from envace.core.advantages import (
     compute_grpo_advantages,
     compute_rolewise_advantages,
     count_output_spans,
     token_advantages,
 )
-from envace.core.records import Role
+from envace.core.records import Role, Segment, Stream, Trajectory
+from envace.engines.base import get_variant
+from envace.engines.local.trainer import compute_output_advantages
+from envace.engines.verl.advantages import verl_grpo_advantage
+from envace.engines.verl.config_builder import loop_settings
+from envace.stages.train_setup import local_engine_config
 
 ACT, REH = Role.ACT, Role.REHEARSE
 
@@ -264,3 +270,55 @@ def test_singleton_differs_from_verl_by_design() -> None:
     )
     assert verl_adv[0].tolist() == pytest.approx([0.8, 0.8])
     assert compute_rolewise_advantages(torch.tensor([0.8]), ["u"], [ACT]).tolist() == [0.0]
+
+
+# (prompt group, trajectory reward, ACT outputs): in group x the rewarded trajectory holds 5 of the 8 ACT
+# outputs, so a mean over outputs gives 0.625 where the mean of the K trajectory rewards is 0.25
+TOY_GROUPS = [("x", 0.0, 1), ("x", 0.0, 1), ("x", 0.0, 1), ("x", 1.0, 5), ("y", 0.2, 3), ("y", 0.6, 1), ("y", 1.0, 2)]
+
+
+def _toy_trajectories() -> list[Trajectory]:
+    """One ACT stream per trajectory: a prompt segment, then its ACT outputs (one token each)."""
+    return [
+        Trajectory(
+            prompt_id=group,
+            sample_index=i,
+            streams=(Stream(Role.ACT, (Segment((0,)), *[Segment((1,), role=ACT)] * n)),),
+            reward=reward,
+        )
+        for i, (group, reward, n) in enumerate(TOY_GROUPS)
+    ]
+
+
+@pytest.mark.parametrize("norm", [False, True])
+def test_grpo_baseline_is_trajectory_mean(norm: bool, tmp_path) -> None:
+    """The grpo arm as configured (conf/algo/grpo.yaml) is standard GRPO on both engines: verl's GRPO over one
+    row per trajectory, broadcast to the trajectory's ACT outputs, however many outputs each trajectory has."""
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage  # lazy: verl loads ray
+
+    cfg = compose(["algo=grpo", f"algo.norm_by_std={norm}"])
+    counts = torch.tensor([n for _, _, n in TOY_GROUPS])
+    index = np.array([g for g, _, _ in TOY_GROUPS], dtype=object)
+    token_rewards, mask = torch.tensor([[r] for _, r, _ in TOY_GROUPS]), torch.ones(len(TOY_GROUPS), 1)
+    verl_rows, _ = compute_grpo_outcome_advantage(
+        token_rewards, mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=norm
+    )
+    expected = verl_rows[:, 0].repeat_interleave(counts)
+    if not norm:  # group x: baseline 0.25, so the rewarded trajectory gets 0.75 and the others -0.25
+        assert expected[:8].tolist() == pytest.approx([-0.25] * 3 + [0.75] * 5)
+
+    local = local_engine_config(cfg, tmp_path, None)  # the local engine's path: trainer.compute_output_advantages
+    trajectories = _toy_trajectories()
+    got = compute_output_advantages(trajectories, index.tolist(), get_variant(local.variant), local.optim)
+    torch.testing.assert_close(got.values, expected, atol=1e-5, rtol=0)
+
+    rows, _ = verl_grpo_advantage(  # the verl engine's path: one ACT row per trajectory, its outputs counted
+        token_rewards,
+        mask,
+        index,
+        config={"norm_adv_by_std_in_grpo": cfg.algo.norm_by_std},
+        trajectory_ids=[f"t{i}" for i in range(len(TOY_GROUPS))],
+        outputs_per_row=counts,
+        baseline=loop_settings(cfg).baseline,
+    )
+    torch.testing.assert_close(rows[:, 0], verl_rows[:, 0], atol=1e-5, rtol=0)

@@ -1,4 +1,4 @@
-"""Checklist reward aggregation (SPEC §2) on hand-computed cases and on the public CM2 sample."""
+"""Checklist reward aggregation (docs/method.md §4) on hand-computed cases and on the public CM2 sample."""
 
 from __future__ import annotations
 

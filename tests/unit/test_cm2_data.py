@@ -21,7 +21,6 @@ from envace.data.cm2 import (
     load_cm2,
     read_cm2_bytes,
     read_cm2_file,
-    rehearsal_examples,
     reject_counts,
     split_of,
     split_rows,
@@ -124,8 +123,6 @@ def test_cm2_sample_is_accepted_with_stats_and_spec(sample_path: Path) -> None:
     assert exchange.call.arguments == {"teamid": "Washington Huskies"}
     assert exchange.response["error"] == "Invalid tool call"
     assert spec.reference_replies[0].startswith("It looks like there was an issue")
-    assert rehearsal_examples(spec, 0) == ()
-    assert rehearsal_examples(spec, 2) == (exchange,)
     task = spec.to_task(split="val")
     assert task.task_id == spec.uuid and len(task.gold_calls[0]) == 1 and task.checklists[0][0]["id"] == "C0"
 
@@ -520,26 +517,10 @@ def test_episode_spec_of_synthetic_row() -> None:
         [(2, "k2", {"value": 2})],
     ]
     assert spec.reference_replies == ("The value is 0.", "The value is 1.", "The value is 2.")
-    assert rehearsal_examples(spec, 2, max_examples=1)[0].turn == 1
-    with pytest.raises(ValueError, match="turn_index=3"):
-        rehearsal_examples(spec, 3)
     with pytest.raises(ValueError, match="bad_arguments_json"):
         cm2_row_to_episode_spec(MALFORMED["arguments_not_json"][0])
     with pytest.raises(ValueError, match="variant 1"):
         cm2_row_to_episode_spec(make_row(), variant=1)
-
-
-@FUZZ
-@given(n_turns=st.integers(1, 6), data=st.data())
-def test_rehearsal_examples_never_leak_the_rehearsed_or_later_turns(n_turns: int, data: st.DataObject) -> None:
-    spec = cm2_row_to_episode_spec(make_row(n_turns=n_turns))
-    turn = data.draw(st.integers(0, n_turns - 1))
-    limit = data.draw(st.none() | st.integers(0, 10))
-    examples = rehearsal_examples(spec, turn, max_examples=limit)
-    assert all(ex.turn < turn for ex in examples)
-    keys = {ex.call.arguments["key"] for ex in examples}
-    assert all(f"k{t}" not in keys for t in range(turn, n_turns))
-    assert len(examples) == (turn if limit is None else min(turn, limit))
 
 
 # ---- fuzzing --------------------------------------------------------------------------------------------
@@ -617,5 +598,4 @@ def test_engine_spec_of_cm2_row_keeps_recorded_responses_per_step() -> None:
     assert engine_spec.task_id == "row-0" and engine_spec.source == "cm2"
     assert engine_spec.user_turns == spec.user_turns and len(engine_spec.checklists) == 2
     assert [len(steps) for steps in engine_spec.gold] == [1, 1]
-    assert engine_spec.examples_before(1) == ((spec.exchanges[0][0].call, {"value": 0}),)
-    assert engine_spec.examples_before(0) == ()
+    assert engine_spec.gold[0][0].responses == ({"value": 0},)

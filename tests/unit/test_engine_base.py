@@ -66,11 +66,9 @@ def test_variants_and_unknown_variant():
         get_variant("ppo")
 
 
-def test_spec_validation_and_earlier_turn_examples_only():
+def test_spec_validation():
     spec = _spec()
-    assert spec.examples_before(0) == ()
-    assert spec.examples_before(1) == ((CALL_A, {"temp": 21}),)  # never the current/later turn's response
-    assert spec.examples_of_turn(1) == ((CALL_B, {"temp": 25}),)
+    assert [[step.responses for step in steps] for steps in spec.gold] == [[({"temp": 21},)], [({"temp": 25},)]]
     with pytest.raises(ValueError, match="one entry per user turn"):
         _spec(gold=((),))
     with pytest.raises(ValueError, match="no user turns"):
@@ -119,4 +117,3 @@ def test_cm2_row_hook_gives_an_engine_spec():
     spec = to_episode_spec(row)
     assert isinstance(spec, EpisodeSpec) and spec.source == "cm2"
     assert len(spec.user_turns) == len(spec.checklists) >= 1
-    assert spec.examples_before(0) == ()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 
@@ -11,6 +12,7 @@ import torch
 
 from envace.engines.local import step_examples
 from envace.engines.local.checkpoint import (
+    CorruptCheckpointError,
     list_checkpoints,
     load_latest,
     save_checkpoint,
@@ -76,6 +78,28 @@ def test_pruning_keeps_newest(tmp_path):
     assert load_latest(tmp_path / "missing") is None
 
 
+def _truncate(path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_corrupt_checkpoint_falls_back(tmp_path, caplog):
+    """A truncated file in the newest checkpoint: the previous kept one is used, with a warning naming both;
+    with every kept checkpoint bad, the error names the bad file and what to delete."""
+    model, opt = _model_and_opt()
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, {"policy": model}, {"policy": opt}, {}, keep=2)
+    newest = tmp_path / "step_00000002" / "models" / "policy.pt"
+    _truncate(newest)
+    with caplog.at_level("WARNING"):
+        ckpt = load_latest(tmp_path)
+    assert ckpt.step == 1 and ckpt.model_state("policy").keys() == model.state_dict().keys()
+    assert str(newest) in caplog.text and "step_00000001" in caplog.text
+    _truncate(tmp_path / "step_00000001" / "optim" / "policy.pt")
+    with pytest.raises(CorruptCheckpointError, match=r"optim/policy\.pt.*Delete " + str(tmp_path)):
+        load_latest(tmp_path)
+
+
 def test_step_examples_is_a_seeded_permutation_per_epoch():
     first_epoch = [i for step in range(3) for i in step_examples(step, 6, 2, seed=0)]
     assert sorted(first_epoch) == list(range(6))
@@ -88,5 +112,8 @@ def test_metrics_history_round_trips_and_old_checkpoints_have_none(tmp_path):
     history = [{"sft/loss": 1.5}, {"step": 0.0, "fidelity/exact_match": 0.25}, {"step": 1.0, "reward/mean": 0.5}]
     path = save_checkpoint(tmp_path, 1, {"policy": model}, {"policy": opt}, {}, history=history)
     assert load_latest(tmp_path).history() == history
-    (path / "history.json").unlink()  # a checkpoint written before histories were saved
+    (path / "history.json").unlink()  # a checkpoint written before histories (and checksums) were saved
+    state = json.loads((path / "state.json").read_text())
+    del state["checksums"]
+    (path / "state.json").write_text(json.dumps(state))
     assert load_latest(tmp_path).history() == []

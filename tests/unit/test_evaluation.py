@@ -159,11 +159,12 @@ def test_parse_failure_ends_the_episode(adapter):
     assert run.metrics.parse_failure_rate == 1.0 and run.metrics.episode_parse_failure_rate == 1.0
 
 
-def test_step_limit_ends_the_episode_and_unknown_tools_reach_the_executor(adapter):
+def test_step_limit_ends_the_episode_and_unknown_tools_never_reach_the_executor(adapter):
     looping = TextBackend('<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>')
     rec = evaluate(adapter, looping, TASKS[:1], progress=False).records[0]
-    assert rec.termination is Termination.MAX_STEPS and rec.real_calls == 3
-    assert rec.turns[0].responses == ({"error": "unknown tool nope"},)
+    assert rec.termination is Termination.MAX_STEPS and rec.real_calls == 0  # envace.core.unknown_tool answers
+    unknown = {"error": {"code": "UNKNOWN_TOOL", "message": "unknown tool 'nope'; available: get, put"}}
+    assert rec.turns[0].responses == (unknown,)
     assert rec.costs["act"]["calls"] == 3 and rec.costs["act"]["completion_tokens"] == 9
 
 

@@ -334,7 +334,8 @@ def test_fidelity_skips_responses_that_the_replay_made_up(adapter: FinMCPAdapter
     record = adapter.run_episode(ScriptedPolicy([call, "Done."]), task)
     turn = record.turns[0]
     assert turn.responses[1] == recorded.response
-    assert turn.stand_ins == (0, 2)  # NOT_RECORDED and UNKNOWN_TOOL were made up by the replay
+    assert turn.stand_ins == (0,)  # NOT_RECORDED was made up by the replay
+    assert turn.responses[2]["error"]["code"] == "UNKNOWN_TOOL"  # by the ACT loop's rule, not the replay
     rehearser = ScriptedPolicy(["x"], rehearse=render_rehearsal({"rate": 1.09}))
     report = measure_fidelity(rehearser, [record], [task], progress=False)
     assert [(p.tool, p.real) for p in report.pairs] == [(recorded.call.name, recorded.response)]

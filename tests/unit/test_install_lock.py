@@ -193,3 +193,46 @@ def test_install_refuses_an_unknown_set(tmp_path):
         timeout=60,
     )
     assert proc.returncode == 1 and "unknown install set 'nosuchset'" in proc.stderr and "bench" in proc.stderr
+
+
+def test_pyproject_and_the_installer_name_one_python():
+    from packaging.specifiers import SpecifierSet
+
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert requires == "==3.11.*" and "3.11.9" in SpecifierSet(requires) and "3.12.0" not in SpecifierSet(requires)
+    script = (ROOT / "scripts" / "install.sh").read_text()
+    assert not re.search(r"^PY_NEEDED=3", script, re.M), "install.sh must read the Python from pyproject.toml"
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# the real venv's python, except that `-m pip` only records its arguments (nothing is installed)
+if [ "$1" = "-m" ] && [ "$2" = "pip" ]; then echo "${*:3}" >> "$(dirname "$0")/../pip.log"; exit 0; fi
+exec {python} "$@"
+"""
+
+
+def test_an_up_to_date_venv_is_not_reinstalled(tmp_path):
+    """`make` runs the installer on every call with the default, relative, VENV=.venv: once its stamp
+    matches the install inputs it must touch nothing (no pip at all), and say so."""
+    venv = tmp_path / "v"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text(FAKE_PYTHON.replace("{python}", sys.executable))
+    python.chmod(0o755)
+
+    def install() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(ROOT / "scripts" / "install.sh"), "v"],  # relative, as the Makefile passes .venv
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    first = install()
+    assert first.returncode == 0, first.stderr
+    assert (venv / ".envace-installed").exists() and "-e" in (venv / "pip.log").read_text()
+    (venv / "pip.log").unlink()
+    again = install()
+    assert again.returncode == 0, again.stderr
+    assert "is up to date" in again.stdout and not (venv / "pip.log").exists(), again.stdout

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,54 @@ def test_make_help_shows_expanded_values():
         env=env,
     ).stdout
     assert "(/opt/venv)" in out and "on the smoke profile" in out
+
+
+# ---- issue 45: `dvc metrics show` reads headline numbers only ----------------------------------------
+METRICS_KEY_BUDGET = 64  # flattened keys per declared metrics file: a few dozen headline numbers
+SHOW_LINE_BUDGET = 4000  # characters per line of `dvc metrics show` (one column per key, over all files)
+
+
+def _declared_metrics() -> list[tuple[object, Path]]:
+    """(stage, path) of every ``metrics:`` entry of dvc.yaml and science/dvc.yaml, as DVC resolves them."""
+    from dvc.repo import Repo
+
+    with Repo(str(ROOT)) as repo:
+        return [(stage, Path(out.fs_path)) for stage in repo.index.stages for out in stage.outs if out.metric]
+
+
+def _flat_keys(tree) -> int:
+    return sum(_flat_keys(v) for v in tree.values()) if isinstance(tree, dict) and tree else 1
+
+
+def test_metrics_files_key_budget():
+    declared = _declared_metrics()
+    assert ROOT / "science" / "science.json" in {p for _, p in declared}
+    for stage, path in declared:
+        assert path.exists(), f"{path} is declared as metrics by {stage.addressing} but is not committed"
+        n = _flat_keys(json.loads(path.read_text()))
+        assert n <= METRICS_KEY_BUDGET, f"{path.relative_to(ROOT)}: {n} keys; move the detail to its details file"
+        # the rest sits beside it, a plain output of the same stage (DVC reads it only when named)
+        details = runner.details_path(path)
+        assert details in {Path(o.fs_path) for o in stage.outs if not o.metric}, f"{stage.addressing}: {details}"
+    shown = subprocess.run(
+        [str(Path(sys.executable).with_name("dvc")), "metrics", "show"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    widest = max(len(line) for line in shown.stdout.splitlines())
+    assert widest <= SHOW_LINE_BUDGET, f"`dvc metrics show` prints lines of {widest} characters"
+
+
+def test_the_science_headline_keeps_the_aggregate_and_the_details_keep_the_rest():
+    """The aggregate's writer on the committed matrix: the headline within budget, nothing lost."""
+    from envace.reporting.science import HEADLINE
+
+    full = runner.read_metrics(ROOT / "science" / "science.json")
+    numbers, details = runner.split_metrics(full, HEADLINE)
+    assert 0 < _flat_keys(numbers) <= METRICS_KEY_BUDGET
+    envace = full["aggregate"]["variants"]["envace"]["all"]["mean"]
+    assert numbers["aggregate"]["variants"]["envace"]["all"]["mean"] == envace
+    assert "tasks" in details["envace/seed0"] and runner.merge_metrics(numbers, details) == full

@@ -1,5 +1,5 @@
-"""Test-time rehearsal runs what SPEC §4 describes (tracker issue 12, points 1 and 8), at config level and on
-the real tool world with scripted seats.
+"""Test-time rehearsal runs what docs/method.md §12 describes (tracker issue 12, points 1 and 8), at config
+level and on the real tool world with scripted seats.
 
 * ``parallel`` with N > 1 at ACT temperature 0 would decode N copies of one attempt: it is refused when the
   ``RehearsalConfig`` is built, when the Hydra config loads (every cell of the sweep grid is checked) and

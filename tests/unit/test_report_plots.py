@@ -221,13 +221,31 @@ def test_reasons_instead_of_figures_without_data():
     baseline_only = testtime_plots.sweep_cells({"cells": [{"n_attempts": 0, "success_rate": 1.0}]})
     assert "cost" in testtime_plots.testtime_cost_figure(baseline_only)
     assert plots.fidelity_figure(STEPS[["step", "reward/mean"]]).endswith("(not measured)")
+    assert plots.efficiency_figure(pd.DataFrame()).startswith("no policy with both")
 
 
 def test_save_plots_writes_pngs_and_the_testtime_points(tmp_path):
-    made, skipped = plots.save_plots(
-        tmp_path, steps=STEPS, curves=STEPS, variants={"envace (w)": STEPS}, testtime=testtime_plots.sweep_cells(SWEEP)
+    efficiency = pd.DataFrame(
+        {
+            "policy": ["start (sft)", "grpo (w)"],
+            "benchmark": "toolworld",
+            "real_env_calls": [30, 90],
+            "success": [20, 40],
+        }
     )
-    assert skipped == {} and all((tmp_path / name).read_bytes()[:4] == b"\x89PNG" for name in made)
+    made, skipped = plots.save_plots(
+        tmp_path,
+        steps=STEPS,
+        curves=STEPS,
+        variants={"envace (w)": STEPS},
+        testtime=testtime_plots.sweep_cells(SWEEP),
+        efficiency=efficiency,
+    )
+    assert (
+        skipped == {}
+        and "success_vs_real_calls.png" in made
+        and all((tmp_path / name).read_bytes()[:4] == b"\x89PNG" for name in made)
+    )
     points = pd.read_csv(tmp_path / testtime_plots.TESTTIME_POINTS)
     assert len(points) == 9 and {"n_attempts", "success_rate", "low", "high"} <= set(points.columns)
 

@@ -17,10 +17,11 @@ from envace.config import compose, typed_config
 from envace.experiments import SCHEMA_VERSION
 from envace.reporting.comparison import RunResult, ablation_table, collected_runs, latest_per, model_size
 from envace.reporting.intervals import bootstrap_over_seeds, bootstrap_overall, wilson
-from envace.reporting.layout import REFERENCE_TITLE
+from envace.reporting.layout import PER_ROLE_VERL_NOTE, REFERENCE_TITLE
 from envace.reporting.plots import curves_frame, merge_curves, plot_reward_per_variant
 from envace.reporting.provenance import CURRENT, STALE, header_lines, input_state, input_states, stale_note
 from envace.reporting.reference import REFERENCE_COLUMN
+from envace.reporting.report_markdown import ablation_note
 from envace.reporting.tables import NOT_RUNNABLE, fidelity_table, main_table, render_markdown
 from envace.stages import report
 from envace.utils.io import write_json
@@ -33,6 +34,7 @@ ALL_PLOTS = [
     "fidelity_over_training.png",
     "testtime.png",
     "testtime_cost.png",
+    "success_vs_real_calls.png",
 ]
 
 
@@ -62,7 +64,7 @@ def _entry(
             "seed": 0,
         },
         "success_rate": {b: {"policy": r, "base": 0.0} for b, r in (rates or {"toolworld": 0.25}).items()},
-        "train": {"final_reward": reward, "steps_done": 2, "variant": algo},
+        "train": {"final_reward": reward, "steps_done": 2, "variant": algo, "real_env_calls": 40.0},
         "curves": curves,
         "curves_source": "train.json" if curves else None,
     }
@@ -98,7 +100,13 @@ def _metrics_dir(root: Path, *, curves: bool = True, fidelity: bool = True, expe
             "base": {"success_rate": 0.125, "n_tasks": 8},
         },
     )
-    train = {"final/reward/mean": 0.5, "steps_done": 2, "variant": "envace"}
+    train = {
+        "final/reward/mean": 0.5,
+        "steps_done": 2,
+        "variant": "envace",
+        "final/real_env/sft_calls": 30.0,
+        "final/real_env/calls_total": 30.0,
+    }
     if curves:
         train["curves"] = {
             "step": [0, 1, 2],
@@ -209,6 +217,14 @@ def test_without_collected_experiments_each_table_is_the_current_run_and_says_ho
     assert "python -m envace.experiments collect && dvc repro report" in text
 
 
+def test_under_verl_the_ablation_table_says_why_per_role_has_no_row():
+    verl, local = (typed_config(compose(["profile=smoke", f"engine={e}"])) for e in ("verl", "local"))
+    without = pd.DataFrame({"variant": ["grpo", "envace"]})
+    assert PER_ROLE_VERL_NOTE in ablation_note(verl, without, collected=True)
+    assert PER_ROLE_VERL_NOTE not in ablation_note(local, without, collected=True)
+    assert PER_ROLE_VERL_NOTE not in ablation_note(verl, pd.DataFrame({"variant": ["per_role"]}), collected=True)
+
+
 def test_every_plot_is_drawn_and_listed(make_report):
     out, summary = make_report()
     assert summary["plots"] == ALL_PLOTS and summary["skipped_plots"] == {}
@@ -216,6 +232,17 @@ def test_every_plot_is_drawn_and_listed(make_report):
         assert (out / name).read_bytes()[:4] == b"\x89PNG" and (out / name).stat().st_size > 2000
         assert f"![{name}]({name})" in (out / "report.md").read_text()
     assert {"ablation", "scale"} <= set(summary["tables"])
+
+
+def test_sample_efficiency_table_places_each_policy_at_its_real_environment_calls(make_report):
+    out, _ = make_report()
+    table = pd.read_csv(out / "efficiency.csv")
+    start, trained = table.iloc[0], table.iloc[1]
+    assert start["policy"].startswith("start") and (start["real_env_calls"], start["success"]) == (30.0, 12.5)
+    assert trained["policy"] == "envace (this run)" and (trained["real_env_calls"], trained["success"]) == (30.0, 37.5)
+    collected = table.iloc[2:]
+    assert len(collected) >= 1 and set(collected["real_env_calls"]) == {40.0}
+    assert "## Sample efficiency" in (out / "report.md").read_text()
 
 
 def test_fidelity_plot_is_skipped_and_explained_when_not_measured(make_report):
@@ -562,6 +589,23 @@ def test_the_commit_recorded_by_the_stage_runner_decides_staleness(tmp_path, mon
     monkeypatch.setenv("DVC_STAGE", "report")  # inside dvc repro: the repro itself checked dvc.lock
     a, _ = input_states(tmp_path / "metrics", "metrics", ["a", "b"])
     assert a.state == CURRENT and a.commit == first[:7] and "dvc repro" in a.detail
+
+
+def test_a_non_default_profile_in_params_yaml_leaves_the_code_clean(tmp_path):
+    """params.yaml is the composed config (``make params``, ``dvc exp run -S``), not code: changing it
+    does not make the report call the code dirty; an edit under envace/ does."""
+    from envace.reporting.provenance import head_state
+
+    (tmp_path / "envace").mkdir()
+    (tmp_path / "envace" / "stage.py").write_text("x = 1\n")
+    (tmp_path / "params.yaml").write_text("profile: cpu\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-qm", "code and the default params")
+    (tmp_path / "params.yaml").write_text("profile: smoke\n")
+    assert head_state(tmp_path)[1] is False
+    (tmp_path / "envace" / "stage.py").write_text("x = 2\n")
+    assert head_state(tmp_path)[1] is True
 
 
 def test_gain_table_reads_each_evaluations_paired_difference_in_points():

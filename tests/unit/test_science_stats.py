@@ -8,6 +8,7 @@ from omegaconf import OmegaConf
 
 from envace.config import compose, load_params
 from envace.reporting.science_stats import comparisons, mean_interval, outcomes_of, paired_difference
+from envace.stages.runner import read_metrics
 from envace.stages.science import cell_name, part_overrides
 
 
@@ -120,8 +121,6 @@ def test_aggregate_writes_science_json_and_the_report(tmp_path, split):
     """Per-part files as the science stages write them -> science.json's layout and science.md's tables.
     ``split``: the base rehearser's cells come from stage testtime_base (base_rehearser/testtime/<cell>),
     as the DAG runs them; the aggregate folds them in with the same pairing as one whole sweep."""
-    import json
-
     from envace.reporting.science import aggregate
 
     cfg = compose(
@@ -167,7 +166,7 @@ def test_aggregate_writes_science_json_and_the_report(tmp_path, split):
         _write(tt / "rehearsal_sweep.json", {"cells": {k: v for k, v in sweep["cells"].items() if keep(k)}})
         _write(tt / "tasks.json", {k: v for k, v in tasks.items() if keep(k)})
     aggregate(cfg)
-    out = json.loads((tmp_path / "science.json").read_text())
+    out = read_metrics(tmp_path / "science.json")  # the headline merged with its details
     assert out["envace/seed1"]["success"] == pytest.approx(11 / 40) and out["envace/seed1"]["n"] == 40
     assert out["envace/seed0"]["tasks"]["t00"] == 1 and out["sft_base"]["success"] == pytest.approx(0.1)
     diffs = out["aggregate"]["differences"]
@@ -178,8 +177,20 @@ def test_aggregate_writes_science_json_and_the_report(tmp_path, split):
     assert {"envace/seed0/parallel/n2/trained", "envace/seed0/parallel/n2/base"} <= set(out["testtime"])
     assert out["testtime_comparisons"]["envace/seed0/parallel/n2/base-vs-n0"]["diff"] == pytest.approx(0.0)
     assert out["testtime_comparisons"]["envace/seed0/parallel/n2/trained-vs-base"]["diff"] == pytest.approx(0.1)
+    primary = out["primary"]["comparisons"]  # the declared family, 2 seeds (1 for the test-time cells)
+    assert out["primary"]["family"] == list(cfg.science.primary.comparisons)
+    assert out["primary"]["family_size"] == 4 and set(primary) == set(out["primary"]["family"])
+    assert primary["envace-sft_base"]["per_seed"] == pytest.approx([0.15, 0.175])
+    assert primary["envace-sft_base"]["p"] == 0.25 == primary["envace-sft_base"]["min_attainable_p"]
+    assert primary["envace-sft_base"]["p_holm"] == 1.0 and primary["envace-sft_base"]["verdict"] == "not supported"
+    assert primary["envace/parallel/n2/trained-vs-base"]["per_seed"] == pytest.approx([0.1])
+    assert out["primary"]["interval_level"] == pytest.approx(1 - 0.05 / 4)
     report = (tmp_path / "report" / "science.md").read_text()
     assert "envace − sft_base = +16.2" in report and "paper (Qwen3-8B, reference)" in report
+    primary_md, exploratory_md = report.split("## Primary comparisons")[1].split("## Exploratory differences")
+    assert "| envace-grpo " in primary_md and "98.75% CI" in primary_md and "at least 7 seeds" in primary_md
+    assert "| envace − grpo " in exploratory_md.split("## World-model")[0]
+    assert "verdict" not in exploratory_md.split("## World-model")[0]
     assert {p.name for p in (tmp_path / "report").glob("*.png")} >= {"science_main.png", "science_testtime.png"}
 
 
@@ -307,8 +318,185 @@ def test_claim_two_also_reads_the_frozen_rehearse_ablation_when_it_ran():
     assert not any("frozen_rehearse" in line for line in claims_reading(agg))
     agg["differences"]["envace-frozen_rehearse"] = diff(-0.1, -0.2, -0.025, "A < B")
     (line,) = [x for x in claims_reading(agg) if "frozen_rehearse" in x]
-    assert "envace − frozen_rehearse = -10.0 [-20.0, -2.5] points → contradicts it" in line
+    assert "envace − frozen_rehearse = -10.0 [-20.0, -2.5] points (40 tasks) → exploratory" in line
     assert not any("frozen_act" in line for line in claims_reading(agg))
     agg["differences"]["envace-frozen_act"] = diff(0.05, 0.0, 0.1, "cannot tell")
     (line,) = [x for x in claims_reading(agg) if "frozen_act" in x]
-    assert "ACT not trained" in line and "envace − frozen_act = +5.0 [+0.0, +10.0] points → cannot tell" in line
+    assert (
+        "ACT not trained" in line and "envace − frozen_act = +5.0 [+0.0, +10.0] points (40 tasks) → exploratory" in line
+    )
+
+
+def test_claims_read_a_declared_primary_with_its_corrected_verdict():
+    from envace.reporting.science import claims_reading
+
+    row = {"diff": 0.1, "ci": [0.02, 0.2], "per_seed": [0.1] * 5, "n_seeds": 5, "p": 1 / 32, "p_holm": 1 / 32}
+    agg = {
+        "differences": {},
+        "testtime": {},
+        "primary": {
+            "alpha": 0.05,
+            "comparisons": {"envace-grpo": {**row, "min_attainable_p": 1 / 32, "verdict": "supported"}},
+        },
+    }
+    (line,) = [x for x in claims_reading(agg) if "GRPO" in x]
+    assert "envace − grpo = +10.0 [+2.0, +20.0] points" in line and "Holm-adjusted 0.0312" in line
+    assert "smallest attainable with 5 seeds: 0.0312" in line and "**supported**" in line
+
+
+# ---- the primary family: Holm over a seed-level sign-flip test (envace.reporting.science_family) ----------
+
+
+def test_holm_matches_a_hand_computation():
+    """p = (0.01, 0.04, 0.03, 0.005), m = 4. Sorted: 0.005·4 = 0.02, 0.01·3 = 0.03, 0.03·2 = 0.06,
+    0.04·1 = 0.04 → 0.06 (adjusted p never fall along the order). At α = 0.05 the 1st and 4th are rejected."""
+    from envace.reporting.science_family import holm
+
+    adjusted = holm([0.01, 0.04, 0.03, 0.005])
+    assert adjusted.tolist() == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert (adjusted < 0.05).tolist() == [True, False, False, True]
+    assert holm([0.3, 0.6]).tolist() == pytest.approx([0.6, 0.6])  # capped at the largest, never above 1
+    assert holm([0.7, 0.9]).tolist() == pytest.approx([1.0, 1.0])
+    # batched over leading axes: each row is its own family
+    assert np.allclose(holm(np.array([[0.01, 0.04], [0.04, 0.01]])), [[0.02, 0.04], [0.04, 0.02]])
+
+
+def test_sign_flip_p_is_exact_on_a_tiny_example():
+    """Seed differences (+0.1, +0.2, −0.05): the 8 sign patterns give sums ±0.35, ±0.25, ±0.15, ±0.05;
+    two of them (0.35, 0.25) reach the observed 0.25, so the one-sided p is 2/8."""
+    from envace.reporting.science_family import min_attainable_p, sign_flip_p
+
+    assert sign_flip_p(np.array([0.1, 0.2, -0.05])) == pytest.approx(2 / 8)
+    assert sign_flip_p(np.array([0.1, 0.2, 0.05])) == pytest.approx(1 / 8)  # all positive: the identity only
+    assert sign_flip_p(np.array([0.0, 0.0, 0.0])) == pytest.approx(1.0)  # no difference: every pattern ties
+    assert sign_flip_p(np.array([[0.1, 0.2, 0.05], [-0.1, -0.2, -0.05]])).tolist() == pytest.approx([1 / 8, 1.0])
+    assert min_attainable_p(3) == 1 / 8 and min_attainable_p(5) == 1 / 32 and min_attainable_p(0) == 1.0
+    # more seeds than are enumerated: random patterns from a fixed seed, p = (1 + hits) / (1 + draws)
+    many = np.full(20, 0.1)
+    assert sign_flip_p(many, permutations=999) == pytest.approx(1 / 1000)
+    assert min_attainable_p(20, permutations=999) == pytest.approx(1 / 1000)
+    mixed = np.linspace(-0.1, 0.3, 20)
+    assert sign_flip_p(mixed, permutations=999) == sign_flip_p(mixed, permutations=999)  # seeded
+
+
+def _seed_differences(rng, sims: int, seeds: int, tasks: int, effect: float) -> np.ndarray:
+    """Synthetic science cells: per-seed A − B differences of mean success, shape (sims, seeds).
+
+    Each task has a difficulty shared by both arms and every seed (the same test tasks); each training
+    seed shifts an arm's skill (training randomness: a part shared by both arms of that seed, a part of
+    its own); outcomes are Bernoulli. ``effect`` adds that many points to A's success probability."""
+    difficulty = rng.normal(-0.5, 1.5, size=(sims, 1, 1, tasks))
+    shared_seed = rng.normal(0.0, 0.2, size=(sims, 1, seeds, 1))
+    own_seed = rng.normal(0.0, 0.2, size=(sims, 2, seeds, 1))
+    prob = 1 / (1 + np.exp(-(difficulty + shared_seed + own_seed)))
+    prob[:, 0] = np.clip(prob[:, 0] + effect, 0.0, 1.0)
+    means = (rng.random(prob.shape) < prob).mean(axis=-1)  # (sims, arms, seeds)
+    return means[:, 0] - means[:, 1]
+
+
+def test_verdict_false_positive_rate():
+    """The primary verdict (one-sided sign-flip over seeds, Holm over the family) on synthetic outcomes:
+    with no effect it says "supported" in at most 5% of 2,000 simulated matrices of 5 seeds × 400 tasks;
+    with +10 points it has power (printed). A family of four null comparisons (7 seeds) keeps its
+    family-wise rate at most 5%, and finds one real effect among them (power printed)."""
+    from envace.reporting.science_family import family_verdicts
+
+    rng = np.random.default_rng(2024)
+    sims, alpha = 2000, 0.05
+    null = _seed_differences(rng, sims, 5, 400, 0.0)[:, None, :]  # a family of one: (sims, 1, seeds)
+    fpr = family_verdicts(null, alpha)["supported"].mean()
+    power = family_verdicts(_seed_differences(rng, sims, 5, 400, 0.10)[:, None, :], alpha)["supported"].mean()
+    print(f"\none primary, 5 seeds x 400 tasks: false-positive rate {fpr:.3f}, power at +10 points {power:.3f}")
+    assert fpr <= alpha and power >= 0.6
+
+    # four primaries need 7 seeds: Holm's first step asks p <= 0.05/4 and 1/2^7 is the first p below it
+    family = np.stack([_seed_differences(rng, sims // 2, 7, 400, 0.0) for _ in range(4)], axis=1)
+    fwer = family_verdicts(family, alpha)["supported"].any(axis=1).mean()
+    family[:, 0] = _seed_differences(rng, sims // 2, 7, 400, 0.10)
+    found = family_verdicts(family, alpha)["supported"][:, 0].mean()
+    print(
+        f"four primaries, 7 seeds: family-wise false-positive rate {fwer:.3f}, power of the one real effect {found:.3f}"
+    )
+    assert fwer <= alpha and found >= 0.6
+
+
+def test_unknown_primary_names_are_refused_with_the_valid_ones():
+    from envace.reporting.science_family import check_family
+
+    cfg = compose(["profile=cpu"])
+    s = cfg.science
+    check_family(s)  # the declared family names comparisons this matrix has
+    bad = compose(["profile=cpu", "science.primary.comparisons=[envace-gpro,envace/parallel/n2/trained-vs-n0]"])
+    with pytest.raises(ValueError, match=r"envace-gpro.*envace-grpo.*envace-sft_base"):
+        check_family(bad.science)
+    for name in (
+        "grpo/parallel/n2/trained-vs-n0",
+        "envace/diagonal/n2/trained-vs-n0",
+        "envace/parallel/n0/trained-vs-n0",
+    ):
+        with pytest.raises(ValueError, match="science.primary.comparisons"):
+            check_family(compose(["profile=cpu", f"science.primary.comparisons=[{name}]"]).science)
+
+
+def _params_here(tmp_path, monkeypatch):
+    """A params.yaml composed from conf/ (profile cpu) in ``tmp_path``, the working directory: what a stage reads."""
+    OmegaConf.save(compose(["profile=cpu"]), tmp_path / "params.yaml")
+    monkeypatch.chdir(tmp_path)
+
+
+def test_aggregate_refuses_cells_at_different_precisions(tmp_path, monkeypatch):
+    """Cells that ran at different precisions are not comparable: the aggregate stage names them and stops."""
+    from envace.stages.science import one_precision, run_part
+
+    _params_here(tmp_path, monkeypatch)
+    m = tmp_path / "m"
+    _write(m / "sft" / "train.details.json", {"precision": "bf16"})
+    _write(m / "cells" / "envace-seed0" / "train.details.json", {"precision": "bf16"})
+    _write(m / "cells" / "grpo-seed0" / "train.details.json", {"precision": "bf16"})
+    _write(m / "cells" / "grpo-seed0" / "evaluate_toolworld.details.json", {"precision": "fp32"})
+    outputs = [f"science.metrics={m}", f"science.json={tmp_path}/science.json", f"science.reports={tmp_path}/r"]
+    with pytest.raises(ValueError, match=r"different precisions.*grpo-seed0/evaluate_toolworld: fp32.*sft/train: bf16"):
+        run_part("aggregate", None, None, outputs)
+    assert not (tmp_path / "science.json").exists()
+    _write(m / "cells" / "grpo-seed0" / "evaluate_toolworld.details.json", {"precision": "bf16"})
+    assert one_precision(m) == "bf16" and one_precision(tmp_path / "none") is None
+
+
+def test_cells_run_at_the_precision_the_sft_warm_up_decided(tmp_path, monkeypatch):
+    """The matrix's precision is decided once, by the SFT warm-up (its manifest's record): every later part
+    runs its training and its models at it, where engine.precision / eval.precision are auto."""
+    from envace.stages import science
+
+    _params_here(tmp_path, monkeypatch)
+    _write(tmp_path / "sft" / "manifest.json", {"precision": {"precision": "bf16", "device": "cpu"}})
+    seen = []
+    monkeypatch.setattr(science, "execute", lambda name, fn, cfg, path: seen.append(cfg))
+    monkeypatch.setattr(science, "write_task_outcomes", lambda *args: {})
+    where = [f"science.dir={tmp_path}", f"science.metrics={tmp_path}/m"]
+    assert (load_params("params.yaml").engine.precision, load_params("params.yaml").eval.precision) == ("auto", "auto")
+    science.run_part("cell", "envace", 0, where)
+    assert [(c.engine.precision, c.eval.precision) for c in seen] == [("bf16", "bf16")] * 2
+    seen.clear()
+    science.run_part("cell", "envace", 0, [*where, "eval.precision=fp32"])  # an explicit setting stays
+    assert [(c.engine.precision, c.eval.precision) for c in seen] == [("bf16", "fp32")] * 2
+
+
+def test_primary_family_pairs_by_seed_and_keeps_unmeasured_comparisons_in_the_family():
+    """envace has seeds 0 and 1, grpo only seed 1: envace − grpo pairs seed 1 alone; the SFT start serves
+    both seeds; the test-time primaries were not run, read "not measured" and still count in Holm's m."""
+    from envace.reporting.science_family import primary_family
+
+    s = compose(["profile=cpu"]).science
+    cells = {
+        f"{v}/seed{k}": {"variant": v, "seed": k, "tasks": rows(outcome)}
+        for v, k, outcome in (("envace", 0, [1, 1, 0, 0]), ("envace", 1, [1, 1, 1, 0]), ("grpo", 1, [1, 0, 0, 0]))
+    }
+    summary = {"cells": cells, "groups": {"sft_base": outcomes_of([rows([1, 0, 0, 0])])}, "testtime": {}}
+    family = primary_family(summary, s, n_boot=200)
+    grpo, sft = family["comparisons"]["envace-grpo"], family["comparisons"]["envace-sft_base"]
+    assert grpo["per_seed"] == [0.5] and grpo["n_seeds"] == 1 and grpo["p"] == 0.5
+    assert sft["per_seed"] == [0.25, 0.5] and sft["p"] == 0.25 and sft["diff"] == pytest.approx(0.375)
+    assert sft["p_holm"] == 1.0 and sft["verdict"] == "not supported"  # 0.25 · 4 primaries, capped
+    testtime = family["comparisons"]["envace/parallel/n2/trained-vs-n0"]
+    assert testtime["verdict"] == "not measured" and testtime["p"] is None and testtime["p_holm"] is None
+    assert family["family_size"] == 4 and family["interval_level"] == pytest.approx(0.9875)

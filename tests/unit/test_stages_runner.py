@@ -10,6 +10,7 @@ import pytest
 from envace.config import compose, write_params
 from envace.stages import runner
 from envace.utils.io import atomic_dir, atomic_path, read_jsonl, write_jsonl
+from envace.utils.machine import cpu_has_bf16, cpu_model
 
 
 def test_atomic_dir_replaces_whole_or_not_at_all(tmp_path):
@@ -56,7 +57,9 @@ def test_execute_writes_metrics_and_logs_a_nested_run(tmp_path, monkeypatch):
     metrics = runner.execute("demo", run, cfg, tmp_path / "metrics" / "demo.json", tracking_uri=uri)
     assert json.loads((tmp_path / "metrics" / "demo.json").read_text()) == {"n": 3, "nested": {"rate": 0.5}}
     details = json.loads((tmp_path / "metrics" / "demo.details.json").read_text())
-    assert details.pop("produced_by").keys() == {"commit", "code_dirty"}  # the report's stale check reads it
+    record = details.pop("produced_by")  # the report's stale check and provenance table read it
+    assert record.keys() == {"commit", "code_dirty", "cpu", "cpu_bf16", "precision"}
+    assert record["cpu"] == cpu_model() and record["cpu_bf16"] == cpu_has_bf16()
     assert details == {"label": "x"}
     assert metrics == runner.read_metrics(tmp_path / "metrics" / "demo.json")
     assert seen["tracker"] == "MlflowTracker"

@@ -42,6 +42,8 @@ from envace.envs.toolworld import (
     to_cm2_row,
     transcripts_from_turns,
 )
+from envace.judges.reward import checklist_reward_fn
+from envace.judges.rule import RuleJudge
 
 
 @pytest.fixture(scope="module")
@@ -235,8 +237,8 @@ def _fresh(old: str, n: int) -> str:
 
 def gold_trajectory(spec: EpisodeSpec, names: dict[str, str] | None = None) -> Trajectory:
     """The gold conversation as a rollout: one ``Turn`` per gold step, then the gold reply. With
-    ``names`` (old id -> new id), ids are renamed in every response and in every *later* argument, as
-    a rehearser that invents its own ids and an actor that follows them would produce."""
+    ``names`` (old id -> new id), ids are renamed in every response, in every *later* argument and in
+    the replies, as a rehearser that invents its own ids and an actor that follows them would produce."""
     names = names or {}
     introduced: set[str] = set()  # renamed ids some earlier response has returned
     turns = []
@@ -246,7 +248,8 @@ def gold_trajectory(spec: EpisodeSpec, names: dict[str, str] | None = None) -> T
             calls = tuple(ToolCall(c.name, _renamed(c.arguments, visible), c.id) for c in step.calls)
             turns.append(Turn("", calls, tuple(_renamed(r, names) for r in step.responses), True, t))
             introduced |= {s for r in step.responses for s in _strings(r) if s in names}
-        turns.append(Turn(spec.gold_answers[t], user_turn=t))
+        said = {_world_key(k): v for k, v in names.items() if k in introduced}
+        turns.append(Turn(_restate(spec.gold_answers[t], said), user_turn=t))  # what its own responses said
     return Trajectory(prompt_id=spec.task_id, sample_index=0, turns=tuple(turns))
 
 
@@ -359,3 +362,128 @@ def test_reward_bound_ids_come_from_earlier_steps_only() -> None:
     same_step = Trajectory("t", 0, turns=(Turn("", (create, invite), ({"event_id": "evt_9"}, {})), reply))
     assert toolworld_verifiable_reward(spec, later).reward == 1.0
     assert toolworld_verifiable_reward(spec, same_step).reward == 0.5  # add_attendee is not paired
+
+
+# ---- the answer part of both training rewards follows the trajectory's own responses --------------
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _leaves(v)]
+    if isinstance(value, list):
+        return [x for v in value for x in _leaves(v)]
+    return [value]
+
+
+def _world_key(value: Any) -> Any:
+    return (type(value).__name__, value)
+
+
+def imagined_world(spec: EpisodeSpec) -> dict[Any, Any]:
+    """A consistent imagined world: every id and number a response returns that neither a user turn
+    states nor an earlier call argument holds is replaced by a fresh one (the same old value always by
+    the same new one), as a rehearser that invents its own world and an actor that follows it would."""
+    users = " ".join(spec.user_turns)
+    names: dict[Any, Any] = {}
+    known: set[Any] = set()
+    for steps in spec.gold:
+        for step in steps:
+            known |= {_world_key(x) for c in step.calls for x in _leaves(c.arguments) if _world_key(x) not in names}
+            for x in (x for r in step.responses for x in _leaves(r)):
+                key = _world_key(x)
+                if key in known or key in names or isinstance(x, bool) or mentions(users, str(x)):
+                    continue
+                if isinstance(x, (int, float)):
+                    names[key] = x + 7000 + len(names)
+                elif isinstance(x, str) and _ID_LIKE.match(x):
+                    names[key] = _fresh(x, len(names))
+    return names
+
+
+def _world(value: Any, names: dict[Any, Any]) -> Any:
+    if isinstance(value, dict):
+        return {k: _world(v, names) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_world(v, names) for v in value]
+    return names.get(_world_key(value), value) if not isinstance(value, bool) else value
+
+
+def _restate(text: str, names: dict[Any, Any]) -> str:
+    """``text`` with every renamed value written as its new value (whole tokens only, longest first)."""
+    pairs = sorted(((str(k[1]), str(v)) for k, v in names.items()), key=lambda p: -len(p[0]))
+    pattern = re.compile("|".join(rf"(?<![0-9A-Za-z_.]){re.escape(old)}(?![0-9A-Za-z_])" for old, _ in pairs))
+    table = dict(pairs)
+    return pattern.sub(lambda m: table[m.group(0)], text) if pairs else text
+
+
+def world_trajectory(spec: EpisodeSpec, names: dict[Any, Any], replies: list[str] | None = None) -> Trajectory:
+    """The gold calls played in the world ``names`` (renamed responses, later arguments following
+    them), ending each turn with the given reply, or by default with the gold reply restating what the
+    trajectory's own responses returned so far."""
+    introduced: set[Any] = set()
+    turns = []
+    for t, steps in enumerate(spec.gold):
+        for step in steps:
+            visible = {k: v for k, v in names.items() if k in introduced}
+            calls = tuple(ToolCall(c.name, _world(c.arguments, visible), c.id) for c in step.calls)
+            turns.append(Turn("", calls, tuple(_world(r, names) for r in step.responses), True, t))
+            introduced |= {_world_key(x) for r in step.responses for x in _leaves(r)} & set(names)
+        said = {k: v for k, v in names.items() if k in introduced}
+        turns.append(Turn(replies[t] if replies else _restate(spec.gold_answers[t], said), user_turn=t))
+    return Trajectory(prompt_id=spec.task_id, sample_index=0, turns=tuple(turns))
+
+
+def own_replies(trajectory: Trajectory) -> list[str]:
+    return [turn.act_text for turn in trajectory.turns if not turn.tool_calls]
+
+
+def both_rewards(task: Task, spec: EpisodeSpec, trajectory: Trajectory) -> tuple[float, float]:
+    """(verifiable reward, rule-judge checklist reward) of one trajectory."""
+    rule = checklist_reward_fn(RuleJudge())(spec, trajectory)[0]
+    return toolworld_verifiable_reward(spec, trajectory).reward, rule
+
+
+def test_answer_reward_binding_aware() -> None:
+    by_domain: dict[str, int] = {}
+    checked = 0
+    for task in all_tasks(generate_tasks(seed=1, held_out_domain=None)):  # every domain in every split
+        if by_domain.get(task.domain, 0) >= 40:
+            continue
+        spec = episode_spec_from_task(task, ToolWorldExecutor(task))
+        names = imagined_world(spec)
+        gold = both_rewards(task, spec, world_trajectory(spec, {}, list(spec.gold_answers)))
+        assert gold == pytest.approx((1.0, 1.0)), task.task_id
+        imagined = world_trajectory(spec, names)
+        own = own_replies(imagined)
+        assert both_rewards(task, spec, imagined) == gold, (task.task_id, own)  # consistent: exactly gold
+        by_domain[task.domain] = by_domain.get(task.domain, 0) + 1
+        restated = [(t, v) for t, vs in enumerate(spec.answer_values) for v in vs if not mentions(own[t], v)]
+        if not restated:
+            continue
+        checked += 1
+        # the real values, where the trajectory's own responses said otherwise
+        real = world_trajectory(spec, names, list(spec.gold_answers))
+        assert all(r < g for r, g in zip(both_rewards(task, spec, real), gold)), task.task_id
+        # a value its own responses never returned: one restated value replaced by an invented one
+        t, value = restated[0]
+        invented = list(own)
+        invented[t] = _restate(spec.gold_answers[t], {_world_key(value): "zzz_999"})
+        assert all(r < g for r, g in zip(both_rewards(task, spec, world_trajectory(spec, names, invented)), gold))
+    assert set(by_domain) == set(DOMAINS) and min(by_domain.values()) >= 40, by_domain
+    assert checked >= 100, checked
+
+
+def test_mentions_is_token_aware_in_training_and_evaluation() -> None:
+    """One rule for the training answer check and the evaluation scorer: '1250' is not in '12507'."""
+    spec = EpisodeSpec(
+        task_id="t",
+        system_prompt="",
+        user_turns=("What is my balance?",),
+        tools=(),
+        gold=((),),
+        gold_answers=("Your balance is 1250.",),
+        answer_values=(("1250",),),
+    )
+    inside = Trajectory("t", 0, turns=(Turn("Your balance is 12507.", user_turn=0),))
+    exact = Trajectory("t", 0, turns=(Turn("Your balance is 1,250.", user_turn=0),))
+    assert toolworld_verifiable_reward(spec, inside).reward == 0.5  # the call part (no calls) only
+    assert toolworld_verifiable_reward(spec, exact).reward == 1.0
+    assert not mentions("Your balance is 12507.", "1250") and mentions("Your balance is 1,250.", "1250")

@@ -301,6 +301,22 @@ def test_data_sets_are_logged_as_run_inputs(store_uri, experiment, in_tmp):
     assert {t.key: t.value for t in train.tags}["mlflow.data.context"] == "train"
 
 
+def test_data_sets_are_named_by_the_source_value_not_the_enum(store_uri, experiment, in_tmp):
+    """``train_logging`` names the splits ``toolworld-train``, not ``DataSourceName.toolworld-train``."""
+    from types import SimpleNamespace
+
+    from envace.config import compose, typed_config
+    from envace.mlflow_logging import train_logging
+
+    cfg = typed_config(compose(["profile=smoke", f"paths.prepared={in_tmp}", f"paths.prompts={in_tmp}"]))
+    (in_tmp / "train.jsonl").write_text(json.dumps({"uuid": "a", "messages": [], "tools": []}) + "\n")
+    with stage_run("train", {}, profile="smoke", experiment=experiment, tracking_uri=store_uri) as run:
+        with train_logging(cfg, run, SimpleNamespace(), checkpoints=in_tmp / "none"):
+            pass
+    inputs = client(store_uri).get_run(run.run_id).inputs.dataset_inputs
+    assert [i.dataset.name for i in inputs] == [f"{cfg.data.source.value}-train"] == ["toolworld-train"]
+
+
 def tracking_digest(path):
     from envace.mlflow_logging import file_digest
 
@@ -329,9 +345,19 @@ def test_the_trained_checkpoint_round_trips_as_an_mlflow_transformers_model(
 
     root, manifest = tiny_checkpoint
     with stage_run("train", {}, profile="smoke", experiment=experiment, tracking_uri=store_uri) as run:
+        for step in (1, 2):
+            run.log_metrics({"reward/mean": step / 4}, step=step)
         logged = log_policy_model(run, root, manifest)
     assert logged == {"policy": str(root / "final" / "policy")}  # one directory plays both roles
-    assert client(store_uri).get_run(run.run_id).data.tags["model.uri"] == f"runs:/{run.run_id}/policy"
+    tags = client(store_uri).get_run(run.run_id).data.tags
+    assert tags["model.uri"] == f"runs:/{run.run_id}/policy"
+    # the experiment's Models tab: a logged model named policy, from this run, with the run's latest metrics
+    exp_id = client(store_uri).get_run(run.run_id).info.experiment_id
+    (model,) = client(store_uri).search_logged_models(experiment_ids=[exp_id])
+    assert model.name == "policy" and model.source_run_id == run.run_id and model.model_id == tags["model.id.policy"]
+    assert [(m.key, m.value, m.step) for m in model.metrics] == [("reward/mean", 0.5, 2)]
+    outputs = client(store_uri).get_run(run.run_id).outputs.model_outputs
+    assert [(o.model_id, o.step) for o in outputs] == [(model.model_id, 2)]
     with global_tracking_uri(store_uri):
         pipe = mlflow.transformers.load_model(f"runs:/{run.run_id}/policy")
     out = pipe("hello", max_new_tokens=4, do_sample=False)
@@ -414,6 +440,37 @@ def test_episodes_are_logged_as_bounded_traces(store_uri, experiment, in_tmp):
     scores = [a for a in rehearsed.info.assessments if a.name == "score"]
     assert len(scores) == 1 and scores[0].value == 0.0
     assert mlflow.get_tracking_uri() != store_uri
+
+
+def test_trace_ids_unique_across_runs(store_uri, experiment, in_tmp):
+    """Every stage seeds Python's ``random``; trace ids must not follow it, or the second run with the
+    same seed overwrites the first run's traces and stacks its assessments on them."""
+    import random
+
+    from envace.config import compose
+    from envace.mlflow_traces import trace_episodes
+    from envace.stages import runner
+
+    cfg = compose(["profile=smoke", f"tracking.experiment={experiment}", "seed=0", "tracking.max_traces=3"])
+    records = [_episode(i, rehearsed=False) for i in range(3)]
+    seen: dict[str, list[str]] = {}
+
+    def run(cfg, tracker):
+        draws = [random.random() for _ in range(3)]  # the stage's own seeded randomness
+        seen.setdefault("draws", []).append(draws)
+        seen.setdefault("traces", []).extend(trace_episodes(cfg, tracker, records))
+        return {"n": 1}
+
+    for _ in range(2):
+        runner.execute("demo", run, cfg, in_tmp / "metrics" / "demo.json", tracking_uri=store_uri)
+    assert seen["draws"][0] == seen["draws"][1]  # the seed still makes the stage reproducible
+    assert len(seen["traces"]) == len(set(seen["traces"])) == 6
+    c = client(store_uri)
+    exp_id = c.get_experiment_by_name(experiment).experiment_id
+    traces = c.search_traces(locations=[exp_id], max_results=50)
+    assert len(traces) == 6 and len({t.info.request_metadata.get("mlflow.sourceRun") for t in traces}) == 2
+    for trace in traces:
+        assert len([a for a in trace.info.assessments if a.name == "score"]) == 1
 
 
 def test_system_metrics_are_recorded_on_the_run(store_uri, experiment, in_tmp):

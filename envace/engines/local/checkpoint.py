@@ -7,15 +7,20 @@ models), ``optim/<name>.pt``, ``rng.pt`` (torch CPU [+ CUDA], python ``random``,
 sibling directory, flushed, and renamed into place in one ``os.rename`` — a crash mid-write leaves
 only a ``.tmp-*`` directory that loading ignores (and the next save removes). ``<root>/latest`` names
 the newest complete checkpoint and is itself replaced atomically; loading falls back to scanning
-``step_*`` directories when it is missing or stale.
+``step_*`` directories when it is missing or stale. ``state.json`` (written last) holds a SHA-256 of every
+other file of the checkpoint: loading verifies them, and a checkpoint whose files do not match (a truncated
+or overwritten file, a disk error) is passed over for the previous kept one with a warning naming both;
+when no kept checkpoint is intact, ``CorruptCheckpointError`` names the bad file and what to delete.
 
 The SFT warm-up checkpoints the same way, once per epoch, under ``<root>/sft/`` (numbered by epochs done
 over all its models; ``state.json`` holds ``model_index``/``model``/``epoch`` of the last epoch done and
 ``sft_start_epoch`` reads where to continue). The first GRPO checkpoint supersedes them.
 
 ``RunCheckpoints`` is one training run's view of this layout under ``<output_dir>/checkpoints``: it writes
-the GRPO and SFT checkpoints with the run's identity (variant, seed, LoRA record), refuses to resume from a
-checkpoint of another variant or LoRA setting, and restores models, optimisers and RNG on resume.
+the GRPO and SFT checkpoints with the run's identity (variant, seed, LoRA record, and the precision its first
+process decided: ``state.json``'s ``precision``, ``envace.engines.local.precision.precision_record``), refuses
+to resume from a checkpoint of another variant or LoRA setting, and restores models, optimisers and RNG on
+resume. ``recorded_precision`` reads the precision record back, so that a resumed process does not probe again.
 
 State dicts go through ``torch.save`` (not safetensors) because tied embeddings share storage. A model
 with LoRA adapters (``envace.engines.local.lora``) is stored as its adapter tensors only: its base
@@ -25,6 +30,7 @@ stored keys are exactly the model's adapter keys (or, without adapters, loads th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -103,6 +109,45 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+CHECKSUMS_KEY = "checksums"  # state.json: {relative path: sha256} of the checkpoint's other files
+
+
+class CorruptCheckpointError(RuntimeError):
+    """No kept checkpoint under a root is intact; the message names the bad file and what to delete."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _checksums(path: Path) -> dict[str, str]:
+    return {
+        str(f.relative_to(path)): _sha256(f) for f in sorted(path.rglob("*")) if f.is_file() and f.name != STATE_FILE
+    }
+
+
+def corruption(path: Path) -> str | None:
+    """Why the checkpoint at ``path`` cannot be trusted (the first bad file and what is wrong), or None.
+    A checkpoint written before checksums were recorded is trusted as it is."""
+    try:
+        state = json.loads((path / STATE_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        return f"{path / STATE_FILE}: unreadable ({exc})"
+    for name, expected in sorted((state.get(CHECKSUMS_KEY) or {}).items()):
+        file = path / name
+        if not file.is_file():
+            return f"{file}: missing"
+        if _sha256(file) != expected:
+            return (
+                f"{file}: its content does not match the checksum recorded when it was written (truncated or changed)"
+            )
+    return None
+
+
 def _step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:08d}"
 
@@ -145,7 +190,8 @@ def save_checkpoint(
         torch.save(opt.state_dict(), tmp / "optim" / f"{name}.pt")
     torch.save(rng_state(), tmp / "rng.pt")
     (tmp / HISTORY_FILE).write_text(json.dumps([dict(h) for h in history], default=float))
-    (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=1, sort_keys=True, default=str))
+    record = {**state, "step": step, CHECKSUMS_KEY: _checksums(tmp)}
+    (tmp / STATE_FILE).write_text(json.dumps(record, indent=1, sort_keys=True, default=str))
     _fsync_tree(tmp)
     final = _step_dir(root, step)
     if final.exists():
@@ -177,19 +223,32 @@ def _prune(root: Path, keep: int) -> None:
 
 
 def load_latest(root: str | Path) -> Checkpoint | None:
-    """The newest complete checkpoint under ``root`` (None when there is none)."""
+    """The newest intact checkpoint under ``root`` (None when there is none): a newer one whose files fail
+    their checksums is passed over with a warning naming it and the one used instead; when every kept
+    checkpoint is bad, ``CorruptCheckpointError`` says which file and what to delete."""
     root = Path(root)
     pointer = root / LATEST_FILE
     candidates = list_checkpoints(root)
     if pointer.is_file():
         named = root / pointer.read_text().strip()
-        if _complete(named) and (not candidates or named.name >= candidates[-1].name):
+        if _complete(named) and named not in candidates:
             candidates.append(named)
-    if not candidates:
-        return None
-    path = max(candidates, key=lambda p: p.name)
-    state = json.loads((path / STATE_FILE).read_text())
-    return Checkpoint(path=path, step=int(state["step"]), state=state)
+    bad: list[str] = []
+    for path in sorted(candidates, key=lambda p: p.name, reverse=True):
+        problem = corruption(path)
+        if problem is not None:
+            bad.append(problem)
+            continue
+        if bad:
+            logger.warning("checkpoint not usable: %s; resuming from the previous kept checkpoint %s", bad[0], path)
+        state = json.loads((path / STATE_FILE).read_text())
+        return Checkpoint(path=path, step=int(state["step"]), state=state)
+    if bad:
+        raise CorruptCheckpointError(
+            f"no intact checkpoint under {root}: {'; '.join(bad)}. Delete {root} to start this run's training "
+            "over (or restore the file from a backup)"
+        )
+    return None
 
 
 def sft_start_epoch(ckpt: Checkpoint | None, model_index: int, epochs: int) -> int:
@@ -211,10 +270,15 @@ class RunCheckpoints:
     def __init__(self, cfg: LocalEngineConfig) -> None:
         self.cfg = cfg
         self.root = Path(cfg.output_dir) / "checkpoints" if cfg.output_dir else None
+        # the run's precision record, set by the engine once decided (``decide_run_precision``); every
+        # checkpoint written after that holds it
+        self.precision: dict[str, Any] | None = None
 
     def identity(self) -> dict[str, Any]:
-        """What a checkpoint records of the run that wrote it (``check`` compares it)."""
-        return {"variant": self.cfg.variant, "seed": self.cfg.seed, "lora": lora_record(self.cfg.lora)}
+        """What a checkpoint records of the run that wrote it (``check`` compares variant and LoRA)."""
+        cfg = self.cfg
+        found = {"variant": cfg.variant, "seed": cfg.seed, "lora": lora_record(cfg.lora)}
+        return found if self.precision is None else {**found, "precision": self.precision}
 
     def check(self, ckpt: Checkpoint) -> None:
         """Refuse a checkpoint written by another variant or LoRA setting (actionable error)."""
@@ -233,6 +297,16 @@ class RunCheckpoints:
     def latest(self) -> Checkpoint | None:
         """The GRPO checkpoint a resume would continue from (None: none, or resume off)."""
         return load_latest(self.root) if self.root is not None and self.cfg.resume else None
+
+    def latest_sft(self) -> Checkpoint | None:
+        """The SFT checkpoint a resume of the warm-up would continue from (None: none, or resume off)."""
+        return load_latest(self.root / SFT_DIR) if self.root is not None and self.cfg.resume else None
+
+    def recorded_precision(self) -> dict[str, Any] | None:
+        """The precision record of the checkpoint a resume continues from (the latest GRPO one, else the
+        latest SFT one); None without one, with resume off, or for checkpoints written before records."""
+        ckpt = self.latest() or self.latest_sft()
+        return None if ckpt is None else ckpt.state.get("precision")
 
     def save(
         self,
@@ -292,7 +366,7 @@ class RunCheckpoints:
 
     def resume_sft(self, models: Mapping[str, torch.nn.Module]) -> Checkpoint | None:
         """The latest SFT checkpoint restored into the models and RNG (None: none, or resume off)."""
-        ckpt = load_latest(self.root / SFT_DIR) if self.root is not None and self.cfg.resume else None
+        ckpt = self.latest_sft()
         if ckpt is None:
             return None
         self.check(ckpt)

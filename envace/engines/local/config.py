@@ -1,6 +1,6 @@
 """Typed configuration of the local engine (plain frozen dataclasses; the pipeline builds them from Hydra).
 
-Defaults follow SPEC §3 where it fixes a value (clip 0.2, token-mean, grad-clip 1.0, AdamW, constant LR,
+Defaults follow docs/method.md §7-§8 where it fixes a value (clip 0.2, token-mean, grad-clip 1.0, AdamW, constant LR,
 low_var_kl, K = 4, output-mean baseline, no std normalisation); sizes default to CPU scale.
 """
 
@@ -47,7 +47,7 @@ class OptimConfig:
     ppo_epochs: int = 1
     mini_batch_streams: int = 0  # streams per optimiser step within an epoch; 0 = all in one
     micro_batch_streams: int = 4  # streams per forward/backward (gradient accumulation)
-    baseline: str = "output_mean"  # output_mean | trajectory_mean (role-wise variants)
+    baseline: str = "output_mean"  # output_mean | trajectory_mean (conf/algo/*.yaml: grpo uses trajectory_mean)
     norm_by_std: bool = False
     # "recompute": old log-probs from the current model in eval mode before the update (default; the
     # first PPO epoch then starts at ratio exactly 1). "sampling": reuse the rollout's log-probs.

@@ -6,7 +6,9 @@ after every epoch and resumed from there) → ``config.steps`` role-wise GRPO st
 (``RolloutRunner``) → rewards (``RewardFn``) → per-output advantages → clipped updates of every trained
 model (``PolicyUpdater``) → metrics to the callbacks → checkpoint every ``checkpoint_every`` steps (with
 the metrics history, so a resumed run returns the whole history). Writing, checking and restoring the
-run's checkpoints (GRPO and SFT) is ``envace.engines.local.checkpoint.RunCheckpoints``. With
+run's checkpoints (GRPO and SFT) is ``envace.engines.local.checkpoint.RunCheckpoints``. ``engine.precision``
+is decided once per run (``decide_run_precision``): by the first process, recorded in every checkpoint and
+kept as ``precision_record`` (the train stage logs it), reused unprobed by a resumed process. With
 ``fidelity_every`` = k > 0 and a probe set, the REHEARSE model (the ``rehearse`` copy under ``per_role``,
 else the policy) is scored against real tool responses after the SFT warm-up (a history row with ``step``
 0), after every k-th step and after the last one (``make_probe`` / ``probe_at`` in
@@ -66,8 +68,8 @@ from envace.engines.local.decode import DecodeGuide, OutputKey
 from envace.engines.local.fidelity import make_probe, probe_at
 from envace.engines.local.gemm import resolve_fp32_linear, set_fp32_linear
 from envace.engines.local.lora import add_lora, merged_copy, unwrap
-from envace.engines.local.metrics import rollout_metrics
-from envace.engines.local.precision import resolve_precision
+from envace.engines.local.metrics import rollout_metrics, running_totals, sft_real_calls
+from envace.engines.local.precision import decide_run_precision
 from envace.engines.local.rollout import RolloutRunner
 from envace.engines.local.rollout_records import ExecutorFactory, ResponseSource
 from envace.engines.local.sft import SFT_EXPORT, warm_up
@@ -150,11 +152,15 @@ class LocalEngine(Engine):
         self.sample_hook: Any = None
 
     # ---- setup ---------------------------------------------------------------------------------
-    def _load(self, cfg: LocalEngineConfig) -> None:
+    def _load(self, cfg: LocalEngineConfig, checkpoints: RunCheckpoints) -> None:
+        """Load the model(s); decide the run's precision (``checkpoints``' record on a resume)."""
         model, tokenizer = load_model_and_tokenizer(cfg.model)
         model.to(cfg.device)
         use_gqa_attention(model)
-        self.precision = resolve_precision(cfg.precision, cfg.device, model)
+        recorded = checkpoints.recorded_precision()
+        self.precision_record = decide_run_precision(cfg.precision, cfg.device, model, recorded, str(checkpoints.root))
+        self.precision = self.precision_record["precision"]
+        checkpoints.precision = self.precision_record  # every checkpoint of the run records it
         logger.info("local engine: precision %s (engine.precision=%s) on %s", self.precision, cfg.precision, cfg.device)
         self.fp32_linear = resolve_fp32_linear(cfg.fp32_linear, self.precision, cfg.device, model)
         self.tokenizer = tokenizer
@@ -291,8 +297,8 @@ class LocalEngine(Engine):
         torch.manual_seed(cfg.seed)
         fix_mmap_threshold()  # glibc: large freed blocks go back to the OS instead of fragmenting the heap
         logger.info("C allocator: %s (ENVACE_ALLOCATOR; envace.utils.malloc)", running_allocator())
-        self._load(cfg)
         checkpoints = RunCheckpoints(cfg)
+        self._load(cfg, checkpoints)
         has_checkpoint = checkpoints.latest() is not None
         history: list[dict[str, float]] = (
             []
@@ -319,8 +325,9 @@ class LocalEngine(Engine):
         optimizers = {name: slot.optimizer for name, slot in self.slots.items()}
         start, restored = checkpoints.resume(ckpt_models, optimizers)
         history = restored if has_checkpoint else history
+        sft_calls = sft_real_calls(specs) if cfg.sft.epochs > 0 else 0  # real responses the warm-up used
         if start == 0 and (before := probe_at(probe, cfg, 0, self.models, self.tokenizer, self.formatter)):
-            history.append({"step": 0.0, **before})
+            history.append({"step": 0.0, **before, **running_totals({}, None, sft_calls)})
             for cb in callbacks:
                 cb(0, history[-1])
         end = cfg.steps if cfg.stop_after_steps is None else min(cfg.steps, start + cfg.stop_after_steps)
@@ -333,6 +340,8 @@ class LocalEngine(Engine):
                 **self._rl_step(cfg, specs, step),
                 **probe_at(probe, cfg, step + 1, self.models, self.tokenizer, self.formatter),
             }
+            previous = next((h for h in reversed(history) if "step" in h), None)
+            metrics.update(running_totals(metrics, previous, sft_calls))
             history.append(metrics)
             for cb in callbacks:
                 cb(step + 1, metrics)

@@ -1,4 +1,4 @@
-"""World-model fidelity measured during training (SPEC §6): the in-training REHEARSE model, probed.
+"""World-model fidelity measured during training (docs/method.md §13): the in-training REHEARSE model, probed.
 
 A ``FidelityProbe`` holds a fixed probe set (``envace.evaluation.ProbeSet``: the oracle's episodes on a
 few validation tasks, with the real responses of its calls) and scores a torch model on it with

@@ -13,8 +13,9 @@ against 26. The weight-gradient product showed no such gain, so it stays with to
 - ``auto``: ``onednn`` where the machine runs float32 (see ``engines.local.precision``), oneDNN is
   built in, the model is at least ``MIN_WIDTH`` wide and oneDNN measures ≥ ``MIN_SPEEDUP``× faster on
   the model's own layer shapes (``onednn_speedup``), else ``torch``. Logged either way. The choice
-  depends on a timing, as ``precision: auto`` does; a run resumed from a checkpoint may choose
-  differently, so pin it where a resume must be bit-exact.
+  depends on a timing and, unlike ``precision: auto`` (decided once per run and recorded in its
+  checkpoints), is made again by every process: a resumed run may choose differently, so pin it where
+  a resume must be bit-exact.
 
 Under bf16 autocast (or for any non-float32 or non-CPU tensor) the patched layers defer to
 ``F.linear``, so a bf16 run computes exactly what it did before. The two libraries round differently:

@@ -1,6 +1,9 @@
 """Per-step rollout metrics of the local engine (the pipeline logs them to MLflow).
 
-Keys: ``reward/mean``, ``reward/std`` (valid trajectories), ``judge_failures``; per role r in
+Keys: ``reward/mean``, ``reward/std`` (valid trajectories), ``judge_failures`` (this step) and
+``judge_failures_total`` (the run so far), ``real_env/calls`` (calls the real environment executed in
+this step's rollouts) and ``real_env/calls_total`` (the run so far, the SFT warm-up's recorded gold
+responses included: ``running_totals``; the fidelity probe's measurement calls are not counted); per role r in
 {act, rehearse}: ``adv/r/{mean,std,abs_mean}``, ``tokens/r`` (generated), ``outputs/r``,
 ``parse_fail/r`` (failed outputs / outputs of the role); ``termination/<name>`` (share of
 trajectories); ``rollout/seconds``, ``rollout/forwards``, ``rollout/fed_tokens``.
@@ -43,6 +46,8 @@ def rollout_metrics(batch: Any, trajectories: Sequence[Trajectory], advantages: 
         "reward/mean": float(torch.tensor(valid).mean()) if valid else 0.0,
         "reward/std": float(torch.tensor(valid, dtype=torch.float64).std(unbiased=False)) if valid else 0.0,
         "judge_failures": float(sum(t.status is TrajectoryStatus.JUDGE_FAILED for t in trajectories)),
+        # calls the real environment executed in this step's rollouts (grpo on the real environment)
+        "real_env/calls": float(sum(t.info.get("real_env_calls", 0) for t in trajectories)),
         "trajectories": float(len(trajectories)),
         "rollout/seconds": float(batch.seconds),
         "rollout/forwards": float(batch.forwards),
@@ -60,3 +65,22 @@ def rollout_metrics(batch: Any, trajectories: Sequence[Trajectory], advantages: 
     for term in Termination:
         out[f"termination/{term.value}"] = sum(t.termination is term for t in trajectories) / max(len(trajectories), 1)
     return out
+
+
+def sft_real_calls(specs: Sequence[Any]) -> int:
+    """Real tool responses the SFT warm-up trains on: the gold calls whose responses were recorded (the tool
+    world executes them on a fresh executor, CM2 rows carry them)."""
+    return sum(len(step.calls) for spec in specs for turn in spec.gold for step in turn if step.responses is not None)
+
+
+def running_totals(metrics: dict[str, float], previous: dict[str, float] | None, sft_calls: int) -> dict[str, float]:
+    """Totals over the run so far, carried from the previous history row (a resumed run restores it):
+    ``real_env/calls_total`` (the SFT warm-up's real responses included: the sample-efficiency axis) and
+    ``judge_failures_total`` (every trajectory excluded from the loss so far); ``real_env/sft_calls`` is the
+    warm-up's share (where the SFT start sits on the sample-efficiency axis)."""
+    prev = previous or {}
+    return {
+        "real_env/sft_calls": float(sft_calls),
+        "real_env/calls_total": prev.get("real_env/calls_total", float(sft_calls)) + metrics.get("real_env/calls", 0.0),
+        "judge_failures_total": prev.get("judge_failures_total", 0.0) + metrics.get("judge_failures", 0.0),
+    }

@@ -8,6 +8,11 @@ on a CUDA device that supports bf16; on a CPU whose flags list ``avx512_bf16`` o
 layers, ``model_bf16_speedup``, or a 0.1 s matmul probe without a model); fp32 elsewhere. ``bf16``
 forced where it is slow still runs, as asked.
 
+One decision per run: ``auto`` probes a timing, so two processes of one run could decide differently on a
+busy machine. ``decide_run_precision`` resolves it once, in a training run's first process; the run keeps the
+result (``precision_record``: the precision, what was asked, the CPU model, whether bf16 is native) in its
+checkpoints, its export manifest and its MLflow params, and a resumed process reuses it without probing.
+
 Deviation from a pure-bf16 engine: nothing is ever stored in bf16, so checkpoints, the resume
 guarantee (bit-exact in fp32; deterministic but not identical to fp32 in bf16) and the exported
 weights do not depend on the precision that trained them.
@@ -20,48 +25,19 @@ import copy
 import functools
 import logging
 import os
-import platform
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from envace.utils.machine import BF16_CPU_FLAGS, cpu_flags, cpu_has_bf16, cpu_model  # noqa: F401 (re-exported)
+
 logger = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "fp32", "bf16")
-BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-
-
-@functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The CPU feature flags of this machine (empty where ``/proc/cpuinfo`` is not readable)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
-
-
-def cpu_model() -> str:
-    """``lscpu``'s model name (from ``/proc/cpuinfo``), or the platform's processor string."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def cpu_has_bf16() -> bool:
-    """Whether this CPU has native bf16 matmul instructions (AVX512-BF16 or AMX-BF16)."""
-    return any(flag in cpu_flags() for flag in BF16_CPU_FLAGS)
 
 
 def device_type(device: str | torch.device) -> str:
@@ -203,6 +179,56 @@ def resolve_precision(precision: str, device: str | torch.device = "cpu", model:
     if precision == "bf16" and device_type(device) != "cuda" and not cpu_has_bf16():
         logger.warning("precision bf16 forced on %s: bf16 is emulated and may be slower than fp32", where)
     return precision
+
+
+def bf16_supported(device: str | torch.device = "cpu") -> bool:
+    """Whether ``device`` has native bf16 matmuls (a CUDA device that says so, or a CPU with bf16 flags)."""
+    if device_type(device) == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return cpu_has_bf16()
+
+
+def precision_record(precision: str, requested: str, device: str | torch.device = "cpu") -> dict[str, Any]:
+    """What a run records of its precision decision (JSON-able): the resolved ``precision``, the
+    ``requested`` setting, the device type, the CPU model and whether bf16 is native there."""
+    return {
+        "precision": precision,
+        "requested": requested,
+        "device": device_type(device),
+        "cpu_model": cpu_model(),
+        "bf16_supported": bf16_supported(device),
+    }
+
+
+def decide_run_precision(
+    requested: str,
+    device: str | torch.device,
+    model: torch.nn.Module | None,
+    recorded: Mapping[str, Any] | None,
+    source: str,
+) -> dict[str, Any]:
+    """The run's ``precision_record``: ``recorded`` (the decision of the run's first process, read from
+    the checkpoints at ``source``) when there is one, else resolved now (``resolve_precision``: ``auto``
+    probes). With a record, ``auto`` reuses its precision without probing, so a resumed run computes as
+    its first process did; an explicit ``fp32``/``bf16`` other than the recorded one is refused."""
+    if recorded is None:
+        return precision_record(resolve_precision(requested, device, model), requested, device)
+    chosen = str(recorded.get("precision"))
+    if requested not in PRECISIONS or chosen not in ("bf16", "fp32"):
+        raise ValueError(
+            f"precision={requested!r} (engine.precision), recorded {chosen!r} in {source}; "
+            f"valid settings: {', '.join(PRECISIONS)}, and a record holds bf16 or fp32"
+        )
+    if requested not in ("auto", chosen):
+        raise ValueError(
+            f"engine.precision={requested} but the checkpoints in {source} were trained at {chosen} "
+            f"(decided by the run's first process, engine.precision={recorded.get('requested')} on "
+            f"{recorded.get('cpu_model')}); a resume at another precision would not continue the same run. "
+            f"Set engine.precision={chosen} (or auto) to resume, or delete {source} (or set train.resume=false) "
+            f"to start over at {requested}"
+        )
+    logger.info("precision %s: reused from the run's checkpoints in %s (no probe)", chosen, source)
+    return dict(recorded)
 
 
 def autocast(precision: str, device: str | torch.device = "cpu") -> contextlib.AbstractContextManager:

@@ -1,4 +1,4 @@
-"""Batched multi-turn ACT/REHEARSE rollouts with append-only token streams and KV-cache reuse (SPEC §1, §3).
+"""Batched multi-turn ACT/REHEARSE rollouts with append-only token streams and KV-cache reuse (docs/method.md §1, §7).
 
 For a batch of ``EpisodeSpec``s, K trajectories each are played in lock-step phases:
 ACT phase (every live trajectory generates one ACT output) → response phase (each pending tool call
@@ -15,7 +15,9 @@ is prefilled once and its cache expanded to its K samples.
 Deviations / choices:
 - A generation that hits its token budget without an end-of-turn token ends the trajectory
   (``Termination.MAX_TOKENS``); its text is not parsed (a chat could not continue after it).
-- Any parse error in an ACT message ends the trajectory, even when other call blocks were fine.
+- Any parse error in an ACT message ends the trajectory, even when other call blocks were fine. A call to
+  a tool the task does not offer is no parse error: it gets ``envace.core.unknown_tool``'s error without
+  asking anyone (in the REHEARSE stream the call message and that answer are scaffold, no output).
 - The REHEARSE stream is laid out by ``envace.core.rehearse_context`` (the one builder every path uses):
   each call message carries the conversation messages since the previous call (user turns, the ACT's
   visible text), then the call; the answers are the rehearser's own outputs. No reference pairs of the
@@ -64,6 +66,7 @@ from envace.core.rehearse_context import (
     stream_text,
 )
 from envace.core.seeds import derive_seed
+from envace.core.unknown_tool import unknown_tool_response
 from envace.core.wire import parse_rehearsal, parse_tool_calls
 from envace.engines.base import EpisodeSpec
 from envace.engines.local.config import RolloutConfig
@@ -105,6 +108,7 @@ class _Episode:
     outputs: dict[Role, int] = field(default_factory=lambda: {r: 0 for r in Role})
     parse_errors: list[tuple[str, str]] = field(default_factory=list)
     executor: Executor | None = None
+    real_calls: int = 0  # calls the real executor ran (the sample-efficiency count)
 
     @property
     def done(self) -> bool:
@@ -281,7 +285,7 @@ class RolloutRunner:
             text = self._record(ep, Role.ACT, req, trainable=True)
             if text is None:
                 continue
-            parsed = parse_tool_calls(text, allowed_names=ep.spec.tool_names)
+            parsed = parse_tool_calls(text)
             if not parsed.ok:
                 ep.parse_errors.extend((Role.ACT.name, e.code.value) for e in parsed.errors)
                 ep.termination = Termination.ACT_PARSE_ERROR
@@ -298,9 +302,9 @@ class RolloutRunner:
     def _response_phase(self, episodes: list[_Episode], caches: dict[Any, Any], source: ResponseSource) -> None:
         if source.executor_factory is not None:
             for ep in episodes:
-                ep.responses = [ep.executor.execute(c) for c in ep.calls]  # type: ignore[union-attr]
+                ep.responses = [self._executed(ep, c) for c in ep.calls]
             return
-        while waiting := [e for e in episodes if not e.done and len(e.responses) < len(e.calls)]:
+        while waiting := [e for e in episodes if not e.done and self._answer_unknown_tools(e)]:
             for ep in waiting:
                 self._append_call_message(ep, ep.calls[len(ep.responses)])
             for ep, req in zip(waiting, self._generate(caches, Role.REHEARSE, waiting)):
@@ -315,6 +319,33 @@ class RolloutRunner:
                     continue
                 ep.responses.append(parsed.result)
                 ep.reh_history.append(Answered(ep.calls[len(ep.responses) - 1], parsed.result, text))
+
+    @staticmethod
+    def _executed(ep: _Episode, call: ToolCall) -> Any:
+        """The unknown-tool rule's answer to ``call``, else the episode's executor's."""
+        ruled = unknown_tool_response(call, ep.spec.tool_names)
+        if ruled is not None:
+            return ruled
+        ep.real_calls += 1
+        return ep.executor.execute(call)  # type: ignore[union-attr]
+
+    def _answer_unknown_tools(self, ep: _Episode) -> bool:
+        """Answer the episode's next calls by the unknown-tool rule while they name tools the task lacks: the
+        call message and the answer go into the REHEARSE stream as scaffold. True when a call awaits REHEARSE."""
+        while len(ep.responses) < len(ep.calls):
+            call = ep.calls[len(ep.responses)]
+            ruled = unknown_tool_response(call, ep.spec.tool_names)
+            if ruled is None:
+                return True
+            self._append_call_message(ep, call)
+            answer = Answered(call, ruled)
+            tokens = self.fmt.encode(answer.answer_text()) + [self.fmt.end_of_turn_token_ids[0]]
+            ep.reh.extend(tokens)
+            ep.reh_segments.append(Segment(tuple(tokens), text=self.fmt.decode(tokens)))
+            ep.reh_generated = True  # the stream ends as after a generation: the next call message continues it
+            ep.responses.append(ruled)
+            ep.reh_history.append(answer)
+        return False
 
     def _append_call_message(self, ep: _Episode, call: ToolCall) -> None:
         """Append the call message (``rehearse_context.next_call_message``) and the generation prompt."""
@@ -371,6 +402,7 @@ class RolloutRunner:
             "parse_errors": list(ep.parse_errors),
             "final_answers": [finals.get(t, "") for t in range(len(ep.spec.user_turns))],
             "rehearse_trainable": source.executor_factory is None and source.trainable,
+            "real_env_calls": ep.real_calls,
         }
         if ep.executor is not None:
             info["final_state"] = ep.executor.state()

@@ -2,7 +2,9 @@
 
 Gold trajectories are built by a *teacher-forced rollout*: the same ``RolloutRunner`` that samples RL
 trajectories is run with every output forced to its gold text, so the SFT streams have exactly the
-shape RL streams have (same prompts, continuations, earlier-turn examples, end-of-turn tokens).
+shape RL streams have (same prompts, continuations and end-of-turn tokens). A REHEARSE prompt holds no
+few-shot examples: the tool schemas and the gold trajectory's own history up to the call
+(``envace.core.rehearse_context``).
 ACT targets are the rendered gold tool calls of each step and the gold final reply of each turn;
 REHEARSE targets are the real executor's responses (recorded in ``EpisodeSpec.gold``) rendered as
 ``<execution_result>`` blocks. Loss: mean negative log-likelihood over target tokens only (end-of-turn

@@ -1,8 +1,9 @@
-"""Role-wise GRPO updates of the local engine (SPEC §3).
+"""Role-wise GRPO updates of the local engine (docs/method.md §7, §8).
 
 Per step: every output y (one ACT or one REHEARSE generation) inherits its trajectory's reward R and
 gets A(y) = R − μ_{x, role(y)} (``compute_rolewise_advantages``; ``compute_grpo_advantages`` — one
-baseline per prompt over ACT outputs — for the ``grpo`` variant). A(y) is applied to every generated
+baseline per prompt, with conf/algo/grpo.yaml's ``trajectory_mean`` the mean of its K trajectory rewards —
+for the ``grpo`` variant). A(y) is applied to every generated
 token of y in the clipped objective of ``envace.engines.losses.compute_policy_loss`` (token-mean over the
 mini-batch, optional low_var_kl to a frozen reference), then AdamW with constant LR and grad-norm
 clipping at 1.0; ``ppo_epochs`` passes over ``mini_batch_streams``-sized mini-batches.

@@ -13,11 +13,12 @@ A call that matches no record (``UnrecordedMode``):
 * ``rehearse`` — the REHEARSE role (``envace.core.prompts`` role prompts) imagines the response: the
   policy itself (seat ``ACTOR``) or a configured ``fallback_backend``; few-shot examples are the recorded
   pairs of *earlier* user turns and the responses served so far in this episode — never unserved records
-  of the current turn (SPEC §1: no future ground truth);
+  of the current turn (docs/method.md §2: no future ground truth);
 * ``simulate`` — a configured simulator backend (e.g. an OpenAI-compatible endpoint) with a plain
   "you are the tool server" prompt; a bare JSON answer is accepted as well as the REHEARSE wire format.
 
-A call to a tool that is not in the task's tool list always gets ``UNKNOWN_TOOL``. A fallback answer that
+A call to a tool that is not in the task's tool list always gets ``UNKNOWN_TOOL`` (inside the ACT loop
+such a call never gets here: the loop answers it by ``envace.core.unknown_tool``). A fallback answer that
 does not parse becomes ``{"error": {"code": "SIMULATION_FAILED", …}}`` (the episode goes on). Every answer's
 origin is counted in ``stats`` and the fallback calls are listed in ``fallback_calls``. Every response that
 is not a recorded one (unknown tool, not recorded, fallback) is marked in ``ResponseBatch.stand_ins``, hence

@@ -11,8 +11,12 @@ weight, required_for_next_turn, dependence}`` plus a machine-checkable ``rule``:
   that passed item ``item`` of turn ``turn`` (ids the agent's own execution produced; the lenient
   check of ``bindings``, shared with the rule judge). Arguments not listed are not checked.
 - ``{"kind": "answer_contains", "values": [v], "text": v}`` — one item per key value of the turn:
-  the final reply mentions ``v`` (``scoring.mentions``). ``text`` repeats the value for the shared
-  rule parser (``envace.core.checklist.ItemRule`` reads ``text``); ``values`` is the list form.
+  the final reply mentions ``v`` (``envace.core.answers.mentions``). ``text`` repeats the value for
+  the shared rule parser (``envace.core.checklist.ItemRule`` reads ``text``); ``values`` is the list
+  form. A value read from a gold response (``meta["answer_bindings"]``) whose call has an item gets
+  ``"bound_values": [{"turn", "item", "path"}]``: the reply must then repeat the value at ``path`` in
+  the response of the call that passed that item (the trajectory's own response, real or rehearsed),
+  and the gold literal counts only when no call passed it (``envace.core.answers.answer_target``).
 
 Gold calls planned to fail (error-path scenarios) get no item: a sound agent may skip them (e.g. it
 checks the balance first), and what matters is the reply, whose items then carry the whole weight.
@@ -30,12 +34,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from envace.core.answers import answer_target, mentions
 from envace.core.bindings import MISSING, bound_or_literal
 from envace.core.records import ToolCall, Turn
 from envace.envs.base import Task
 from envace.envs.toolworld.gold import RealizedTurn
 from envace.envs.toolworld.schema import is_error
-from envace.envs.toolworld.scoring import mentions
 
 ANSWER_WEIGHT = 0.3
 
@@ -97,8 +101,14 @@ def _call_item(call: ToolCall, item_id: str, turn: int, step: int, bound: dict[s
     }
 
 
-def _answer_item(value: str, reply: str, item_id: str, turn: int, step: int, deps: list[str]) -> dict[str, Any]:
+def _answer_item(
+    value: str, reply: str, item_id: str, where: tuple[int, int], deps: list[str], bound: dict[str, Any] | None
+) -> dict[str, Any]:
+    turn, step = where
     quoted = json.dumps(value)
+    rule: dict[str, Any] = {"kind": "answer_contains", "values": [value], "text": value}
+    if bound is not None:
+        rule["bound_values"] = [bound]
     return {
         "id": item_id,
         "question": f"Does the final reply tell the user {quoted}?",
@@ -109,7 +119,7 @@ def _answer_item(value: str, reply: str, item_id: str, turn: int, step: int, dep
         "weight": 0.0,
         "required_for_next_turn": False,
         "dependence": deps,
-        "rule": {"kind": "answer_contains", "values": [value], "text": value},
+        "rule": rule,
     }
 
 
@@ -131,8 +141,13 @@ def build_turn_checklist(turn: int, realized: RealizedTurn, item_of_call: dict[s
             items.append(_call_item(call, item_id, turn, positions[step_index], bound))
             item_of_call[str(call.id)] = (turn, item_id)
     deps = [i["id"] for i in items]
-    for value in realized.key_values:
-        items.append(_answer_item(value, realized.answer, f"C{len(items)}", turn, reply_step, deps))
+    sources = realized.answer_bindings or (None,) * len(realized.key_values)
+    for value, source in zip(realized.key_values, sources):
+        bound = None
+        if source is not None and source["call"] in item_of_call:
+            src_turn, src_item = item_of_call[source["call"]]
+            bound = {"turn": src_turn, "item": src_item, "path": source["path"]}
+        items.append(_answer_item(value, realized.answer, f"C{len(items)}", (turn, reply_step), deps, bound))
     call_weights, answer_weights = item_weights(len(deps), len(realized.key_values))
     for item, weight in zip(items, call_weights + answer_weights):
         item["weight"] = weight
@@ -180,7 +195,13 @@ def rule_passes(
     """Check one item's rule on one turn; a passing tool-call item records its response in ``matched``."""
     if rule["kind"] == "answer_contains":
         values = rule.get("values") or [rule.get("text", "")]
-        return all(mentions(transcript.reply or "", v) for v in values)
+        sources = rule.get("bound_values") or [None] * len(values)
+        for value, src in zip(values, sources):
+            response = matched.get((src["turn"], src["item"]), MISSING) if src else MISSING
+            target = answer_target(value, src, response)
+            if target is MISSING or not mentions(transcript.reply or "", target):
+                return False
+        return True
     if rule["kind"] != "tool_call":
         raise ValueError(f"checklist rule kind {rule['kind']!r} unknown; valid: tool_call, answer_contains")
     for call, response in zip(transcript.calls, transcript.responses):

@@ -6,9 +6,10 @@ executing never touches a ``Task``). A call runs against a scratch copy of its d
 is committed only on success, so a failing call leaves the state exactly as it was (no partial
 writes, no id counter advanced).
 
-It never raises on a bad call: an unknown (or not offered) tool, malformed or schema-violating
-arguments and domain failures all come back as ``{"error": {"code", "message"}}``; an unexpected
-exception inside a handler (a bug) is logged and returned as ``INTERNAL_ERROR``.
+It never raises on a bad call: an unknown (or not offered) tool (``envace.core.unknown_tool``),
+malformed or schema-violating arguments and domain failures all come back as
+``{"error": {"code", "message"}}``; an unexpected exception inside a handler (a bug) is logged and
+returned as ``INTERNAL_ERROR``.
 """
 
 from __future__ import annotations
@@ -18,14 +19,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from envace.core.records import ToolCall
+from envace.core.unknown_tool import unknown_tool_response
 from envace.envs.base import Task
 from envace.envs.toolworld.registry import TOOLS
-from envace.envs.toolworld.schema import (
-    INTERNAL_ERROR,
-    UNKNOWN_TOOL,
-    ToolError,
-    error_response,
-)
+from envace.envs.toolworld.schema import INTERNAL_ERROR, ToolError, error_response
 from envace.envs.toolworld.state import clone
 
 logger = logging.getLogger(__name__)
@@ -72,9 +69,8 @@ class ToolWorldExecutor:
 
     def _run(self, call: ToolCall) -> dict[str, Any]:
         spec = self._tools.get(call.name) if isinstance(call.name, str) else None
-        if spec is None:
-            offered = ", ".join(self._tools)
-            return error_response(UNKNOWN_TOOL, f"unknown tool '{call.name}'; available: {offered}")
+        if spec is None:  # the answer every loop gives such a call before it would reach an executor
+            return unknown_tool_response(call, tuple(self._tools))
         scratch = clone(self._state.get(spec.domain, {}))
         try:
             arguments = spec.validate(call.arguments)

@@ -255,6 +255,7 @@ def assemble_task(
         "held_out": slot.held_out,
         "held_out_composition": slot.composition,
         "answer_values": [list(t.key_values) for t in turns],
+        "answer_bindings": [list(t.answer_bindings) for t in turns],
         "bindings": {k: v for t in turns for k, v in t.bindings.items()},
         "expected_errors": {k: v for t in turns for k, v in t.expected_errors.items()},
         "steps_per_turn": [len(t.steps) for t in turns],

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from envace.core.answers import mentions, value_text
 from envace.core.json_paths import path_to_json, resolve_path
 from envace.core.records import ToolCall
 from envace.envs.toolworld.executor import ToolWorldExecutor
@@ -40,6 +41,24 @@ class RealizedTurn:
     key_values: tuple[str, ...]
     bindings: dict[str, dict[str, dict[str, Any]]]
     expected_errors: dict[str, str]
+    # per key value: None (stated by the user, or composed: checked literally) or {"call", "path"} of the
+    # gold response it was read from (``envace.core.answers``)
+    answer_bindings: tuple[dict[str, Any] | None, ...] = ()
+
+
+def leaf_path(value: Any, text: str, path: tuple[Any, ...] = ()) -> list[Any] | None:
+    """The first path (keys and indices, depth first) to a scalar leaf of ``value`` written as ``text``."""
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return list(path) if value is not None and value_text(value) == text else None
+    for key, child in items:
+        found = leaf_path(child, text, (*path, key))
+        if found is not None:
+            return found
+    return None
 
 
 class GoldRecorder:
@@ -49,10 +68,13 @@ class GoldRecorder:
         self.executor = executor
         self.responses: dict[str, Any] = {}
         self._call_ids: dict[str, str] = {}
+        self._executed: list[tuple[str, Any]] = []  # (gold call id, response) in execution order
+        self._user_texts: list[str] = []
 
     def run_turn(self, planned: PlannedTurn) -> RealizedTurn:
         bindings: dict[str, dict[str, dict[str, Any]]] = {}
         errors: dict[str, str] = {}
+        self._user_texts.append(planned.user)
         steps, responses = [], []
         for step in planned.steps:
             calls = tuple(self._concrete(p, bindings) for p in step)
@@ -68,7 +90,23 @@ class GoldRecorder:
             key_values=tuple(str(fields[name]) for name in planned.key_fields),
             bindings=bindings,
             expected_errors=errors,
+            answer_bindings=tuple(self._answer_binding(planned.fields[name]) for name in planned.key_fields),
         )
+
+    def _answer_binding(self, item: Any) -> dict[str, Any] | None:
+        """Where a key value comes from: ``None`` when a user turn states it (or no response holds it),
+        else the gold call and path of the response it was read from: the ``Ref`` itself, or for a
+        value the scenario read some other way, the newest response holding it as a leaf."""
+        text = value_text(self._value(item))
+        if any(mentions(user, text) for user in self._user_texts):
+            return None
+        if isinstance(item, Ref):
+            return {"call": self._call_ids[item.call], "path": path_to_json(item.path)}
+        for call_id, response in reversed(self._executed):
+            path = leaf_path(response, text)
+            if path is not None:
+                return {"call": call_id, "path": path}
+        return None
 
     def _value(self, item: Any) -> Any:
         if isinstance(item, Ref):
@@ -93,6 +131,7 @@ class GoldRecorder:
     def _execute(self, planned: PlannedCall, call: ToolCall, errors: dict[str, str]) -> Any:
         response = self.executor.execute(call)
         self.responses[planned.key] = response
+        self._executed.append((str(call.id), response))
         code = response["error"]["code"] if is_error(response) else None
         if code != planned.expect_error:
             raise GoldPlanError(

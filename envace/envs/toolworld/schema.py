@@ -30,8 +30,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from jsonschema.exceptions import ValidationError as SchemaViolation
 
-# error codes shared by every domain
-UNKNOWN_TOOL = "UNKNOWN_TOOL"
+# error codes shared by every domain (UNKNOWN_TOOL belongs to the unknown-tool rule, envace.core.unknown_tool)
 INVALID_ARGUMENTS = "INVALID_ARGUMENTS"
 UNEXPECTED_ARGUMENT = "UNEXPECTED_ARGUMENT"
 MISSING_ARGUMENT = "MISSING_ARGUMENT"

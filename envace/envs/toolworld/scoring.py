@@ -9,10 +9,12 @@ Exact rule (``score_breakdown``):
    matter. Ids are part of the state: recreating an object after deleting a wrong one shifts its id
    and fails (document-level strictness, like a real backend audit).
 2. **Answers.** For user turn ``t`` the key values are ``task.meta["answer_values"][t]``; each must be
-   *mentioned* in ``final_answers[t]`` (a missing turn counts as an empty reply). Mentioned means:
-   after case-folding and dropping thousands separators (``1,250`` → ``1250``) on both sides, the
+   *mentioned* in ``final_answers[t]`` (a missing turn counts as an empty reply): after case-folding,
+   collapsing whitespace and dropping thousands separators (``1,250`` → ``1250``) on both sides, the
    value occurs with no letter, digit or underscore directly before or after it (``150`` matches
-   "$150." and "150.00" but not "1500"; ``evt_3`` does not match ``evt_30``).
+   "$150." and "150.00" but not "1500"; ``evt_3`` does not match ``evt_30``): the one rule of
+   ``envace.core.answers.mentions``, which the training rewards use too. Evaluation checks the gold
+   literals: the real environment returns them.
 3. **Score.** Strict (default): 1.0 when the state matches and every key value of every turn is
    mentioned, else 0.0. Partial credit (``partial_credit=True``): ``(state_match + found/total) / 2``
    (``found/total`` is 1 when a task has no key values); it equals 1.0 exactly when strict does.
@@ -20,27 +22,14 @@ Exact rule (``score_breakdown``):
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
+from envace.core.answers import mentions
 from envace.envs.base import EpisodeResult, Task
 from envace.envs.toolworld.state import COUNTERS_KEY
 
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
-
-
-def normalise_text(text: str) -> str:
-    return _THOUSANDS.sub("", text.casefold())
-
-
-def mentions(text: str, value: str) -> bool:
-    """True when ``value`` occurs in ``text`` as a whole token (see the module docstring)."""
-    needle = normalise_text(str(value)).strip()
-    if not needle:
-        return True
-    pattern = r"(?<![0-9a-z_])" + re.escape(needle) + r"(?![0-9a-z_])"
-    return re.search(pattern, normalise_text(text)) is not None
+__all__ = ["ScoreBreakdown", "mentions", "relevant_state", "score", "score_breakdown"]
 
 
 def relevant_state(task: Task, state: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,7 @@ calls are run on the task's ``VitaExecutor`` and their results appended; a text 
 and a reply containing ``###STOP###`` ends the conversation. Budgets: ``max_steps`` counts every message
 (user, agent, tool batch) as in the reference; an empty agent reply is regenerated up to 3 times with new
 seeds, then ends the episode (the reference's INVALID_AGENT_MESSAGE). An unparseable tool-call block also
-ends it (SPEC §1). Those premature ends score 0 without judging, as in the reference.
+ends it (docs/method.md §1). Those premature ends score 0 without judging, as in the reference.
 
 The user simulator is a ``ChatBackend`` (usually an OpenAI-compatible endpoint) called directly from the
 program, not through a seat, so ``evaluation.evaluate`` works unchanged; its calls and seconds go to the

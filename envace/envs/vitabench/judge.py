@@ -21,7 +21,7 @@ Modes (``RubricJudgeConfig.mode``):
 One retry policy (``envace.inference.openai_client.RetryPolicy``: ``max_retries``, exponential backoff with
 jitter, a cap): transport errors are retried by the HTTP client, malformed answers are asked again here with
 a new seed; when either runs out, ``JudgeFailed`` is raised — the caller records the task as *not judged*,
-never as a zero reward (SPEC §2).
+never as a zero reward (docs/method.md §5).
 """
 
 from __future__ import annotations
