@@ -118,11 +118,11 @@ scale: install ## models MODELS='smollm2 tiny' (conf/model names; the first stay
 	@test -n "$(MODELS)" || { echo "make scale: set MODELS, e.g. MODELS='smollm2 tiny' (names in conf/model/)"; exit 2; }
 	$(call exp_sweep,model,$(MODELS),$(firstword $(MODELS)))
 
-serve: ## start the Prefect server (127.0.0.1:$(PREFECT_PORT)) and serve envace/full-pipeline, in the background
+serve: ## `prefect server start --background` on 127.0.0.1:$(PREFECT_PORT), then serve envace/full-pipeline in the background
 	$(PY) -m flows.server start --port $(PREFECT_PORT)
 	@echo "Run it:  PREFECT_API_URL=$(PREFECT_API_URL) $(VENV)/bin/prefect deployment run envace/full-pipeline -p overrides='[\"profile=smoke\"]' --watch"
 
-stop: ## stop the processes `make serve` started (by PID)
+stop: ## stop what `make serve` started: the serving process (by its PID), then `prefect server stop`; waits until both exited
 	$(PY) -m flows.server stop
 
 plots: ## dvc plots show as one offline page (Vega inline): reports/dvc_plots/index.html

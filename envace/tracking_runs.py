@@ -2,10 +2,13 @@
 of runs a killed process left RUNNING.
 
 Layout in MLflow (experiment ``tracking.experiment``, default ``envace``):
-- one **parent run per pipeline run** (tags: git commit, profile, overrides, Prefect flow-run id);
-- one **nested run per stage** (``mlflow.parentRunId``), holding the resolved config as flat params,
-  per-step metrics (``step=``) and the stage's artifacts. A stage that raises ends FAILED with the
-  error as tags and an ``error.txt`` artifact.
+- one **parent run per pipeline run**, named by profile, variant, seed and start time
+  (``cpu/envace/seed0/2026-12-06T02:00``; tags: git commit, profile, overrides, Prefect flow-run id),
+  holding the composed config once: the artifact ``config/params.yaml`` and the keys runs are filtered
+  by as params (``envace.tracking_params``);
+- one **nested run per stage** (``mlflow.parentRunId``), holding as params the keys its DVC stage
+  declares under ``params:``, per-step metrics (``step=``) and the stage's artifacts. A stage that
+  raises ends FAILED with the error as tags and an ``error.txt`` artifact.
 
 How a stage finds its parent run:
 1. ``ENVACE_PARENT_RUN_ID`` in the environment (set by the Prefect flow, which owns the parent), else
@@ -40,6 +43,7 @@ from typing import Any
 import psutil
 
 from envace.tracking import KIND_TAG, STAGE_TAG, NullTracker, Tracker, record_failure, stable_metric_key
+from envace.tracking_params import CONFIG_ARTIFACT, config_yaml, pipeline_run_name, run_key_params, stage_params
 from envace.tracking_store import MlflowStore
 from envace.utils.io import write_json
 
@@ -93,12 +97,17 @@ def start_pipeline_run(
     overrides: list[str] | None = None,
     flow_run_id: str | None = None,
     owner: Mapping[str, str] | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> str:
     """Create a parent run for one pipeline run, owned by ``owner`` (``owner_tags``; default: this
-    process); returns its id."""
-    name = f"pipeline-{profile}-{time.strftime('%Y%m%d-%H%M%S')}"
+    process), logging the composed flat ``config`` once (see the module docstring); returns its id."""
+    config = config or {}
     tags = {**pipeline_tags(profile, overrides, flow_run_id), **(owner or owner_tags())}
-    return store.start_run(name, tags).run_id
+    run = store.start_run(pipeline_run_name(profile, config), tags)
+    if config:
+        run.log_params(run_key_params(config))
+        run.log_text(config_yaml(config), CONFIG_ARTIFACT)
+    return run.run_id
 
 
 def _dvc_ancestor_key() -> str | None:
@@ -116,8 +125,9 @@ def _dvc_ancestor_key() -> str | None:
     return None
 
 
-def resolve_parent_run(store: MlflowStore, profile: str) -> tuple[str, bool]:
-    """(parent run id, whether this process manages its status) — see the module docstring."""
+def resolve_parent_run(store: MlflowStore, profile: str, config: Mapping[str, Any] | None = None) -> tuple[str, bool]:
+    """(parent run id, whether this process manages its status) — see the module docstring. A parent
+    created here logs ``config`` (the stage's composed config, flat)."""
     external = os.environ.get(ENV_PARENT_RUN_ID)
     if external:
         return external, False
@@ -130,7 +140,7 @@ def resolve_parent_run(store: MlflowStore, profile: str) -> tuple[str, bool]:
         if known.get("key") == key and known.get("tracking_uri") == store.tracking_uri:
             store.set_status(known["run_id"], "RUNNING")
             return known["run_id"], True
-    run_id = start_pipeline_run(store, profile, owner=_key_owner(key))
+    run_id = start_pipeline_run(store, profile, owner=_key_owner(key), config=config)
     if key is not None:
         write_json(PIPELINE_RUN_FILE, {"key": key, "run_id": run_id, "tracking_uri": store.tracking_uri})
     return run_id, True
@@ -218,14 +228,15 @@ def _end_orphan(store: MlflowStore, run: Any) -> str:
 @contextlib.contextmanager
 def stage_run(
     stage: str,
-    params: Mapping[str, Any],
+    config: Mapping[str, Any],
     *,
     profile: str,
     backend: str = "mlflow",
     experiment: str = "envace",
     tracking_uri: str | None = None,
 ) -> Iterator[Tracker]:
-    """Open the nested MLflow run of ``stage`` (flat ``params`` logged), yield its tracker, end it
+    """Open the nested MLflow run of ``stage`` (of the flat composed ``config``, the keys its DVC stage
+    declares logged as params: ``envace.tracking_params.stage_params``), yield its tracker, end it
     FINISHED, or FAILED with the error as tags + ``error.txt`` when the body raises (re-raised, with a note
     naming the run). Orphaned runs of ``stage`` are marked KILLED first (``end_orphaned_runs``)."""
     if backend == "none":
@@ -236,12 +247,12 @@ def stage_run(
         end_orphaned_runs(store, stage)
     except Exception:  # housekeeping of earlier runs: never fail this stage on it
         logger.warning("MLflow: could not check for orphaned runs of stage %s", stage, exc_info=True)
-    parent_id, owns_parent = resolve_parent_run(store, profile)
+    parent_id, owns_parent = resolve_parent_run(store, profile, config)
     shared = pipeline_tags(profile)
     tags = {k: v for k, v in shared.items() if k != "envace.overrides"}
     tags.update({KIND_TAG: "stage", STAGE_TAG: stage, **owner_tags()})
     run = store.start_run(stage, tags, parent_run_id=parent_id, summary_prefix=summary_prefix(stage))
-    run.log_params(params)
+    run.log_params(stage_params(stage, config))
     logger.info("MLflow: stage run %s (parent %s) in %s", run.run_id, parent_id, store.tracking_uri)
     try:
         yield run

@@ -3,7 +3,8 @@
 One DAG, one cache: the flow writes params.yaml from conf/ + ``overrides`` (exactly what
 ``dvc exp run -S`` would write), asks DVC for the stage order, and runs ``dvc repro <stage>`` per stage.
 DVC decides what is up to date; Prefect adds retries, parameters and a UI. The flow owns the MLflow
-parent run and hands its id to every stage through ``ENVACE_PARENT_RUN_ID``.
+parent run (named by profile, variant, seed and time; the composed config logged on it once) and hands
+its id to every stage through ``ENVACE_PARENT_RUN_ID``.
 
 Note: like ``dvc exp run -S`` in the workspace, a run with overrides leaves params.yaml changed;
 ``make params`` restores the default. Two runs at once in one workspace would both rewrite params.yaml,
@@ -26,7 +27,7 @@ from prefect import flow, get_run_logger
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.runtime import flow_run
 
-from envace.config import PARAMS_FILE, load_params, to_plain
+from envace.config import PARAMS_FILE, flatten, load_params, to_plain
 from envace.tracking_runs import ENV_FLOW_RUN_ID, ENV_OVERRIDES, ENV_PARENT_RUN_ID, start_pipeline_run
 from envace.tracking_store import MlflowStore, default_tracking_uri
 from tasks.stages import STAGE_TASKS, compose_params, publish_report, stage_order, with_timeout
@@ -83,7 +84,9 @@ def envace_flow(
     store = None
     if to_plain(cfg.tracking.backend) == "mlflow":
         store = MlflowStore(cfg.tracking.experiment, default_tracking_uri(root))
-        env[ENV_PARENT_RUN_ID] = start_pipeline_run(store, to_plain(cfg.profile), overrides, env[ENV_FLOW_RUN_ID])
+        env[ENV_PARENT_RUN_ID] = start_pipeline_run(
+            store, to_plain(cfg.profile), overrides, env[ENV_FLOW_RUN_ID], config=flatten(cfg)
+        )
         logger.info("MLflow parent run %s in %s", env[ENV_PARENT_RUN_ID], store.tracking_uri)
     status = "FAILED"
     try:

@@ -7,15 +7,16 @@ server: ``evaluate``, ``rehearsal_sweep``) retry; the others fail fast. Every st
 parameter sets others per stage (``task.with_options(timeout_seconds=...)``, seconds > 0).
 
 ``publish_report`` turns the report stage's outputs into artifacts of the flow run (the Prefect UI's
-Artifacts tab): ``reports/report.md`` as a markdown artifact, the main tables (``TABLE_ARTIFACTS``) as
-table artifacts.
+Artifacts tab), all markdown: ``reports/report.md``, its plots named by their paths (the UI cannot open
+a file beside the report, so an image there shows broken), and the main tables (``TABLE_ARTIFACTS``)
+rendered from their CSV files as the report renders them (``envace.reporting.tables.render_markdown``:
+1 decimal for percentages, 3 for fractions, n and interval folded into each score).
 """
 
 from __future__ import annotations
 
-import csv
-import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,10 +24,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from envace.config import write_params
+from envace.reporting.layout import FRACTION_TABLES
+from envace.reporting.tables import render_markdown
 
 
 def tool(name: str) -> str:
@@ -132,29 +136,43 @@ TABLE_ARTIFACTS = (
 REPORT_ARTIFACT = "envace-report"
 
 
-def _cell(text: str) -> Any:
-    """A CSV cell for a table artifact: a number when it is one (NaN/empty as None), else the text."""
-    if text == "":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
+# a markdown image whose target is a file (not a web address or a data: URI)
+LOCAL_IMAGE = re.compile(r"!\[[^\]]*\]\((?!https?:|data:)([^)\s]+)\)")
+
+
+def report_for_prefect(report_md: Path) -> str:
+    """``report.md`` with each local image replaced by a list item naming the file's path, under one line
+    saying where the plots are (Prefect's UI shows such an image broken)."""
+    text = report_md.read_text(encoding="utf-8")
+    note = (
+        f"The plots are PNG files in `{report_md.parent}` (Prefect shows no local image): open them "
+        "there, or run `make plots` for one page of every plot."
+    )
+    files = LOCAL_IMAGE.findall(text)
+    if not files:
         return text
-    if not math.isfinite(value):
-        return None
-    return int(value) if value.is_integer() and "." not in text else value
+    named = LOCAL_IMAGE.sub(lambda match: f"- `{report_md.parent / match.group(1)}`", text)
+    first = f"- `{report_md.parent / files[0]}`"
+    return named.replace(first, f"{note}\n\n{first}", 1)
 
 
-def csv_rows(path: Path) -> list[dict[str, Any]]:
-    with open(path, newline="", encoding="utf-8") as fh:
-        return [{k: _cell(v or "") for k, v in row.items()} for row in csv.DictReader(fh)]
+def table_markdown(path: Path) -> str:
+    """A table the report stage wrote as CSV, rendered as report.md renders it: the precision of its
+    table (``FRACTION_TABLES``: 3 decimals, else 1), empty cells as ``—``; "" when it has no rows."""
+    frame = pd.read_csv(path) if path.stat().st_size else pd.DataFrame()
+    if frame.empty:
+        return ""
+    frame = frame.astype(object).where(frame.notna(), None)  # an empty cell is None, as in the report's frames
+    decimals = 3 if path.stem in FRACTION_TABLES else 1
+    return render_markdown(frame.drop(columns=["contender"], errors="ignore"), decimals)
 
 
 @task(name="publish_report", cache_policy=NO_CACHE)
 def publish_report(root: str, reports_dir: str = "reports") -> dict[str, str]:
-    """The report as artifacts of this flow run: ``report.md`` (markdown) and ``TABLE_ARTIFACTS`` (tables,
-    those the report wrote). Returns {artifact key: its id}; missing files are logged and skipped."""
-    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+    """The report as markdown artifacts of this flow run: ``report.md`` (``report_for_prefect``) and
+    ``TABLE_ARTIFACTS`` (``table_markdown``, those the report wrote). Returns {artifact key: its id};
+    missing files are logged and skipped."""
+    from prefect.artifacts import create_markdown_artifact
 
     logger = get_run_logger()
     reports = Path(root) / reports_dir
@@ -163,7 +181,7 @@ def publish_report(root: str, reports_dir: str = "reports") -> dict[str, str]:
     if report_md.is_file():
         made[REPORT_ARTIFACT] = str(
             create_markdown_artifact(
-                markdown=report_md.read_text(encoding="utf-8"),
+                markdown=report_for_prefect(report_md),
                 key=REPORT_ARTIFACT,
                 description=f"envace report ({report_md})",
             )
@@ -172,9 +190,9 @@ def publish_report(root: str, reports_dir: str = "reports") -> dict[str, str]:
         logger.warning("no %s: the report stage wrote nothing to publish", report_md)
     for name, key, description in TABLE_ARTIFACTS:
         path = reports / name
-        rows = csv_rows(path) if path.is_file() else []
-        if rows:
-            made[key] = str(create_table_artifact(table=rows, key=key, description=description))
+        table = table_markdown(path) if path.is_file() else ""
+        if table:
+            made[key] = str(create_markdown_artifact(markdown=table, key=key, description=description))
         else:
             logger.info("table artifact %s skipped: %s is missing or empty", key, path)
     logger.info("published artifacts: %s", ", ".join(made) or "none")

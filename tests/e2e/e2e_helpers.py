@@ -3,6 +3,7 @@ it, check what MLflow recorded."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -86,22 +87,30 @@ def run(cmd: list[str], cwd: Path, timeout: float, **kwargs) -> subprocess.Compl
 
 
 def assert_pipeline_in_mlflow(root: Path, expected_stages: list[str]):
-    """One parent run holding one FINISHED nested run per stage, with metrics and artifacts."""
+    """One parent run, named by profile and variant, holding the composed config and one FINISHED nested
+    run per stage, with metrics and artifacts and only the params its DVC stage declares."""
     from mlflow.tracking import MlflowClient
 
+    from envace.tracking_params import declared_params
     from envace.tracking_store import runs_table
 
     uri = f"sqlite:///{root / 'mlflow.db'}"
-    parents = runs_table("envace", tracking_uri=uri, kind="pipeline")
+    parents = runs_table("envace", tracking_uri=uri, kind="pipeline", include_params=True)
     assert len(parents) == 1, parents
     parent = parents.iloc[0]
     assert parent["status"] == "FINISHED"
+    assert parent["run_name"].startswith("smoke/envace/seed0/") and parent["params.profile"] == "smoke"
     stages = runs_table("envace", tracking_uri=uri, parent_run_id=parent["run_id"], include_params=True)
     assert sorted(stages["stage"]) == sorted(expected_stages)
     assert set(stages["status"]) == {"FINISHED"}
     assert (stages["metrics.stage_seconds"] > 0).all()
-    assert set(stages["params.profile"]) == {"smoke"}
     client = MlflowClient(tracking_uri=uri)
+    assert [a.path for a in client.list_artifacts(parent["run_id"], "config")] == ["config/params.yaml"]
+    with contextlib.chdir(root):  # the project's dvc.yaml
+        declared = {s: set(declared_params(s)) for s in stages["stage"]}
+    for _, row in stages.iterrows():
+        logged = set(client.get_run(row["run_id"]).data.params)
+        assert all(any(k == d or k.startswith(f"{d}.") for d in declared[row["stage"]]) for k in logged), row["stage"]
     for _, row in stages.iterrows():
         assert [a.path for a in client.list_artifacts(row["run_id"])], f"{row['stage']} logged no artifact"
     train = stages.set_index("stage").loc["train"]
