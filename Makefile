@@ -28,7 +28,7 @@ export PREFECT_API_URL := http://127.0.0.1:$(PREFECT_PORT)/api
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help install lint test test-e2e pipeline params ablation scale serve stop ui plots serve-model science science-testtime
+.PHONY: help install lint test test-e2e pipeline params ablation scale serve stop ui plots readme-plots serve-model science science-testtime
 
 # variables whose $(NAME) in a target's `## ...` text `make help` shows expanded (their values now)
 HELP_VARS := VENV PY PROFILE OVERRIDES ARGS VARIANTS HOME_VARIANT MODELS PREFECT_PORT MLFLOW_PORT PREFECT_API_URL SERVE_MODEL MODEL_PORT SCIENCE_JOBS
@@ -127,6 +127,14 @@ stop: ## stop what `make serve` started: the serving process (by its PID), then 
 
 plots: ## dvc plots show as one offline page (Vega inline): reports/dvc_plots/index.html
 	$(PY) -m envace.reporting.dvc_html -o reports/dvc_plots
+
+README_PLOTS := training_curve training_per_role advantages_per_role fidelity_over_training testtime testtime_cost success_vs_real_calls
+readme-plots: ## copy the current run's figures (reports/, plots/prepare_data.png) into docs/img/ for the README; refuses stale inputs
+	@test -f reports/report.md || { echo "readme-plots: no reports/report.md; run make pipeline first"; exit 1; }
+	@! grep -q "STALE" reports/report.md || { echo "readme-plots: reports/report.md has stale inputs; run make pipeline first"; exit 1; }
+	@for p in $(README_PLOTS); do cp reports/$$p.png docs/img/$$p.png; done
+	cp plots/prepare_data.png docs/img/prepare_data.png
+	@echo "docs/img/ now holds the figures of the run in reports/ ($$(head -3 reports/report.md | grep -o 'commit `[0-9a-f]*`'))"
 
 serve-model: ## OpenAI-compatible server for $(SERVE_MODEL) (tiny, smollm2, a model dir) at http://127.0.0.1:$(MODEL_PORT)/v1; foreground, stop: Ctrl-C or kill the PID in .envace/
 	$(PY) -m envace.inference.openai_server --model $(SERVE_MODEL) --port $(MODEL_PORT) \
