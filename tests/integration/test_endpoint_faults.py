@@ -6,6 +6,7 @@
   the URL, "connection refused" and ``judge.base_url`` (in process and through the stage's CLI);
 * 30 % faults: training completes; the faults are retried, what stays failed is excluded and counted;
 * 100 % faults: the failure budget stops the stage fast with the message that says what to fix;
+* every reply slower than ``judge.timeout_s``: the stage stops, the message naming the timeout;
 * a fake API key in the environment, used by a run that logs to a real MLflow sqlite store, appears
   nowhere in the store or its artifacts (every file scanned bytes-wise).
 
@@ -253,6 +254,31 @@ def test_all_requests_failing_stops_the_stage_fast_with_the_budget_message(prepa
     # trajectories are judged one after another, their items concurrently, 4 attempts each (0.5 s, 1 s, 2 s
     # backoff): the fifth failed item comes in the second or third trajectory
     assert done - server.first_at < 30 and server.requests <= 4 * (5 + 8)
+
+
+class SlowJudge(FaultyJudge):
+    """Answers every request, but only after the client's timeout has passed."""
+
+    def fault_for(self, body: bytes) -> str | None:
+        super().fault_for(body)
+        return "timeout"
+
+
+@pytest.mark.slow
+def test_replies_slower_than_the_timeout_stop_the_stage_naming_the_timeout(prepared, monkeypatch) -> None:
+    root, paths = prepared
+    monkeypatch.chdir(root)
+    with threaded_servers() as serve:
+        server = serve(SlowJudge(fault_rate=0.0, client_timeout_s=0.5))
+        cfg = llm_judge_cfg(paths, server.base_url, "judge.timeout_s=0.5")
+        started = time.perf_counter()
+        with pytest.raises(JudgeFailureBudgetExceeded) as info:
+            train.run(typed_config(cfg))
+        done = time.perf_counter()
+    message = str(info.value)
+    print(f"\nslow judge: {server.requests} requests; failed {done - started:.1f} s after the start: {message}")
+    assert "no answer within 0.5s (timed out)" in message and "judge.timeout_s" in message
+    assert server.base_url in message and done - server.first_at < 60
 
 
 # ---- the API key never reaches the tracking store ---------------------------------------------------------------
