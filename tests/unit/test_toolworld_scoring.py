@@ -218,16 +218,6 @@ def _strings(value: Any) -> list[str]:
     return []
 
 
-def _renamed(value: Any, names: dict[str, str]) -> Any:
-    if isinstance(value, str):
-        return names.get(value, value)
-    if isinstance(value, dict):
-        return {k: _renamed(v, names) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_renamed(v, names) for v in value]
-    return value
-
-
 def _fresh(old: str, n: int) -> str:
     if "/" in old:
         folder, name = old.rsplit("/", 1)
@@ -239,18 +229,7 @@ def gold_trajectory(spec: EpisodeSpec, names: dict[str, str] | None = None) -> T
     """The gold conversation as a rollout: one ``Turn`` per gold step, then the gold reply. With
     ``names`` (old id -> new id), ids are renamed in every response, in every *later* argument and in
     the replies, as a rehearser that invents its own ids and an actor that follows them would produce."""
-    names = names or {}
-    introduced: set[str] = set()  # renamed ids some earlier response has returned
-    turns = []
-    for t, steps in enumerate(spec.gold):
-        for step in steps:
-            visible = {k: v for k, v in names.items() if k in introduced}
-            calls = tuple(ToolCall(c.name, _renamed(c.arguments, visible), c.id) for c in step.calls)
-            turns.append(Turn("", calls, tuple(_renamed(r, names) for r in step.responses), True, t))
-            introduced |= {s for r in step.responses for s in _strings(r) if s in names}
-        said = {_world_key(k): v for k, v in names.items() if k in introduced}
-        turns.append(Turn(_restate(spec.gold_answers[t], said), user_turn=t))  # what its own responses said
-    return Trajectory(prompt_id=spec.task_id, sample_index=0, turns=tuple(turns))
+    return world_trajectory(spec, {_world_key(old): new for old, new in (names or {}).items()})
 
 
 def response_ids(spec: EpisodeSpec) -> dict[str, str]:

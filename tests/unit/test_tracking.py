@@ -16,17 +16,6 @@ from envace.tracking_runs import ENV_PARENT_RUN_ID, stage_run, start_pipeline_ru
 from envace.tracking_store import MlflowStore, runs_table
 
 
-@pytest.fixture(scope="module")
-def store_uri(tmp_path_factory) -> str:
-    """One SQLite store for the module (creating it costs seconds); tests use their own experiments."""
-    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-
-
-@pytest.fixture
-def experiment(request) -> str:
-    return f"test-{request.node.name}"
-
-
 @pytest.fixture
 def in_tmp(tmp_path, monkeypatch) -> Path:
     monkeypatch.chdir(tmp_path)

@@ -59,16 +59,6 @@ stages:
 """
 
 
-@pytest.fixture(scope="module")
-def store_uri(tmp_path_factory) -> str:
-    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-
-
-@pytest.fixture
-def experiment(request) -> str:
-    return f"test-{request.node.name}"
-
-
 @pytest.fixture
 def project(tmp_path, monkeypatch) -> Path:
     """A working directory with a dvc.yaml (and science/dvc.yaml), outside any DVC or Prefect run."""
