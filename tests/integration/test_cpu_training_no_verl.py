@@ -7,12 +7,8 @@ tests imported cannot hide a leak, and reports what it found as the last line of
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+from fresh_python import run_fresh
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 GPU_STACK = ("verl", "ray")
 
 _REPORT = """
@@ -63,16 +59,7 @@ assert history and history[-1]["tokens_in_loss/act"] > 0, history
 
 def _run(body: str) -> tuple[list[str], str]:
     """Run ``body`` in a fresh interpreter; return the verl/Ray modules it loaded and its stderr."""
-    proc = subprocess.run(
-        [sys.executable, "-c", body + _REPORT.format(stack=GPU_STACK)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, f"the probe failed:\n{proc.stderr[-3000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+    return run_fresh(body + _REPORT.format(stack=GPU_STACK), timeout=300)
 
 
 def test_cpu_stages_import_neither_verl_nor_ray() -> None:

@@ -8,16 +8,13 @@ tests/unit/test_import_graph.py checks statically that no core module imports ve
 
 from __future__ import annotations
 
-import json
 import pkgutil
-import subprocess
-import sys
-from pathlib import Path
+
+from fresh_python import run_fresh
 
 import envace.core
 
 FORBIDDEN = ("prefect", "mlflow", "hydra", "dvc", "ray", "verl")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 _PROBE = """
 import importlib, json, sys
@@ -33,16 +30,8 @@ def core_modules() -> list[str]:
 
 def loaded_top_level_packages(modules: list[str]) -> set[str]:
     """Import ``modules`` in a fresh interpreter; return the top-level names in its sys.modules."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _PROBE.format(modules=modules)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, f"importing {modules} failed:\n{proc.stderr[-3000:]}"
-    return set(json.loads(proc.stdout.strip().splitlines()[-1]))
+    loaded, _ = run_fresh(_PROBE.format(modules=modules), timeout=120, what=f"importing {modules}")
+    return set(loaded)
 
 
 def test_core_modules_exist() -> None:
