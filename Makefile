@@ -106,7 +106,7 @@ define exp_sweep
 	  dvc exp run -S profile=$(PROFILE) -S $(1)=$$v $(addprefix -S ,$(OVERRIDES)) -n "$(PROFILE)-$$v"; \
 	done; \
 	if [ -n "$(filter $(3),$(2))" ]; then dvc exp apply "$(PROFILE)-$(3)"; fi
-	$(PY) -m envace.experiments collect
+	$(PY) -m envace.reporting.experiments collect
 	dvc repro report
 	@echo "Ablation and scale tables: $(CURDIR)/reports/ablation.csv, $(CURDIR)/reports/scale.csv (report.md)"
 endef

@@ -27,9 +27,9 @@ from prefect import flow, get_run_logger
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.runtime import flow_run
 
-from envace.config import PARAMS_FILE, flatten, load_params, to_plain
-from envace.tracking_runs import ENV_FLOW_RUN_ID, ENV_OVERRIDES, ENV_PARENT_RUN_ID, start_pipeline_run
-from envace.tracking_store import MlflowStore, default_tracking_uri
+from envace.config.load import PARAMS_FILE, flatten, load_params, to_plain
+from envace.tracking.runs import ENV_FLOW_RUN_ID, ENV_OVERRIDES, ENV_PARENT_RUN_ID, start_pipeline_run
+from envace.tracking.store import MlflowStore, default_tracking_uri
 from tasks.stages import STAGE_TASKS, compose_params, publish_report, stage_order, with_timeout
 
 DEPLOYMENT_NAME = "full-pipeline"

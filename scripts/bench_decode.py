@@ -38,10 +38,10 @@ import time
 
 import torch
 
-from envace.engines.local.attention import use_gqa_attention
-from envace.engines.local.kv import BatchedStreams
-from envace.engines.local.precision import cpu_model, resolve_precision
 from envace.models import ModelSpec, load_model_and_tokenizer
+from envace.runtime.attention import use_gqa_attention
+from envace.runtime.kv import BatchedStreams
+from envace.runtime.precision import cpu_model, resolve_precision
 
 logger = logging.getLogger("bench_decode")
 

@@ -29,12 +29,12 @@ from dataclasses import replace
 
 import torch
 
-from envace.config import compose, typed_config
+from envace.config.load import compose, typed_config
 from envace.core.rehearsal import RehearsalMode
-from envace.engines.local.precision import cpu_model
 from envace.inference.local import LocalHFBackend, seed_prefixes
 from envace.models import model_spec_from_string
 from envace.rehearsal import evaluate_with_rehearsal
+from envace.runtime.precision import cpu_model
 from envace.stages.common import data_seed
 from envace.stages.rehearsal_sweep import rehearsal_settings
 from envace.stages.suites import eval_suite, make_adapter

@@ -45,7 +45,7 @@ import subprocess
 import sys
 import time
 
-from envace.engines.local.precision import machine_clock
+from envace.runtime.precision import machine_clock
 
 SPECIALS = ("<pad>", "<eos>", "<unk>")
 VOCAB = 512
@@ -225,8 +225,8 @@ def our_rollout(model, tok, prompts: list[str], args, step: int, precision: str)
 
     from envace.core.records import Role
     from envace.core.seeds import derive_seed
-    from envace.engines.local.decode import DecodeRequest, OutputKey, decode
-    from envace.engines.local.kv import BatchedStreams
+    from envace.runtime.decode import DecodeRequest, OutputKey, decode
+    from envace.runtime.kv import BatchedStreams
 
     ids = [tok(p)["input_ids"] for p in prompts]
     streams = BatchedStreams(model, [("p", i) for i in range(len(ids))], pad_id=tok.pad_token_id, precision=precision)
@@ -284,9 +284,9 @@ def run_ours(args, precision_name: str) -> dict:
 
     from envace.core.records import Role
     from envace.engines.local import OptimConfig
-    from envace.engines.local.attention import use_gqa_attention
-    from envace.engines.local.precision import resolve_precision
     from envace.engines.local.trainer import PolicyUpdater, Slot, make_optimizer
+    from envace.runtime.attention import use_gqa_attention
+    from envace.runtime.precision import resolve_precision
 
     tok = build_tokenizer()
     model = build_model(tok).eval()

@@ -37,10 +37,10 @@ from envace.engines.local import (
     RolloutConfig,
     RolloutRunner,
 )
-from envace.engines.local.attention import use_gqa_attention
 from envace.engines.local.sft import gold_guide
 from envace.envs.toolworld import ToolWorldEnv
 from envace.models import ModelSpec, load_model_and_tokenizer
+from envace.runtime.attention import use_gqa_attention
 
 logger = logging.getLogger("bench_rollout")
 

@@ -68,14 +68,14 @@ from envace.core.prompts import ChatFormatter
 from envace.core.records import Role
 from envace.engines import episode_spec_from_task
 from envace.engines.local import DecodeGuide, LocalEngine, LocalEngineConfig, OptimConfig, RolloutConfig, SFTConfig
-from envace.engines.local.attention import use_gqa_attention
 from envace.engines.local.engine import step_examples
-from envace.engines.local.gemm import FP32_LINEARS
-from envace.engines.local.precision import cpu_has_bf16, cpu_model, resolve_precision
 from envace.engines.local.rollout import ResponseSource, RolloutRunner
 from envace.engines.local.sft import gold_targets
 from envace.envs.toolworld import ToolWorldEnv
 from envace.models import ModelSpec, load_model_and_tokenizer
+from envace.runtime.attention import use_gqa_attention
+from envace.runtime.gemm import FP32_LINEARS
+from envace.runtime.precision import cpu_has_bf16, cpu_model, resolve_precision
 from envace.utils.malloc import ALLOCATORS, allocator_choice, allocator_env, running_allocator
 
 logger = logging.getLogger("bench_step")

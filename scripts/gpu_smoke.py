@@ -67,7 +67,7 @@ def build_tiny_model_dir(out: Path, specs: list[Any], *, sft_epochs: int, device
 
 # ---- mode verl ------------------------------------------------------------------------------------
 def verl_config(model_dir: Path, steps: int) -> Any:
-    from envace.config import compose, typed_config
+    from envace.config.load import compose, typed_config
 
     cfg = compose(
         [
@@ -275,7 +275,7 @@ BF16_MEAN_TOL, BF16_MAX_TOL, FP32_DEVICE_TOL, ROLLOUT_GAP_TOL = 0.02, 0.1, 1e-3,
 def _token_logprobs(model: Any, ids: Any, precision: str, device: str) -> Any:
     import torch
 
-    from envace.engines.local.precision import autocast
+    from envace.runtime.precision import autocast
 
     with torch.no_grad(), autocast(precision, device):
         logits = model(input_ids=ids.to(device)).logits.float()
@@ -288,8 +288,8 @@ def precision_on(device: str) -> dict[str, Any]:
 
     import torch
 
-    from envace.engines.local.precision import resolve_precision
     from envace.models import ModelSpec, load_model_and_tokenizer
+    from envace.runtime.precision import resolve_precision
 
     auto = resolve_precision("auto", device)
     model = load_model_and_tokenizer(ModelSpec(dtype="float32", **TINY))[0].eval()

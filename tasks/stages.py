@@ -28,7 +28,7 @@ import pandas as pd
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from envace.config import write_params
+from envace.config.load import write_params
 from envace.reporting.layout import FRACTION_TABLES
 from envace.reporting.tables import render_markdown
 

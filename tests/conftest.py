@@ -32,7 +32,7 @@ def repo_root() -> Path:
 
 def tmp_paths_overrides(root: Path) -> list[str]:
     """Hydra overrides that move every stage path under ``root``."""
-    from envace.config_schema import PathsConfig
+    from envace.config.schema import PathsConfig
 
     return [f"paths.{name}={root / name}" for name in PathsConfig.__dataclass_fields__]
 

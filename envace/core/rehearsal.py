@@ -48,7 +48,7 @@ from envace.core.rehearsal_memory import MemoryBudget
 
 
 # The members' names are the strings written in conf/ (OmegaConf reads an enum by member name), so that
-# envace.config_schema uses these enums as they are: one enum per concept.
+# envace.config.schema uses these enums as they are: one enum per concept.
 class RehearsalMode(str, enum.Enum):
     parallel = "parallel"  # independent attempts from the same context
     sequential = "sequential"  # attempt k sees attempts 1..k-1 and their critiques
@@ -78,7 +78,7 @@ class Summarizer(str, enum.Enum):
 class RehearsalConfig:
     """How one task is rehearsed. ``n_attempts=0`` is plain evaluation (no rehearsal, no memory).
 
-    The defaults are conf/rehearsal/default.yaml's (``envace.config.rehearsal_config`` builds this from a
+    The defaults are conf/rehearsal/default.yaml's (``envace.config.load.rehearsal_config`` builds this from a
     loaded config). Refused at construction, and only here (the config loader and the sweep build one per
     cell to check it): ``n_attempts < 0``, ``max_steps_per_turn < 1``, negative temperatures and
     ``mode=parallel`` with ``n_attempts > 1`` at ``act_temperature == 0`` (N identical attempts; see the

@@ -2,11 +2,11 @@
 
 Every sampler of act/rehearse trajectories reads the same eight values: the local engine's rollout
 (``envace.engines.local.config.RolloutConfig``), verl's agent loop (``envace.engines.verl.settings.LoopSettings``)
-and the config schema's ``rollout`` section (``envace.config_schema.RolloutSection``). They are declared here
+and the config schema's ``rollout`` section (``envace.config.schema.RolloutSection``). They are declared here
 once; the first two subclass ``RolloutBudget`` and the schema builds its section from ``BUDGET_FIELDS``.
 
 The defaults equal ``conf/rollout/default.yaml`` (the composed config always sets every one of them), and
-the range rules live in ``__post_init__`` only: ``envace.config.validate_config`` builds a budget from the
+the range rules live in ``__post_init__`` only: ``envace.config.load.validate_config`` builds a budget from the
 composed config, so a bad value fails there with the same message the engines would give.
 """
 

@@ -16,10 +16,10 @@ from typing import Any
 
 from envace.core.checklist import Checklist
 from envace.core.conversation import conversation_steps, json_or_text, split_thinking
+from envace.core.env import Task
 from envace.core.records import EpisodeSpec, GoldStep, ToolCall
 from envace.data.cm2_reasons import Cm2ValidationConfig
 from envace.data.cm2_schema import check_row
-from envace.envs.base import Task
 
 
 @dataclass(frozen=True)

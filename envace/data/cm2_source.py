@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from envace.core.records import EpisodeSpec
-from envace.data.source import DataSource, register_data_source
-from envace.engines.base import to_episode_spec
+from envace.data.source_registry import DataSource, register_data_source
+from envace.data.specs import to_episode_spec
 
 
 def cm2_spec(row: Mapping[str, Any]) -> EpisodeSpec:

@@ -6,7 +6,7 @@ and optionally a fresh *real executor* (fidelity studies). Its ``rehearsal_conte
 view of a task that private rehearsal receives: instructions, tools and user turns — no executor, no
 gold calls, no states.
 
-``EnvironmentAdapter`` implements the interface for every environment of ``envace.envs.base`` (the
+``EnvironmentAdapter`` implements the interface for every environment of ``envace.core.env`` (the
 embedded tool world; later BFCL multi-turn / τ² if they expose the same protocol): the ACT loop with the
 REAL executor, user turns replayed in order, scored by the environment's own scorer. ``episode_program``
 creates the executor inside the program, so nothing outside the committed episode ever holds it.
@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from envace.core.env import Environment, EpisodeResult, Executor, Task
 from envace.core.rehearsal import RehearsalContext
 from envace.core.seeds import derive_seed
-from envace.envs.base import Environment, EpisodeResult, Executor, Task
 from envace.evaluation.episode import ActLoopConfig, Dialogue, ExecutorResponder, TurnHook, run_act_loop
 from envace.evaluation.policies import OracleBackend
 from envace.evaluation.programs import ACTOR, GenerationLedger, Program, drive
@@ -116,7 +116,7 @@ class BenchmarkAdapter(ABC):
 
 
 class EnvironmentAdapter(BenchmarkAdapter):
-    """Adapter for an executable ``envs.base.Environment``: real executor, environment scorer."""
+    """Adapter for an executable ``core.env.Environment``: real executor, environment scorer."""
 
     def __init__(self, env: Environment, config: ActLoopConfig | None = None, name: str | None = None) -> None:
         self.env = env

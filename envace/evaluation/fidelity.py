@@ -34,13 +34,13 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from envace.core.env import Task
 from envace.core.prompts import DEFAULT_ROLE_PROMPTS, RolePrompts
 from envace.core.records import ToolCall, tool_schema_name
 from envace.core.rehearse_context import DEFAULT_CONTEXT_TOKENS, conversation_events, rehearse_context
 from envace.core.seeds import derive_seed
 from envace.core.unknown_tool import unknown_tool_response
 from envace.core.wire import as_result_object, parse_rehearsal
-from envace.envs.base import Task
 from envace.evaluation.programs import REHEARSER, GenerationCall, dispatch
 from envace.evaluation.records import EpisodeRecord
 from envace.inference.base import ChatBackend, ChatRequest

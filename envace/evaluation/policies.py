@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from envace.core.env import Executor, Task, gold_reply
 from envace.core.prompts import compact_json
-from envace.envs.base import Executor, Task, gold_reply
 from envace.inference.base import ChatBackend, ChatOutput, ChatRequest, scripted_outputs
 from envace.inference.openai_client import OpenAIChatBackend
 

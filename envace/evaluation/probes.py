@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from envace.envs.base import Task
+from envace.core.env import Task
 from envace.evaluation.base import BenchmarkAdapter
 from envace.evaluation.policies import OracleBackend
 from envace.evaluation.records import EpisodeRecord

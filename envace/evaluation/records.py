@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from envace.core.env import Task
 from envace.core.records import Termination, Turn
 from envace.core.rehearsal import turn_from_json, turn_to_json
-from envace.envs.base import Task
 
 RECORD_SCHEMA_VERSION = 1
 

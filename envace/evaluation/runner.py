@@ -14,7 +14,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from envace.envs.base import Task
+from envace.core.env import Task
 from envace.evaluation.base import BenchmarkAdapter
 from envace.evaluation.metrics import BenchmarkMetrics, compute_metrics
 from envace.evaluation.programs import ACTOR, Failed, Program, drive, gather

@@ -3,7 +3,7 @@
 Requests are rendered with a ``ChatFormatter`` (the tokenizer's tool-capable chat template), sorted
 by prompt length and decoded in batches of ``batch_size``. Each request's prompt is prefilled on its
 own (``_prefill``: no padding to the batch's longest prompt), then the batch decodes together through
-``envace.engines.local.kv.BatchedStreams``: one KV cache whose rows are the requests, holes masked and
+``envace.runtime.kv.BatchedStreams``: one KV cache whose rows are the requests, holes masked and
 position ids explicit, so each row is computed as if it were alone (up to floating-point effects of the
 batch shape). Finished rows leave the batch at once.
 
@@ -31,7 +31,7 @@ tasks, parallel N=2, the trained SmolLM2 rehearser, one core of that EPYC): 298 
 dominates: ~100 ms a step for 8 rows behind ~1,000 cached tokens, ~180 ms for 16 (82 vs 88 tokens/s),
 so batches larger than 8 buy little.
 
-Precision (``envace.engines.local.precision``): ``auto | fp32 | bf16``; bf16 forwards run on a bf16
+Precision (``envace.runtime.precision``): ``auto | fp32 | bf16``; bf16 forwards run on a bf16
 copy of the weights (``inference_model``); logits are up-cast and sampled in float32.
 
 Generation stops at an end-of-turn token (``ChatFormatter.end_of_turn_token_ids``), at the
@@ -61,13 +61,13 @@ from dataclasses import dataclass, field
 import torch
 
 from envace.core.prompts import ChatFormatter
-from envace.engines.local.attention import use_gqa_attention
-from envace.engines.local.decode import sample_next_tokens
-from envace.engines.local.kv import BatchedStreams, GrowingLayer, make_cache
-from envace.engines.local.precision import resolve_precision
 from envace.inference.base import ChatOutput, ChatRequest
 from envace.inference.prefix_cache import PrefixHit, PrefixKVCache
 from envace.models import ModelSpec, load_model_and_tokenizer
+from envace.runtime.attention import use_gqa_attention
+from envace.runtime.decode import sample_next_tokens
+from envace.runtime.kv import BatchedStreams, GrowingLayer, make_cache
+from envace.runtime.precision import resolve_precision
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from envace.config import ConfigError, to_plain
+from envace.config.load import ConfigError, to_plain
 from envace.inference.base import ChatRequest
 from envace.inference.openai_client import NO_AUTH_HINT, EndpointError, OpenAIChatBackend
 

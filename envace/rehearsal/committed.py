@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from envace.core.env import Task
 from envace.core.rehearsal import RehearsalContext, RehearsalScope
 from envace.core.rehearsal_prompts import memory_message
-from envace.envs.base import Task
 from envace.evaluation.base import BenchmarkAdapter
 from envace.evaluation.episode import TurnHook, TurnView
 from envace.evaluation.metrics import compute_metrics

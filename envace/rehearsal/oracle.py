@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from envace.core.env import Executor, Task
 from envace.core.records import ToolCall
 from envace.core.rehearsal import RehearsalContext
 from envace.core.rehearse_context import Answered, Event
-from envace.envs.base import Executor, Task
 from envace.evaluation.base import BenchmarkAdapter
 from envace.evaluation.episode import ResponseBatch
 from envace.evaluation.programs import Program

@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from envace.core.env import Task
 from envace.core.rehearsal import RehearsalMode, scope_label
-from envace.envs.base import Task
 from envace.evaluation.base import BenchmarkAdapter
 from envace.evaluation.metrics import BenchmarkMetrics
 from envace.evaluation.records import EpisodeRecord

@@ -3,7 +3,7 @@
 (paper benchmarks that ran / all that ran; ``envace.reporting.tables``), the run's final training reward
 (``final/reward/mean``) and the paper's reference column (``envace.reporting.reference``).
 
-Rows: among the runs collected in ``experiments.json`` (``python -m envace.experiments collect``)
+Rows: among the runs collected in ``experiments.json`` (``python -m envace.reporting.experiments collect``)
 that share the current run's profile and model (ablation) or profile and variant (scale), the latest
 per (variant, seed) (per (model, seed)); plus the current run from its own metrics, which replaces any
 collected run of its own variant/model and seed — so a table is never empty and always describes the
@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from envace.experiments import SCHEMA_VERSION
+from envace.reporting.experiments import SCHEMA_VERSION
 from envace.reporting.intervals import bootstrap_over_seeds
 from envace.reporting.reference import REFERENCE_COLUMN, ablation_reference, scale_reference
 from envace.reporting.tables import PAPER_BENCHMARKS, Score, overall_columns, overall_score, rate_score
@@ -54,7 +54,7 @@ def collected_runs(doc: Mapping[str, Any] | None) -> list[RunResult]:
     if doc.get("schema_version") != SCHEMA_VERSION:
         raise ValueError(
             f"experiments.json has schema_version {doc.get('schema_version')!r}, this code reads "
-            f"{SCHEMA_VERSION}: regenerate it with `python -m envace.experiments collect`"
+            f"{SCHEMA_VERSION}: regenerate it with `python -m envace.reporting.experiments collect`"
         )
     runs = []
     for entry in doc.get("experiments", []):

@@ -12,9 +12,9 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig
 
-from envace.config import to_plain
-from envace.experiments import OUTPUT_NAME
+from envace.config.load import to_plain
 from envace.reporting.comparison import CURRENT_RUN
+from envace.reporting.experiments import OUTPUT_NAME
 from envace.reporting.gain import GAIN_NOTE
 from envace.reporting.layout import (
     EFFICIENCY_NOTE,
@@ -33,7 +33,7 @@ from envace.reporting.tables import (
     overall_note,
     render_markdown,
 )
-from envace.tracking_runs import ENV_OVERRIDES
+from envace.tracking.runs import ENV_OVERRIDES
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def cross_run_note(cfg: DictConfig, what: str, collected: bool) -> str:
         return (
             f"Only this run (`{CURRENT_RUN}`): no {source} yet. Run `make ablation`, or `dvc exp run -S "
             "algo=grpo` (`-S model=...` for scale), then "
-            "`python -m envace.experiments collect && dvc repro report`."
+            "`python -m envace.reporting.experiments collect && dvc repro report`."
         )
     return f"Rows: this run (`{CURRENT_RUN}`) and the latest experiment per {what} in {source} (`run` names it)."
 

@@ -1,9 +1,9 @@
 """The science matrix's aggregate: ``science.json`` and ``science/report`` (markdown, CSVs, PNGs).
 
 ``science.json`` (git-tracked) is written in two halves, as a stage's metrics are
-(``envace.stages.runner.write_metrics``): ``science.json`` holds the ``HEADLINE`` numbers, the DVC metrics
+(``envace.reporting.metrics_files.write_metrics``): ``science.json`` holds the ``HEADLINE`` numbers, the DVC metrics
 ``dvc metrics show`` lists; ``science.details.json`` beside it holds everything else at the same keys;
-``envace.stages.runner.read_metrics`` merges them back into this layout:
+``envace.reporting.metrics_files.read_metrics`` merges them back into this layout:
 - one entry per cell, keyed ``<variant>/seed<k>``: ``success`` (strict success rate on the test split),
   ``n``, ``held_out_domain_success``, ``tasks`` (task id -> 0/1) and the cell's training summary;
 - ``sft_base`` / ``untrained_base``: the shared starting checkpoint and the model before SFT, same layout;
@@ -33,9 +33,10 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from envace.config import to_plain
+from envace.config.load import to_plain
 from envace.reporting import reference
 from envace.reporting.figures import save_figure
+from envace.reporting.metrics_files import write_metrics
 from envace.reporting.science_family import TEST, primary_family, seeds_needed
 from envace.reporting.science_plots import curves_by_variant, curves_figure, main_figure, testtime_figure
 from envace.reporting.science_stats import summarize
@@ -51,7 +52,6 @@ from envace.reporting.science_tables import (
     testtime_table,
     timings,
 )
-from envace.stages.runner import write_metrics
 from envace.utils.io import atomic_dir
 
 logger = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ CLAIMS = (
 EXPLORATORY = "exploratory (unadjusted 95% interval, not a test)"
 
 # what ``science.json`` keeps for DVC (glob patterns over the nested key path, as
-# ``envace.stages.runner.HEADLINE``): per group its mean over all tasks, each difference over all tasks and
+# ``envace.reporting.metrics_files.HEADLINE``): per group its mean over all tasks, each difference over all tasks and
 # the primary family's differences with their Holm-adjusted p; the cells, tasks, intervals and test-time
 # cells are in ``science.details.json``
 HEADLINE = (

@@ -51,8 +51,8 @@ from typing import Any
 import numpy as np
 from omegaconf.errors import MissingMandatoryValue
 
-from envace.config import to_plain
-from envace.config_enums import Rehearser
+from envace.config.enums import Rehearser
+from envace.config.load import to_plain
 from envace.core.rehearsal import RehearsalMode
 from envace.reporting.science_stats import (
     Outcomes,

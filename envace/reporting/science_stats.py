@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from envace.stages.runner import read_metrics
+from envace.reporting.metrics_files import read_metrics
 from envace.utils.io import read_json
 
 CELL_DIR = re.compile(r"^(?P<variant>[a-z_]+)-seed(?P<seed>\d+)$")

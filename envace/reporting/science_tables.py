@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 
 from envace.reporting import reference
+from envace.reporting.metrics_files import read_metrics
 from envace.reporting.science_stats import SUBSETS
-from envace.stages.runner import read_metrics
 from envace.utils.io import read_json
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from envace.config import to_plain
+from envace.config.load import to_plain
 
 # ``cell_name`` parsed back (``envace.reporting.testtime_plots.sweep_cells``)
 # how a rehearser key reads in plots and tables (``base`` is the REHEARSE role of the weights RL started from)

@@ -2,7 +2,7 @@
 
 Each function is a small adapter around one library constructor; benchmark- and source-specific
 pieces are registries keyed by the config's enumerated names (no if/elif over names). They take the typed
-``Config`` the stage runner converts once (``envace.config.typed_config``).
+``Config`` the stage runner converts once (``envace.config.load.typed_config``).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envace.config import to_plain
-from envace.config_schema import Config
+from envace.config.load import to_plain
+from envace.config.schema import Config
 from envace.envs.toolworld import ToolWorldConfig
 from envace.utils.io import read_json
 

@@ -20,16 +20,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from envace.config import to_plain
-from envace.config_schema import Config
+from envace.config.load import to_plain
+from envace.config.schema import Config
 from envace.evaluation import evaluate, measure_fidelity, oracle_probe_set, sample_tasks, with_trials
 from envace.inference.preflight import preflight
-from envace.mlflow_traces import trace_episodes
 from envace.reporting.intervals import wilson
 from envace.reporting.science_stats import gain_vs_base
 from envace.stages.common import backends_precision, base_backend, baseline_kind, data_seed, trained_backend
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.stages.suites import eval_suite, make_adapter
+from envace.tracking.traces import trace_episodes
 from envace.utils.io import atomic_dir, read_jsonl, write_json, write_jsonl
 from envace.utils.malloc import trim_heap
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from envace.config import to_plain
-from envace.config_schema import Config
+from envace.config.load import to_plain
+from envace.config.schema import Config
 from envace.data.cm2 import dataset_stats, read_cm2_file, reject_counts, split_rows, validate_rows
 from envace.envs.toolworld import generate_tasks, to_cm2_row
 from envace.reporting.figures import save_figure

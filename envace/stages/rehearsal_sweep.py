@@ -14,7 +14,7 @@ metrics: success and costs — rehearsal tokens, wall time, real-environment cal
 ``rehearsal.scope`` is ``turn`` by default (rehearse user turn t from what is known at turn t); every row
 records its scope, and ``task`` scope rows carry the label "task (sees future turns)": their rehearsal
 read user turns the committed execution had not reached. Every cell's ``RehearsalConfig`` is built
-(``envace.config.rehearsal_config``) when the config loads, so a refused cell — a parallel cell with N > 1
+(``envace.config.load.rehearsal_config``) when the config loads, so a refused cell — a parallel cell with N > 1
 at ``rehearsal.act_temperature`` 0 — fails there, before any cell runs.
 
 Outputs in ``paths.rehearsal/<benchmark>``: ``cells.json`` (metrics and costs per cell) and one
@@ -34,21 +34,21 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from envace.config import rehearsal_config, to_plain
-from envace.config_schema import Config
+from envace.config.load import rehearsal_config, to_plain
+from envace.config.schema import Config
 from envace.inference.preflight import preflight
-from envace.mlflow_traces import trace_episodes
 from envace.rehearsal import RehearsalSettings, run_rehearsal_sweep
 from envace.rehearsal.oracle import ORACLE_REHEARSER
 from envace.reporting.sweep_layout import keyed_cells
 from envace.stages.common import backends_precision, base_backend, data_seed, trained_backend
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.stages.suites import eval_suite, make_adapter
+from envace.tracking.traces import trace_episodes
 from envace.utils.io import atomic_dir, write_json, write_jsonl
 
 logger = logging.getLogger(__name__)
 
-# rehearser name -> what answers imagined tool calls (envace.config_enums.Rehearser)
+# rehearser name -> what answers imagined tool calls (envace.config.enums.Rehearser)
 # `base`: the SFT-start rehearser, the baseline model's REHEARSE role (eval.baseline: the SFT warm-up's weights,
 # or the untrained model without one); `oracle`: a sandboxed copy of the real environment
 REHEARSERS = {

@@ -3,7 +3,7 @@
 Reads only ``paths.metrics/*.json`` and ``paths.plots/train_steps.csv`` (seconds, no models). Tables:
 main (method × benchmark + Overall, success %), ablation (training variant × benchmark) and scale
 (model × benchmark) across DVC experiments (``paths.metrics/experiments.json``, written by
-``python -m envace.experiments collect``; envace.reporting.comparison), per-domain and held-out
+``python -m envace.reporting.experiments collect``; envace.reporting.comparison), per-domain and held-out
 transfer, world-model fidelity, test-time rehearsal (N × mode × rehearser, gain over N=0), training
 and data summaries. Plots (envace.reporting.plots): reward per step and per variant, per-role advantage
 spread and training diagnostics, fidelity over training; and (envace.reporting.testtime_plots) success vs
@@ -23,11 +23,12 @@ from typing import Any
 
 import pandas as pd
 
-from envace.config import to_plain
-from envace.config_schema import Config
-from envace.experiments import OUTPUT_NAME
+from envace.config.load import to_plain
+from envace.config.schema import Config
 from envace.reporting.comparison import CURRENT_RUN, RunResult, ablation_table, collected_runs, scale_table
+from envace.reporting.experiments import OUTPUT_NAME
 from envace.reporting.gain import baseline_name, gain_table
+from envace.reporting.metrics_files import read_metrics
 from envace.reporting.plots import curves_frame, merge_curves, save_plots
 from envace.reporting.provenance import input_states
 from envace.reporting.report_markdown import markdown
@@ -42,14 +43,14 @@ from envace.reporting.tables import (
     testtime_table,
 )
 from envace.reporting.testtime_plots import sweep_cells
-from envace.stages.runner import NULL_TRACKER, Tracker, read_metrics, stage_main
+from envace.stages.runner import NULL_TRACKER, Tracker, stage_main
 from envace.utils.io import atomic_dir, read_json, write_text
 
 logger = logging.getLogger(__name__)
 
 
 def load_metrics(cfg: Config) -> dict[str, Any]:
-    """What each stage returned: ``<stage>.json`` merged with ``<stage>.details.json`` (runner.read_metrics);
+    """What each stage returned: ``<stage>.json`` merged with ``<stage>.details.json`` (metrics_files.read_metrics);
     the rehearsal grid's cells, keyed by name on disk, as the list of rows (sweep_layout.with_cell_rows)."""
     root = Path(cfg.paths.metrics)
     names = ["prepare_data", "template_prompts", "train", "rehearsal_sweep"]
@@ -59,7 +60,7 @@ def load_metrics(cfg: Config) -> dict[str, Any]:
 
 
 def load_experiments(cfg: Config) -> dict[str, Any] | None:
-    """``metrics/experiments.json`` (``python -m envace.experiments collect``), None if not collected."""
+    """``metrics/experiments.json`` (``python -m envace.reporting.experiments collect``), None if not collected."""
     path = Path(cfg.paths.metrics) / OUTPUT_NAME
     return read_json(path) if path.exists() else None
 

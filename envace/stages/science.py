@@ -51,16 +51,16 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from envace.config import PARAMS_FILE, load_params, to_plain, typed_config
-from envace.config_schema import Config
-from envace.engines.local.precision import cpu_model
+from envace.config.load import PARAMS_FILE, load_params, to_plain, typed_config
+from envace.config.schema import Config
+from envace.reporting.metrics_files import DETAILS_SUFFIX
 from envace.reporting.science import aggregate
 from envace.reporting.science_family import check_family
 from envace.reporting.science_stats import BASE_REHEARSER_DIR
+from envace.runtime.precision import cpu_model
 from envace.stages import evaluate, prepare_data, rehearsal_sweep, template_prompts, train
 from envace.stages.common import MANIFEST
 from envace.stages.runner import (
-    DETAILS_SUFFIX,
     EXIT_USAGE,
     _failure,
     configure_logging,

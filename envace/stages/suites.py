@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from envace.config import to_plain
-from envace.config_schema import Config
+from envace.config.load import to_plain
+from envace.config.schema import Config
 from envace.envs.bfcl.episode import BfclConfig
 from envace.envs.tau2.config import Tau2Config
 from envace.envs.toolworld import ToolWorldEnv, task_from_cm2_row

@@ -22,8 +22,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from envace.config import to_plain
-from envace.config_schema import Config
+from envace.config.load import to_plain
+from envace.config.schema import Config
 from envace.core.prompts import DEFAULT_ROLE_PROMPTS, ChatFormatter, act_messages
 from envace.core.rehearse_context import Answered, Said, rehearse_context
 from envace.data.cm2 import cm2_row_to_episode_spec

@@ -3,7 +3,8 @@
 Training rows are the prepared train rows whose prompts fit (``kept_uuids.json``); each becomes an episode
 spec (tool-world rows are rebuilt into tasks whose gold calls run once on a real executor, so the SFT
 warm-up's REHEARSE targets are real responses, as CM2's recorded ones are). Step metrics go to MLflow (``step=``)
-and ``paths.plots/train_steps.csv``; ``envace.mlflow_logging`` logs rollout tables, data sets, system metrics, model.
+and ``paths.plots/train_steps.csv``; ``envace.tracking.mlflow_logging`` logs rollout tables, data sets,
+system metrics, model.
 
 With ``train.fidelity_every`` = k > 0 (engine local, tool-world data) REHEARSE predicts the real responses of the
 oracle's calls on ``train.fidelity_tasks`` val tasks at step 0 (before any GRPO update), every k steps and at the last
@@ -13,7 +14,7 @@ latest one. On success the final weights move into ``paths.checkpoints/final`` w
 directories, files, config hash) and the work directory is removed.
 
 The precision the local engine decided once for the run (``engine.precision: auto`` resolved by the first process,
-``envace.engines.local.precision.decide_run_precision``) goes to the manifest's ``precision`` record (which the
+``envace.runtime.precision.decide_run_precision``) goes to the manifest's ``precision`` record (which the
 evaluate and rehearsal_sweep stages reuse for ``eval.precision: auto``), to the MLflow params
 ``engine.precision_resolved`` / ``engine.precision_cpu_model`` / ``engine.precision_bf16_supported``, and to
 train.details.json's ``precision``."""
@@ -25,16 +26,16 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from envace.config import flatten, to_plain
-from envace.config_schema import Config
+from envace.config.load import flatten, to_plain
+from envace.config.schema import Config
 from envace.engines import get_engine, training_curves
+from envace.envs.data_sources import data_source
 from envace.inference.preflight import preflight
-from envace.mlflow_logging import train_logging
-from envace.sources import data_source
 from envace.stages.common import BASELINE_DIR, MANIFEST
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
 from envace.stages.suites import PROBE_SETS
 from envace.stages.train_setup import ENGINE_CONFIGS, REWARDS, config_hash, probe_every
+from envace.tracking.mlflow_logging import train_logging
 from envace.utils.io import atomic_dir, atomic_path, read_json, read_jsonl, write_json
 
 logger = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     preflight(cfg, "train")  # the judge/simulator endpoints answer, before the model loads
     configure_torch(cfg)
     name, source = to_plain(cfg.engine.name), to_plain(cfg.data.source)
-    specs, executor_factory = data_source(source).episodes(training_rows(cfg))  # data.source: envace.sources
+    specs, executor_factory = data_source(source).episodes(training_rows(cfg))  # data.source: envace.envs.data_sources
     digest = config_hash(cfg)
     work = WORK_ROOT / digest
     engine_config = ENGINE_CONFIGS[name](cfg, work, tracker)

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from envace.config import flatten, to_plain
-from envace.config_schema import Config
+from envace.config.load import flatten, to_plain
+from envace.config.schema import Config
 from envace.core.rollout_budget import budget_values
 from envace.engines.lora import lora_spec
 from envace.engines.verl.engine import VerlEngineConfig
@@ -18,7 +18,7 @@ from envace.judges import checklist_reward_fn, get_judge
 from envace.stages.common import model_spec
 from envace.stages.runner import Tracker
 from envace.stages.suites import PROBE_SETS
-from envace.tracking_store import default_tracking_uri
+from envace.tracking.store import default_tracking_uri
 
 CONFIG_KEYS = ("seed", "model", "data", "algo", "engine", "rollout", "train", "judge")
 
@@ -92,7 +92,7 @@ def verl_engine_config(cfg: Config, output_dir: Path, tracker: Tracker) -> Any:
     return VerlEngineConfig(cfg=cfg, output_dir=str(output_dir), tracking_uri=uri, parent_run_id=tracker.run_id)
 
 
-# engine.name -> its engine's config, built from the typed Config (envace.config.typed_config, converted once
+# engine.name -> its engine's config, built from the typed Config (envace.config.load.typed_config, converted once
 # by the train stage)
 ENGINE_CONFIGS: dict[str, Callable[[Config, Path, Tracker], Any]] = {
     "local": local_engine_config,

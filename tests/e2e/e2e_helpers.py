@@ -91,8 +91,8 @@ def assert_pipeline_in_mlflow(root: Path, expected_stages: list[str]):
     run per stage, with metrics and artifacts and only the params its DVC stage declares."""
     from mlflow.tracking import MlflowClient
 
-    from envace.tracking_params import declared_params
-    from envace.tracking_store import runs_table
+    from envace.tracking.params import declared_params
+    from envace.tracking.store import runs_table
 
     uri = f"sqlite:///{root / 'mlflow.db'}"
     parents = runs_table("envace", tracking_uri=uri, kind="pipeline", include_params=True)

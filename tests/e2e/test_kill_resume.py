@@ -63,7 +63,7 @@ def _repro_killed_after(project: Path, step: int, log: Path, timeout: float) -> 
 
 
 def _train_runs(project: Path):
-    from envace.tracking_store import runs_table
+    from envace.tracking.store import runs_table
 
     return runs_table("envace", tracking_uri=f"sqlite:///{project / 'mlflow.db'}", stage="train")
 

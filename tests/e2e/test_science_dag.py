@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import run
 
-from envace.stages.runner import read_metrics
+from envace.reporting.metrics_files import read_metrics
 
 pytestmark = pytest.mark.e2e
 

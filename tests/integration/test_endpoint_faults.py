@@ -31,7 +31,7 @@ import pandas as pd
 import pytest
 from json_http import JsonHandler, threaded_servers
 
-from envace.config import ConfigError, compose, typed_config, write_params
+from envace.config.load import ConfigError, compose, typed_config, write_params
 from envace.judges.budget import JudgeFailureBudgetExceeded
 from envace.stages import prepare_data, runner, template_prompts, train
 

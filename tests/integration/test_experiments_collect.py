@@ -1,4 +1,4 @@
-"""`python -m envace.experiments collect` on real `dvc exp show --json` output: a scratch git+DVC repo
+"""`python -m envace.reporting.experiments collect` on real `dvc exp show --json` output: a scratch git+DVC repo
 with one stage that writes this project's metrics files, two experiments run with `dvc exp run -S`
 (real DVC: ~10 s on 2 cores, hence integration, still in the default run), then the collected
 entries, byte-stable output and the error cases."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from envace import experiments
-from envace.experiments import CollectError, collect, curves_from_steps_csv, iter_rows, parse_row
+from envace.reporting import experiments
+from envace.reporting.experiments import CollectError, collect, curves_from_steps_csv, iter_rows, parse_row
 
 STAGE = """
 import csv, json, os, yaml

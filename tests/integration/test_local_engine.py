@@ -23,15 +23,15 @@ from envace.engines import (
     executor_factory_for,
     get_engine,
 )
-from envace.engines.base import toolworld_verifiable_reward
 from envace.engines.local import (
     LocalEngineConfig,
     OptimConfig,
     RolloutConfig,
 )
-from envace.engines.local import precision as precision_probe
 from envace.engines.local.checkpoint import load_latest
+from envace.envs.toolworld.reward import toolworld_verifiable_reward
 from envace.models import ModelSpec, load_model_and_tokenizer
+from envace.runtime import precision as precision_probe
 
 torch.set_num_threads(1)
 

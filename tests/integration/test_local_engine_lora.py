@@ -16,11 +16,11 @@ from transformers import AutoModelForCausalLM
 
 from envace.core.records import TrajectoryStatus
 from envace.engines import RewardOutcome, executor_factory_for, get_engine
-from envace.engines.base import toolworld_verifiable_reward
 from envace.engines.local import LocalEngineConfig, OptimConfig, RolloutConfig
 from envace.engines.local.checkpoint import load_latest
 from envace.engines.local.lora import adapter_keys
 from envace.engines.lora import LoraSpec
+from envace.envs.toolworld.reward import toolworld_verifiable_reward
 from envace.models import ModelSpec, load_model_and_tokenizer
 
 torch.set_num_threads(1)

@@ -190,7 +190,7 @@ def test_the_warmup_frees_the_replays_bf16_copy_without_changing_the_run(specs, 
     otherwise sit under every SFT epoch's peak); the next rollout casts them again, so a warm-up plus
     an RL step ends on exactly the weights of a run that keeps the copy."""
     import envace.engines.local.sft as sft_module
-    from envace.engines.local import precision
+    from envace.runtime import precision
 
     cfg = _one_epoch_then_one_step(precision="bf16")
     released: list[int] = []

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from envace import tracking, tracking_runs
-from envace.config import write_params
-from envace.tracking_runs import ORPHAN_TAG, OWNER_HOST_TAG, OWNER_PID_TAG, OWNER_START_TAG, owner_alive, owner_tags
-from envace.tracking_store import MlflowStore, runs_table
+from envace.config.load import write_params
+from envace.tracking import runs as tracking_runs
+from envace.tracking import tracker as tracking
+from envace.tracking.runs import ORPHAN_TAG, OWNER_HOST_TAG, OWNER_PID_TAG, OWNER_START_TAG, owner_alive, owner_tags
+from envace.tracking.store import MlflowStore, runs_table
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENT = "orphans"

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 import torch
 
-from envace.config import compose, typed_config
+from envace.config.load import compose, typed_config
+from envace.core.env import Task
 from envace.core.rehearsal import RehearsalConfig, RehearsalMode, RehearsalScope
-from envace.envs.base import Task
 from envace.envs.toolworld import ToolWorldEnv
 from envace.envs.toolworld.evaluation import ToolWorldAdapter
 from envace.evaluation import build_policy

@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 
 from envace.core.critique import Critique, render_critique
+from envace.core.env import Task
 from envace.core.records import ToolCall
 from envace.core.rehearsal import RehearsalConfig
 from envace.core.wire import render_rehearsal, render_tool_calls
-from envace.envs.base import Task
 from envace.envs.bfcl import BfclAdapter, BfclOracle
 from envace.envs.finmcp import FinMCPAdapter
 from envace.envs.tau2 import Tau2Adapter, Tau2Oracle

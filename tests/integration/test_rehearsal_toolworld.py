@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from envace.core.critique import Critique, render_critique
+from envace.core.env import Task
 from envace.core.records import ToolCall
 from envace.core.rehearsal import RehearsalConfig
 from envace.core.rehearsal_memory import MemoryBudget, count_approx_tokens
 from envace.core.wire import render_rehearsal, render_tool_calls
-from envace.envs.base import Task
 from envace.envs.toolworld import ToolWorldEnv, ToolWorldExecutor
 from envace.envs.toolworld.evaluation import ToolWorldAdapter
 from envace.evaluation import OracleBackend, build_policy, evaluate, measure_fidelity

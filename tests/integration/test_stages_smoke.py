@@ -11,7 +11,8 @@ import sys
 import pandas as pd
 import pytest
 
-from envace.config import compose, to_plain, typed_config
+from envace.config.load import compose, to_plain, typed_config
+from envace.reporting import metrics_files
 from envace.stages import STAGES, runner
 from envace.utils.io import read_json, read_jsonl
 
@@ -217,7 +218,7 @@ def test_evaluate_runs_bfcl_and_tau2_suites_with_their_own_tables(chain, paths_u
         m = runner.execute(f"evaluate@{bench}", evaluate.run, run_cfg, root / "metrics" / f"evaluate_{bench}.json")
         assert m["benchmark"] == bench and set(m) >= {"policy", "base", "not_runnable"}
         assert (root / "evaluation" / bench / "policy.predictions.jsonl").exists()
-    bfcl = runner.read_metrics(root / "metrics" / "evaluate_bfcl.json")
+    bfcl = metrics_files.read_metrics(root / "metrics" / "evaluate_bfcl.json")
     assert bfcl["n_tasks"] == 2
     assert {k for k, v in bfcl["policy"]["categories"].items() if v["status"] == "ran"} == {
         "irrelevance",
@@ -228,7 +229,7 @@ def test_evaluate_runs_bfcl_and_tau2_suites_with_their_own_tables(chain, paths_u
     assert "overall" in bfcl["policy"]["aggregates"]
     # gold-call fidelity on BFCL's executable multi-turn backends (the oracle's calls, executed for real)
     assert bfcl["gold_fidelity_calls"] > 0 and bfcl["policy"]["fidelity_gold"]["n"] == bfcl["gold_fidelity_calls"]
-    tau2 = runner.read_metrics(root / "metrics" / "evaluate_tau2.json")
+    tau2 = metrics_files.read_metrics(root / "metrics" / "evaluate_tau2.json")
     assert tau2["n_tasks"] == 2 and tau2["trials"] == 2  # one ticket, two trials
     domain = tau2["policy"]["domains"]["telecom:base"]
     assert domain["status"] == "ran" and domain["mode"] == "solo" and {"pass^1", "pass^2"} <= set(domain)
@@ -257,10 +258,10 @@ def test_evaluate_runs_user_supplied_finmcp_and_vitabench_data(chain, paths_unde
     for bench in ("finmcp", "vitabench"):
         run_cfg = compose(["profile=smoke", "tracking=none", *paths_under(root), *suites, f"eval.benchmark={bench}"])
         runner.execute(f"evaluate@{bench}", evaluate.run, run_cfg, root / "metrics" / f"evaluate_{bench}.json")
-    finmcp = runner.read_metrics(root / "metrics" / "evaluate_finmcp.json")
+    finmcp = metrics_files.read_metrics(root / "metrics" / "evaluate_finmcp.json")
     assert finmcp["n_tasks"] == 2 and "macro" in json.dumps(finmcp["policy"]["finmcp"])
     assert finmcp["policy"]["status_info"]["unrecorded"] == "rehearse"
-    vita = runner.read_metrics(root / "metrics" / "evaluate_vitabench.json")
+    vita = metrics_files.read_metrics(root / "metrics" / "evaluate_vitabench.json")
     assert vita["policy"]["error_rate"] == 1.0 and vita["policy"]["success_rate"] == 0.0
     assert "needs endpoints" in vita["policy"]["status_info"]["status"]
     errors = [r["error"] for r in read_jsonl(root / "evaluation" / "vitabench" / "policy.predictions.jsonl")]
@@ -281,7 +282,7 @@ def test_a_suite_option_the_benchmark_does_not_use_is_refused(chain, paths_under
 def test_train_command_restarts_on_jemalloc_and_writes_the_same_weights(chain, paths_under, repo_root):
     """``python -m envace.stages.train`` re-executes itself on jemalloc where ENVACE_ALLOCATOR lets it (auto
     finds Ray's copy), and its checkpoints equal a glibc run's byte for byte: the allocator changes no value."""
-    from envace.config import write_params
+    from envace.config.load import write_params
     from envace.utils.malloc import ENV_CHOICE, ENV_EXEC, find_jemalloc
 
     _, _, root = chain

@@ -20,13 +20,13 @@ import torch
 from envace.core.records import ToolCall
 from envace.core.unknown_tool import UNKNOWN_TOOL
 from envace.engines import executor_factory_for, get_engine
-from envace.engines.base import toolworld_verifiable_reward
 from envace.engines.local import (
     LocalEngineConfig,
     OptimConfig,
     RolloutConfig,
     SFTConfig,
 )
+from envace.envs.toolworld.reward import toolworld_verifiable_reward
 from envace.models import ModelSpec
 
 torch.set_num_threads(1)

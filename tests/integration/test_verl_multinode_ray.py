@@ -26,7 +26,7 @@ import pytest
 from omegaconf import OmegaConf
 from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
 
-from envace.config import compose
+from envace.config.load import compose
 from envace.engines.verl.launcher import multinode_commands, plan_launch
 
 ENTRY = Path(__file__).resolve().parents[1] / "fixtures" / "verl" / "main_ppo_ray_init.py"

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envace.config import compose
+from envace.config.load import compose
 from envace.core.advantages import (
     compute_grpo_advantages,
     compute_rolewise_advantages,

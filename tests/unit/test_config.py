@@ -12,9 +12,9 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from envace.config import ConfigError, compose, flatten, load_params, to_plain, write_params
-from envace.config_enums import AlgoName, Benchmark, JudgeName
-from envace.config_schema import GROUPS, SuitesConfig
+from envace.config.enums import AlgoName, Benchmark, JudgeName
+from envace.config.load import ConfigError, compose, flatten, load_params, to_plain, write_params
+from envace.config.schema import GROUPS, SuitesConfig
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 OPTIONS = sorted((p.parent.name, p.stem) for p in CONF.glob("*/*.yaml"))
@@ -174,7 +174,7 @@ def test_dvc_composes_conf_in_a_fresh_interpreter(tmp_path, repo_root):
         "import sys; from dvc.utils.hydra import compose_and_dump\n"
         f"compose_and_dump({str(tmp_path / 'p.yaml')!r}, {str(repo_root / 'conf')!r}, None, 'config', "
         f"{str(repo_root)!r}, ['profile=smoke', 'algo=grpo'])\n"
-        "assert 'envace.config' in sys.modules\n"
+        "assert 'envace.config.load' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", script], cwd=tmp_path, check=True, timeout=120)
     params = yaml.safe_load((tmp_path / "p.yaml").read_text())

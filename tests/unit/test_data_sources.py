@@ -1,12 +1,12 @@
-"""Data sources register by name (``envace.sources``); the shared ``Registry`` lists known names on a miss."""
+"""Data sources register by name (``envace.envs.data_sources``); the shared ``Registry`` lists known names on a miss."""
 
 from __future__ import annotations
 
 import pytest
 
 from envace.core.registry import Registry, UnknownName
-from envace.engines.verl.sources import make_executor
-from envace.sources import DATA_SOURCES, data_source
+from envace.engines.verl.reward_sources import make_executor
+from envace.envs.data_sources import DATA_SOURCES, data_source
 
 
 def test_registry_register_get_and_errors() -> None:

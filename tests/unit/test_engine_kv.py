@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from envace.core.records import Role
-from envace.engines.local.decode import (
+from envace.runtime.decode import (
     DecodeGuide,
     DecodeRequest,
     OutputKey,
@@ -17,7 +17,7 @@ from envace.engines.local.decode import (
     derive_seed,
     pick_token,
 )
-from envace.engines.local.kv import BatchedStreams
+from envace.runtime.kv import BatchedStreams
 
 torch.set_num_threads(1)
 
@@ -218,8 +218,8 @@ def test_pick_token_bias_and_greedy(model):
 
 
 def test_gqa_attention_matches_sdpa_and_growing_cache(model):
-    from envace.engines.local.attention import GQA_SDPA, use_gqa_attention
-    from envace.engines.local.kv import GrowingLayer
+    from envace.runtime.attention import GQA_SDPA, use_gqa_attention
+    from envace.runtime.kv import GrowingLayer
 
     gqa = copy.deepcopy(model)
     assert use_gqa_attention(gqa) and gqa.config._attn_implementation == GQA_SDPA
@@ -244,7 +244,7 @@ def test_lean_forward_is_the_default_for_llama_only(model):
     """Llama models decode through LeanLlama by default; other architectures keep HF's forward."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from envace.engines.local.lean import LeanLlama
+    from envace.runtime.lean import LeanLlama
 
     assert BatchedStreams(model, ["a"]).lean is not None
     qwen = Qwen2ForCausalLM(Qwen2Config(**SIZES)).eval()
@@ -291,7 +291,7 @@ def test_lean_fuses_projections_only_on_an_inference_copy_or_a_small_model(model
     """A model being trained decodes with separate q/k/v and gate/up matmuls where the fused copies would be
     large (SmolLM2: ~430 MB beside the optimiser state), fused ones where they are small; a frozen copy
     always fuses them. Both give HF's logits."""
-    from envace.engines.local.lean import LeanLlama
+    from envace.runtime.lean import LeanLlama
 
     assert all(p.requires_grad for p in model.parameters())
     assert LeanLlama(model).fused  # the tiny model's copies are a few KB

@@ -11,11 +11,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from envace.core.records import Role
-from envace.engines.local import OptimConfig, attention, packing, precision
-from envace.engines.local.attention import PackLayout, segment_attention, use_gqa_attention
+from envace.engines.local import OptimConfig, packing
 from envace.engines.local.batching import TrainRow, collate, token_logprobs
-from envace.engines.local.kv import BatchedStreams
-from envace.engines.local.lean import LeanLlama
 from envace.engines.local.packing import (
     Pack,
     attention_cost_ratio,
@@ -26,7 +23,12 @@ from envace.engines.local.packing import (
     packed_logprobs,
     plan_packs,
 )
-from envace.engines.local.precision import (
+from envace.engines.local.trainer import PolicyUpdater, Slot, make_optimizer, needs_checkpointing, set_checkpointing
+from envace.runtime import attention, precision
+from envace.runtime.attention import PackLayout, segment_attention, use_gqa_attention
+from envace.runtime.kv import BatchedStreams
+from envace.runtime.lean import LeanLlama
+from envace.runtime.precision import (
     BF16_MIN_SPEEDUP,
     PRECISIONS,
     autocast,
@@ -36,7 +38,6 @@ from envace.engines.local.precision import (
     resolve_precision,
     resolve_threads,
 )
-from envace.engines.local.trainer import PolicyUpdater, Slot, make_optimizer, needs_checkpointing, set_checkpointing
 
 torch.set_num_threads(1)
 VOCAB = 96
@@ -313,7 +314,7 @@ def test_model_probe_measures_the_model_and_leaves_it_as_it_was(caplog):
     assert torch.equal(torch.get_rng_state(), rng) and not model.training
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids).logits, before)
-    with caplog.at_level(logging.INFO, logger="envace.engines.local.precision"):
+    with caplog.at_level(logging.INFO, logger="envace.runtime.precision"):
         chosen = resolve_precision("auto", model=model)
     if cpu_has_bf16():  # the model's own measurement decides
         assert chosen == ("bf16" if ratio >= BF16_MIN_SPEEDUP else "fp32")

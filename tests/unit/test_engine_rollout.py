@@ -30,10 +30,10 @@ from envace.engines.local import (
     RolloutConfig,
     RolloutRunner,
 )
-from envace.engines.local.kv import BatchedStreams
 from envace.engines.local.sft import gold_guide
 from envace.envs.toolworld import ToolWorldEnv
 from envace.models import ModelSpec, load_model_and_tokenizer
+from envace.runtime.kv import BatchedStreams
 
 torch.set_num_threads(1)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from envace.config import compose, typed_config
+from envace.config.load import compose, typed_config
 from envace.reporting.science_stats import gain_vs_base, trial_keyed
 from envace.stages.common import MANIFEST, baseline_kind
 from envace.utils.io import write_json

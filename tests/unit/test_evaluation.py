@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from envace.core.env import EpisodeResult, Task
 from envace.core.records import Termination, ToolCall
-from envace.envs.base import EpisodeResult, Task
 from envace.evaluation import (
     ACTOR,
     EnvironmentAdapter,

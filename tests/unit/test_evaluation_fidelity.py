@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import pytest
 
+from envace.core.env import Task
 from envace.core.records import ToolCall, Turn
 from envace.core.wire import render_rehearsal
-from envace.envs.base import Task
 from envace.evaluation.fidelity import (
     canonical_json,
     compare_responses,

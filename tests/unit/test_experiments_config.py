@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from envace.config import compose, to_plain, typed_config
-from envace.config_enums import EngineName
+from envace.config.enums import EngineName
+from envace.config.load import compose, to_plain, typed_config
 from envace.engines.verl.config_builder import VerlConfigError, check_supported
 from envace.envs.bfcl.categories import CATEGORIES, GROUPS, resolve_categories
 from envace.envs.tau2.config import DOMAINS, parse_subset

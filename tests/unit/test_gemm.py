@@ -1,4 +1,4 @@
-"""engine.fp32_linear: float32 linear layers through oneDNN (envace.engines.local.gemm)."""
+"""engine.fp32_linear: float32 linear layers through oneDNN (envace.runtime.gemm)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from envace.engines.local import gemm
-from envace.engines.local.gemm import (
+from envace.models import ModelSpec, load_model_and_tokenizer
+from envace.runtime import gemm
+from envace.runtime.gemm import (
     OneDnnLinear,
     fp32_linear_of,
     linear_fn,
@@ -18,8 +19,7 @@ from envace.engines.local.gemm import (
     resolve_fp32_linear,
     set_fp32_linear,
 )
-from envace.engines.local.kv import BatchedStreams
-from envace.models import ModelSpec, load_model_and_tokenizer
+from envace.runtime.kv import BatchedStreams
 
 pytestmark = pytest.mark.skipif(not gemm.onednn_available(), reason="this torch build has no oneDNN")
 
@@ -101,7 +101,7 @@ def test_resolve_fp32_linear_choices(tiny, caplog, monkeypatch):
     assert resolve_fp32_linear("onednn", "fp32", "cpu", tiny) == "onednn"
     assert resolve_fp32_linear("auto", "bf16", "cpu", tiny) == "torch"  # bf16 never needs it
     assert tiny.config.hidden_size < gemm.MIN_WIDTH
-    with caplog.at_level(logging.INFO, logger="envace.engines.local.gemm"):
+    with caplog.at_level(logging.INFO, logger="envace.runtime.gemm"):
         assert resolve_fp32_linear("auto", "fp32", "cpu", tiny) == "torch"  # too narrow to time: no coin toss
     assert f"fp32_linear auto -> torch (not timed: the model is narrower than {gemm.MIN_WIDTH}" in caplog.text
     # a model wide enough is timed on its own layer shapes, and auto follows the measurement
@@ -120,7 +120,7 @@ def test_decode_head_follows_its_own_measurement(monkeypatch, caplog):
     assert gemm.decode_head_fn(torch.randn(97, 32)) is F.linear  # narrower than MIN_WIDTH
     assert gemm.decode_head_fn(torch.randn(300, 256, dtype=torch.bfloat16)) is F.linear
     head = torch.randn(1000, 256, generator=torch.Generator().manual_seed(1))
-    with caplog.at_level(logging.INFO, logger="envace.engines.local.gemm"):
+    with caplog.at_level(logging.INFO, logger="envace.runtime.gemm"):
         fn = gemm.decode_head_fn(head)
     assert "decode LM head" in caplog.text and fn in (F.linear, onednn_linear)
     h = torch.randn(3, 1, 256)

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from envace.core.prompts import ChatFormatter
-from envace.engines.local.decode import sample_next_tokens
-from envace.engines.local.precision import resolve_precision
 from envace.inference.base import ChatOutput, ChatRequest
 from envace.inference.local import LocalHFBackend
 from envace.models import ModelSpec, load_model_and_tokenizer
+from envace.runtime.decode import sample_next_tokens
+from envace.runtime.precision import resolve_precision
 
 torch.set_num_threads(1)
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from envace.config import compose, typed_config
+from envace.config.load import compose, typed_config
 from envace.engines.local.checkpoint import load_latest, save_checkpoint
 from envace.engines.local.lora import adapter_keys, add_lora, merged_copy
 from envace.engines.lora import LoraSpec, lora_spec

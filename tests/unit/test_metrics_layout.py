@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from envace.config import compose, typed_config
+from envace.config.load import compose, typed_config
+from envace.reporting import metrics_files
 from envace.reporting.sweep_layout import cell_name, cells_list, keyed_cells
 from envace.reporting.tables import testtime_table as build_testtime_table
 from envace.stages import runner
@@ -89,8 +90,10 @@ def test_load_metrics_merges_each_stage_with_its_details(tmp_path, paths_under):
         "base": {"success_rate": 0.25, "transfer": None},
     }
     root = tmp_path / "metrics"
-    runner.write_metrics(root / "train.json", train, runner.headline_for("train"))
-    runner.write_metrics(root / "evaluate_toolworld.json", evaluate, runner.headline_for("evaluate@toolworld"))
+    metrics_files.write_metrics(root / "train.json", train, metrics_files.headline_for("train"))
+    metrics_files.write_metrics(
+        root / "evaluate_toolworld.json", evaluate, metrics_files.headline_for("evaluate@toolworld")
+    )
     assert "variant" not in json.loads((root / "train.json").read_text())
     cfg = compose(["profile=smoke", "tracking=none", "eval.benchmarks=[toolworld]", *paths_under(tmp_path)])
     assert load_metrics(typed_config(cfg)) == {"train": train, "evaluate_toolworld": evaluate}
@@ -141,7 +144,7 @@ def test_metrics_files_key_budget():
         n = _flat_keys(json.loads(path.read_text()))
         assert n <= METRICS_KEY_BUDGET, f"{path.relative_to(ROOT)}: {n} keys; move the detail to its details file"
         # the rest sits beside it, a plain output of the same stage (DVC reads it only when named)
-        details = runner.details_path(path)
+        details = metrics_files.details_path(path)
         assert details in {Path(o.fs_path) for o in stage.outs if not o.metric}, f"{stage.addressing}: {details}"
     shown = subprocess.run(
         [str(Path(sys.executable).with_name("dvc")), "metrics", "show"],
@@ -159,9 +162,9 @@ def test_the_science_headline_keeps_the_aggregate_and_the_details_keep_the_rest(
     """The aggregate's writer on the committed matrix: the headline within budget, nothing lost."""
     from envace.reporting.science import HEADLINE
 
-    full = runner.read_metrics(ROOT / "science" / "science.json")
-    numbers, details = runner.split_metrics(full, HEADLINE)
+    full = metrics_files.read_metrics(ROOT / "science" / "science.json")
+    numbers, details = metrics_files.split_metrics(full, HEADLINE)
     assert 0 < _flat_keys(numbers) <= METRICS_KEY_BUDGET
     envace = full["aggregate"]["variants"]["envace"]["all"]["mean"]
     assert numbers["aggregate"]["variants"]["envace"]["all"]["mean"] == envace
-    assert "tasks" in details["envace/seed0"] and runner.merge_metrics(numbers, details) == full
+    assert "tasks" in details["envace/seed0"] and metrics_files.merge_metrics(numbers, details) == full

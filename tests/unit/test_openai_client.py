@@ -16,7 +16,7 @@ import pytest
 from json_http import JsonHandler, threaded_servers
 from tenacity import RetryCallState
 
-from envace.config import ConfigError, compose
+from envace.config.load import ConfigError, compose
 from envace.inference.base import ChatRequest
 from envace.inference.openai_client import EndpointError, OpenAIChatBackend, RetryPolicy, read_api_key
 from envace.inference.preflight import EndpointUnavailable, preflight, stage_endpoints

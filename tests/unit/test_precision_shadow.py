@@ -6,10 +6,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from envace.engines.local import OptimConfig
-from envace.engines.local.attention import use_gqa_attention
-from envace.engines.local.kv import BatchedStreams
-from envace.engines.local.precision import inference_model, release_inference_copy
 from envace.engines.local.trainer import make_optimizer
+from envace.runtime.attention import use_gqa_attention
+from envace.runtime.kv import BatchedStreams
+from envace.runtime.precision import inference_model, release_inference_copy
 
 
 def _model() -> LlamaForCausalLM:

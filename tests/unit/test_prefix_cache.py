@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from envace.engines.local.kv import BatchedStreams
 from envace.inference.local import seed_prefixes
 from envace.inference.prefix_cache import PrefixKVCache, common_prefix_length
 from envace.models import ModelSpec, load_model_and_tokenizer
+from envace.runtime.kv import BatchedStreams
 
 torch.set_num_threads(1)
 

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from envace.core.critique import Critique, CritiqueErrorCode, render_critique
+from envace.core.env import EpisodeResult, Task
 from envace.core.records import ToolCall
 from envace.core.rehearsal import RehearsalConfig
 from envace.core.rehearsal_memory import MemoryBudget, count_approx_tokens
 from envace.core.rehearsal_prompts import RehearsalPrompts
 from envace.core.wire import render_rehearsal, render_tool_calls
-from envace.envs.base import EpisodeResult, Task
 from envace.evaluation import ACTOR, REHEARSER, EnvironmentAdapter, OracleBackend, evaluate
 from envace.evaluation.episode import ActLoopConfig
 from envace.evaluation.programs import GenerationLedger, drive

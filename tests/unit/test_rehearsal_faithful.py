@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from envace.config import ConfigError, compose, to_plain
+from envace.config.load import ConfigError, compose, to_plain
+from envace.core.env import Task
 from envace.core.rehearsal import RehearsalConfig, RehearsalScope
 from envace.core.wire import render_rehearsal
-from envace.envs.base import Task
 from envace.envs.toolworld import ToolWorldEnv, ToolWorldExecutor
 from envace.envs.toolworld.evaluation import ToolWorldAdapter
 from envace.evaluation import OracleBackend

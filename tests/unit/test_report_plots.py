@@ -15,7 +15,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from envace.reporting import plots, testtime_plots
-from envace.stages.runner import read_metrics
+from envace.reporting.metrics_files import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 

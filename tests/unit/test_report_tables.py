@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from envace.config import compose, typed_config
-from envace.experiments import SCHEMA_VERSION
+from envace.config.load import compose, typed_config
 from envace.reporting.comparison import RunResult, ablation_table, collected_runs, latest_per, model_size
+from envace.reporting.experiments import SCHEMA_VERSION
 from envace.reporting.intervals import bootstrap_over_seeds, bootstrap_overall, wilson
 from envace.reporting.layout import PER_ROLE_VERL_NOTE, REFERENCE_TITLE
 from envace.reporting.plots import curves_frame, merge_curves, plot_reward_per_variant
@@ -214,7 +214,7 @@ def test_without_collected_experiments_each_table_is_the_current_run_and_says_ho
     assert pd.read_csv(out / "ablation.csv")["run"].tolist() == ["workspace"]
     assert pd.read_csv(out / "scale.csv")["run"].tolist() == ["workspace"]
     text = (out / "report.md").read_text()
-    assert "python -m envace.experiments collect && dvc repro report" in text
+    assert "python -m envace.reporting.experiments collect && dvc repro report" in text
 
 
 def test_under_verl_the_ablation_table_says_why_per_role_has_no_row():
@@ -311,7 +311,7 @@ def test_latest_per_filters_on_the_fixed_keys_and_lets_the_current_run_win():
         "per_role": "per-role",
         "envace": "workspace",
     }
-    with pytest.raises(ValueError, match="envace.experiments collect"):
+    with pytest.raises(ValueError, match="envace.reporting.experiments collect"):
         collected_runs({"schema_version": 999, "experiments": []})
 
 

@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from envace.core.prompts import ChatFormatter
-from envace.core.records import Role, Termination, truncate_after_turn
+from envace.core.records import GoldStep, Role, Termination, truncate_after_turn
 from envace.engines import episode_spec_from_task
-from envace.engines.base import GoldStep
 from envace.engines.local import ResponseSource, RolloutConfig, RolloutRunner
 from envace.engines.local.batching import build_rows
 from envace.engines.local.sft import gold_guide

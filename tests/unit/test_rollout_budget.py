@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 from omegaconf import OmegaConf
 
-from envace.config import CONF_DIR, ConfigError, compose
-from envace.config_schema import RolloutSection
+from envace.config.load import CONF_DIR, ConfigError, compose
+from envace.config.schema import RolloutSection
 from envace.core.records import Role
 from envace.core.rollout_budget import BUDGET_FIELDS, RolloutBudget, budget_values
 from envace.engines.local.config import RolloutConfig

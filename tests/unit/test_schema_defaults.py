@@ -9,8 +9,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from envace.config import CONF_DIR, flatten, to_plain
-from envace.config_schema import Config, EngineConfig
+from envace.config.load import CONF_DIR, flatten, to_plain
+from envace.config.schema import Config, EngineConfig
 
 VERL_ONLY = (
     "rollout_name",

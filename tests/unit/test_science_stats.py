@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from envace.config import compose, load_params
+from envace.config.load import compose, load_params
+from envace.reporting.metrics_files import read_metrics
 from envace.reporting.science_stats import comparisons, mean_interval, outcomes_of, paired_difference
-from envace.stages.runner import read_metrics
 from envace.stages.science import cell_name, part_overrides
 
 
@@ -277,8 +277,8 @@ def _stage_overrides(stage: str) -> list[str]:
 def test_sft_eval_compares_the_sft_checkpoint_with_the_untrained_model_and_cells_score_gold_calls():
     """``auto`` would pick the SFT weights the checkpoint lists, i.e. the evaluated policy itself; a cell
     scores REHEARSE on the oracle's calls without the (costly) pass over its own calls."""
-    from envace.config import typed_config
-    from envace.config_enums import EvalBaseline
+    from envace.config.enums import EvalBaseline
+    from envace.config.load import typed_config
     from envace.stages.suites import eval_suite
 
     cfg = compose(["profile=cpu"])

@@ -11,7 +11,7 @@ import pytest
 from json_http import JsonHandler, threaded_servers
 from mlflow.tracking import MlflowClient
 
-from envace.config import CONF_DIR, write_params
+from envace.config.load import CONF_DIR, write_params
 from envace.core.checklist import Checklist
 from envace.judges import get_judge
 from envace.stages import runner

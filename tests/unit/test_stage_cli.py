@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from envace.config import ConfigError, load_params, write_params
+from envace.config.load import ConfigError, load_params, write_params
 from envace.stages import STAGES
 from envace.stages.runner import EXAMPLES, _failure, one_line, stage_purpose
 
@@ -118,7 +118,7 @@ NO_CM2 = ("data.source=cm2", "paths.raw_cm2=no_such_dir")  # prepare_data then f
 def test_a_missing_input_is_one_line_exit_1_and_a_failed_mlflow_run(project):
     from mlflow.tracking import MlflowClient
 
-    from envace.tracking_store import runs_table
+    from envace.tracking.store import runs_table
 
     [result] = _stages(project, ("prepare_data", *NO_CM2))
     assert result.returncode == 1 and "Traceback" not in result.stderr

@@ -94,7 +94,7 @@ def test_the_flow_is_named_envace_and_served_as_full_pipeline():
 
 
 def test_every_configurable_benchmark_has_adapter_settings():
-    from envace.config_enums import Benchmark
+    from envace.config.enums import Benchmark
     from envace.stages.suites import BENCHMARK_KWARGS
 
     assert {b.value for b in Benchmark} == set(BENCHMARK_KWARGS)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from envace.config import compose, write_params
+from envace.config.load import compose, write_params
+from envace.reporting import metrics_files
 from envace.stages import runner
 from envace.utils.io import atomic_dir, atomic_path, read_jsonl, write_jsonl
 from envace.utils.machine import cpu_has_bf16, cpu_model
@@ -61,9 +62,9 @@ def test_execute_writes_metrics_and_logs_a_nested_run(tmp_path, monkeypatch):
     assert record.keys() == {"commit", "code_dirty", "cpu", "cpu_bf16", "precision"}
     assert record["cpu"] == cpu_model() and record["cpu_bf16"] == cpu_has_bf16()
     assert details == {"label": "x"}
-    assert metrics == runner.read_metrics(tmp_path / "metrics" / "demo.json")
+    assert metrics == metrics_files.read_metrics(tmp_path / "metrics" / "demo.json")
     assert seen["tracker"] == "MlflowTracker"
-    from envace.tracking_store import runs_table
+    from envace.tracking.store import runs_table
 
     table = runs_table("runner-test", tracking_uri=uri, stage="demo")
     row = table.iloc[0]
@@ -102,7 +103,7 @@ RETURNED = {
 
 
 def test_split_puts_numbers_in_the_metrics_half_and_everything_else_in_the_details_half():
-    numbers, details = runner.split_metrics(RETURNED)
+    numbers, details = metrics_files.split_metrics(RETURNED)
     assert numbers == {
         "n_tasks": 8,
         "ok": True,
@@ -129,24 +130,27 @@ def test_split_puts_numbers_in_the_metrics_half_and_everything_else_in_the_detai
 
 def test_merge_round_trips_the_split_and_read_metrics_merges_both_files(tmp_path):
     for headline in (None, ("n_tasks", "policy.*")):
-        numbers, details = runner.split_metrics(RETURNED, headline)
-        merged = runner.merge_metrics(numbers, details)
+        numbers, details = metrics_files.split_metrics(RETURNED, headline)
+        merged = metrics_files.merge_metrics(numbers, details)
         assert json.dumps(merged, sort_keys=True) == json.dumps(RETURNED, sort_keys=True)  # NaN == NaN as text
     path = tmp_path / "metrics" / "demo.json"
-    assert runner.write_metrics(path, RETURNED) == (path, tmp_path / "metrics" / "demo.details.json")
-    assert json.dumps(runner.read_metrics(path), sort_keys=True) == json.dumps(RETURNED, sort_keys=True)
+    assert metrics_files.write_metrics(path, RETURNED) == (path, tmp_path / "metrics" / "demo.details.json")
+    assert json.dumps(metrics_files.read_metrics(path), sort_keys=True) == json.dumps(RETURNED, sort_keys=True)
     (tmp_path / "old.json").write_text(json.dumps({"variant": "grpo", "n": 1}))  # written before the split
-    assert runner.read_metrics(tmp_path / "old.json") == {"variant": "grpo", "n": 1}
-    assert runner.merge_metrics({"a": {"b": 1}}, {"a": {"c": "x"}, "d": [1]}) == {"a": {"b": 1, "c": "x"}, "d": [1]}
+    assert metrics_files.read_metrics(tmp_path / "old.json") == {"variant": "grpo", "n": 1}
+    assert metrics_files.merge_metrics({"a": {"b": 1}}, {"a": {"c": "x"}, "d": [1]}) == {
+        "a": {"b": 1, "c": "x"},
+        "d": [1],
+    }
 
 
 def test_headline_keeps_few_numbers_in_the_metrics_file_for_dvc_metrics_show():
-    numbers, details = runner.split_metrics(RETURNED, ("n_tasks", "policy.success_rate", "policy.*.pass^1"))
+    numbers, details = metrics_files.split_metrics(RETURNED, ("n_tasks", "policy.success_rate", "policy.*.pass^1"))
     assert numbers == {"n_tasks": 8, "policy": {"success_rate": 0.125}}  # depth must match: no domains.x
     assert details["ok"] is True and details["policy"]["fidelity"] == {"n": 0, "field_f1": 0.0, "note": None}
-    assert runner.headline_for("evaluate@bfcl") == runner.HEADLINE["evaluate"]
-    assert runner.headline_for("demo") is None
+    assert metrics_files.headline_for("evaluate@bfcl") == metrics_files.HEADLINE["evaluate"]
+    assert metrics_files.headline_for("demo") is None
     train = {"steps_done": 8, "final/reward/mean": 0.2, "final/kl": 0.0, "final/time/step": 9.0, "variant": "g"}
-    numbers, _ = runner.split_metrics(train, runner.headline_for("train"))
+    numbers, _ = metrics_files.split_metrics(train, metrics_files.headline_for("train"))
     assert numbers == {"steps_done": 8, "final/reward/mean": 0.2, "final/kl": 0.0}
-    assert len(runner.HEADLINE["evaluate"]) <= 8 and len(runner.HEADLINE["train"]) <= 8
+    assert len(metrics_files.HEADLINE["evaluate"]) <= 8 and len(metrics_files.HEADLINE["train"]) <= 8

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from envace.core.checklist import Checklist
+from envace.core.env import Task
 from envace.data.cm2 import check_row
-from envace.envs.base import Task
 from envace.envs.toolworld import (
     DOMAINS,
     SPLITS,

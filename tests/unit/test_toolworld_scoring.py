@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from envace.core.env import EpisodeResult, Executor, Task
 from envace.core.records import ToolCall, Trajectory, Turn
 from envace.engines import (
     EpisodeSpec,
@@ -19,7 +20,6 @@ from envace.engines import (
     episode_spec_from_task,
     toolworld_verifiable_reward,
 )
-from envace.envs.base import EpisodeResult, Executor, Task
 from envace.envs.toolworld import (
     DOMAINS,
     SPLITS,

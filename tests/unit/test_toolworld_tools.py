@@ -10,8 +10,8 @@ import json
 import jsonschema
 import pytest
 
+from envace.core.env import Executor
 from envace.core.records import ToolCall
-from envace.envs.base import Executor
 from envace.envs.toolworld import (
     DOMAINS,
     TOOLS,

@@ -1,7 +1,7 @@
 """Tracking against a real SQLite MLflow store: nested stage runs, FAILED on error, parent-run
 resolution (env var, one parent per dvc process), runs_table; stable metric keys, stage summaries on the
 parent, the experiment kind, comparisons by variant; rollout tables, data-set inputs, the model round trip,
-episode traces and system metrics (envace.mlflow_logging, envace.mlflow_traces)."""
+episode traces and system metrics (envace.tracking.mlflow_logging, envace.tracking.traces)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from envace import tracking_runs, tracking_store
-from envace.tracking import NullTracker, numeric_items
-from envace.tracking_runs import ENV_PARENT_RUN_ID, stage_run, start_pipeline_run
-from envace.tracking_store import MlflowStore, runs_table
+from envace.tracking import runs as tracking_runs
+from envace.tracking import store as tracking_store
+from envace.tracking.runs import ENV_PARENT_RUN_ID, stage_run, start_pipeline_run
+from envace.tracking.store import MlflowStore, runs_table
+from envace.tracking.tracker import NullTracker, numeric_items
 
 
 @pytest.fixture
@@ -173,7 +174,7 @@ def test_env_overrides_reach_the_parent_tags(monkeypatch):
 
 # ---- stable names, summaries on the parent, the experiment kind, comparisons ------------------------------
 def test_unstable_metric_keys_are_renamed_with_a_warning(caplog):
-    with caplog.at_level("WARNING", logger="envace.tracking"):
+    with caplog.at_level("WARNING", logger="envace.tracking.tracker"):
         got = numeric_items({"overall.envace (smollm2-135m)": 0.5, "reward/mean": 1, "final/kl_coef": 0.1})
     assert got == {"overall.envace_smollm2-135m": 0.5, "reward/mean": 1.0, "final/kl_coef": 0.1}
     assert "not a stable name" in caplog.text and "overall.envace (smollm2-135m)" in caplog.text
@@ -225,7 +226,7 @@ def test_two_variants_compare_in_runs_table_on_the_same_metric_names(store_uri, 
     assert pipelines.loc[0, "train/final/reward_mean.n"] == 3
 
 
-# ---- envace.mlflow_logging, envace.mlflow_traces ---------------------------------------------------------
+# ---- envace.tracking.mlflow_logging, envace.tracking.traces ---------------------------------------------------------
 def _trajectory(prompt: str, sample: int, reward: float):
     from envace.core.records import Role, Segment, Stream, ToolCall, Trajectory, Turn
 
@@ -242,7 +243,7 @@ def test_rollout_tables_are_logged_per_step_and_bounded(store_uri, experiment, i
 
     import torch
 
-    from envace.mlflow_logging import RolloutSampler, global_tracking_uri
+    from envace.tracking.mlflow_logging import RolloutSampler, global_tracking_uri
 
     trajs = [_trajectory(f"{g}@{g}", s, float(s)) for g in range(3) for s in range(4)]  # 3 groups x 4 samples
     # engines.local.trainer.OutputAdvantages' values: one per output, in trajectory/output order
@@ -266,7 +267,7 @@ def test_rollout_tables_are_logged_per_step_and_bounded(store_uri, experiment, i
 
 
 def test_data_sets_are_logged_as_run_inputs(store_uri, experiment, in_tmp):
-    from envace.mlflow_logging import log_datasets
+    from envace.tracking.mlflow_logging import log_datasets
 
     for split, n in (("train", 3), ("val", 2)):
         (in_tmp / f"{split}.jsonl").write_text(
@@ -294,8 +295,8 @@ def test_data_sets_are_named_by_the_source_value_not_the_enum(store_uri, experim
     """``train_logging`` names the splits ``toolworld-train``, not ``DataSourceName.toolworld-train``."""
     from types import SimpleNamespace
 
-    from envace.config import compose, typed_config
-    from envace.mlflow_logging import train_logging
+    from envace.config.load import compose, typed_config
+    from envace.tracking.mlflow_logging import train_logging
 
     cfg = typed_config(compose(["profile=smoke", f"paths.prepared={in_tmp}", f"paths.prompts={in_tmp}"]))
     (in_tmp / "train.jsonl").write_text(json.dumps({"uuid": "a", "messages": [], "tools": []}) + "\n")
@@ -307,7 +308,7 @@ def test_data_sets_are_named_by_the_source_value_not_the_enum(store_uri, experim
 
 
 def tracking_digest(path):
-    from envace.mlflow_logging import file_digest
+    from envace.tracking.mlflow_logging import file_digest
 
     return file_digest(path)
 
@@ -330,7 +331,7 @@ def test_the_trained_checkpoint_round_trips_as_an_mlflow_transformers_model(
 ):
     import mlflow.transformers
 
-    from envace.mlflow_logging import global_tracking_uri, log_policy_model
+    from envace.tracking.mlflow_logging import global_tracking_uri, log_policy_model
 
     root, manifest = tiny_checkpoint
     with stage_run("train", {}, profile="smoke", experiment=experiment, tracking_uri=store_uri) as run:
@@ -357,7 +358,7 @@ def test_the_trained_checkpoint_round_trips_as_an_mlflow_transformers_model(
 
 
 def test_a_checkpoint_over_the_size_limit_is_not_logged_as_a_model(store_uri, experiment, in_tmp, tiny_checkpoint):
-    from envace.mlflow_logging import log_policy_model
+    from envace.tracking.mlflow_logging import log_policy_model
 
     root, manifest = tiny_checkpoint
     with stage_run("train", {}, profile="smoke", experiment=experiment, tracking_uri=store_uri) as run:
@@ -408,7 +409,7 @@ def _episode(i: int, rehearsed: bool):
 def test_episodes_are_logged_as_bounded_traces(store_uri, experiment, in_tmp):
     import mlflow
 
-    from envace.mlflow_traces import log_episode_traces
+    from envace.tracking.traces import log_episode_traces
 
     records = [_episode(i, rehearsed=i == 0) for i in range(4)]
     with stage_run("rehearsal_sweep", {}, profile="smoke", experiment=experiment, tracking_uri=store_uri) as run:
@@ -436,9 +437,9 @@ def test_trace_ids_unique_across_runs(store_uri, experiment, in_tmp):
     same seed overwrites the first run's traces and stacks its assessments on them."""
     import random
 
-    from envace.config import compose
-    from envace.mlflow_traces import trace_episodes
+    from envace.config.load import compose
     from envace.stages import runner
+    from envace.tracking.traces import trace_episodes
 
     cfg = compose(["profile=smoke", f"tracking.experiment={experiment}", "seed=0", "tracking.max_traces=3"])
     records = [_episode(i, rehearsed=False) for i in range(3)]
@@ -465,7 +466,7 @@ def test_trace_ids_unique_across_runs(store_uri, experiment, in_tmp):
 def test_system_metrics_are_recorded_on_the_run(store_uri, experiment, in_tmp):
     import time
 
-    from envace.mlflow_logging import system_metrics
+    from envace.tracking.mlflow_logging import system_metrics
 
     with (
         stage_run("train", {}, profile="smoke", experiment=experiment, tracking_uri=store_uri) as run,

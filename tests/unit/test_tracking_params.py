@@ -1,6 +1,6 @@
 """What runs log as params, against a real SQLite MLflow store: a pipeline run is named by profile, variant,
 seed and time and logs the composed config once (the artifact config/params.yaml plus the keys runs are
-filtered by); a stage run logs the keys its DVC stage declares under ``params:`` (envace.tracking_params)."""
+filtered by); a stage run logs the keys its DVC stage declares under ``params:`` (envace.tracking.params)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from envace import tracking_runs
-from envace.config import flatten
-from envace.tracking_params import CONFIG_ARTIFACT, RUN_KEYS, declared_params, stage_params
-from envace.tracking_runs import ENV_PARENT_RUN_ID, stage_run
+from envace.config.load import flatten
+from envace.tracking import runs as tracking_runs
+from envace.tracking.params import CONFIG_ARTIFACT, RUN_KEYS, declared_params, stage_params
+from envace.tracking.runs import ENV_PARENT_RUN_ID, stage_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -116,7 +116,7 @@ def test_stage_runs_log_the_params_their_dvc_stage_declares(store_uri, experimen
 
 def test_a_stage_no_dvc_yaml_declares_logs_the_whole_config(project, caplog):
     (project / "dvc.yaml").unlink()
-    with caplog.at_level("INFO", logger="envace.tracking_params"):
+    with caplog.at_level("INFO", logger="envace.tracking.params"):
         assert declared_params("train") is None
         assert stage_params("train", CONFIG) == CONFIG
     assert "dvc.yaml" in caplog.text

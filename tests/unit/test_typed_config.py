@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from envace.config import compose, flatten, to_plain, typed_config
-from envace.config_enums import EngineName
-from envace.config_schema import Config
+from envace.config.enums import EngineName
+from envace.config.load import compose, flatten, to_plain, typed_config
+from envace.config.schema import Config
 from envace.inference.preflight import stage_endpoints
 from envace.stages.train_setup import config_hash
 

@@ -16,9 +16,9 @@ import torch
 from omegaconf import OmegaConf
 from verl_hf_server import HFServerManager, ScriptedGuide, gold_texts
 
-from envace.config import compose
+from envace.config.load import compose
 from envace.core.records import NO_ROLE, Role
-from envace.engines.verl import sources
+from envace.engines.verl import reward_sources as sources
 from envace.engines.verl.config_builder import build_overrides, compose_verl_config, loop_settings
 from envace.engines.verl.episodes import dataset_record, spec_from_row
 from envace.engines.verl.rows import EXCLUDE_KEY, INFO_KEY, NUM_OUTPUTS_KEY, ROLE_IDS_KEY, ROLE_KEY, TRAJECTORY_KEY

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from envace.config import compose, typed_config
+from envace.config.load import compose, typed_config
 from envace.engines.verl.config_builder import build_overrides, engine_option, loop_settings
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "verl" / "overrides_before_typed_config.json"

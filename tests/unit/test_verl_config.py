@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from envace.config import compose
+from envace.config.load import compose
 from envace.engines.verl.config_builder import (
     VerlConfigError,
     build_overrides,
@@ -238,7 +238,7 @@ def test_verl_dataset_reads_our_parquet(pipeline_files: dict, tmp_path: Path) ->
 
 
 def test_spec_json_round_trip_for_cm2_rows() -> None:
-    from envace.engines.base import to_episode_spec
+    from envace.data.specs import to_episode_spec
 
     sample = Path(__file__).resolve().parents[3] / "shared" / "data" / "cm2" / "checklist_annotated_sample.json"
     if not sample.is_file():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from envace.config import compose
+from envace.config.load import compose
 from envace.engines.verl.config_builder import VerlConfigError
 from envace.engines.verl.launcher import plan_launch
 from envace.engines.verl.preflight import GIB, ModelShape, estimate_actor_memory, memory_warning

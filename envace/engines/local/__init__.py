@@ -7,10 +7,10 @@ from envace.engines.local.config import (
     RolloutConfig,
     SFTConfig,
 )
-from envace.engines.local.decode import DecodeGuide, OutputKey
 from envace.engines.local.engine import LocalEngine, step_examples
 from envace.engines.local.rollout import RolloutRunner
 from envace.engines.local.rollout_records import ResponseSource, RolloutBatch
+from envace.runtime.decode import DecodeGuide, OutputKey
 
 __all__ = [
     "DecodeGuide",

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from envace.core.records import Role, Stream, Trajectory
-from envace.engines.local.decode import effective_temperature
+from envace.runtime.decode import effective_temperature
 
 
 @dataclass

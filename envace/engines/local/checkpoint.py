@@ -18,7 +18,7 @@ over all its models; ``state.json`` holds ``model_index``/``model``/``epoch`` of
 
 ``RunCheckpoints`` is one training run's view of this layout under ``<output_dir>/checkpoints``: it writes
 the GRPO and SFT checkpoints with the run's identity (variant, seed, LoRA record, and the precision its first
-process decided: ``state.json``'s ``precision``, ``envace.engines.local.precision.precision_record``), refuses
+process decided: ``state.json``'s ``precision``, ``envace.runtime.precision.precision_record``), refuses
 to resume from a checkpoint of another variant or LoRA setting, and restores models, optimisers and RNG on
 resume. ``recorded_precision`` reads the precision record back, so that a resumed process does not probe again.
 

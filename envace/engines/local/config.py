@@ -111,10 +111,10 @@ class LocalEngineConfig:
     # step; needs LocalEngine(fidelity_probe_set=...). 0 = off.
     fidelity_every: int = 0
     device: str = "cpu"
-    # auto | fp32 | bf16 (envace.engines.local.precision): bf16 autocast with fp32 master weights where
+    # auto | fp32 | bf16 (envace.runtime.precision): bf16 autocast with fp32 master weights where
     # the hardware has bf16 matmuls; rollouts, SFT and updates all run under it
     precision: str = "auto"
-    # auto | torch | onednn (envace.engines.local.gemm): the library computing float32 linear layers on a
+    # auto | torch | onednn (envace.runtime.gemm): the library computing float32 linear layers on a
     # CPU; auto times both on the model's layer shapes. No effect under bf16
     fp32_linear: str = "auto"
     progress: bool = True  # tqdm bar over steps

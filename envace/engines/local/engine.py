@@ -46,30 +46,17 @@ import torch
 from tqdm.auto import tqdm
 
 from envace.core.prompts import DEFAULT_ROLE_PROMPTS, ChatFormatter, RolePrompts
-from envace.core.records import Role, Trajectory, truncate_after_turn
+from envace.core.records import EpisodeSpec, Role, Trajectory, truncate_after_turn
+from envace.core.reward import RewardFn, RewardOutcome
 from envace.core.seeds import derive_seed
-from envace.engines.base import (
-    Engine,
-    EpisodeSpec,
-    RewardFn,
-    RewardOutcome,
-    StepCallback,
-    TrainResult,
-    get_variant,
-    register_engine,
-    to_episode_spec,
-    toolworld_verifiable_reward,
-)
-from envace.engines.local.attention import use_gqa_attention
+from envace.data.specs import to_episode_spec
+from envace.engines.base import Engine, StepCallback, TrainResult, get_variant, register_engine
 from envace.engines.local.batching import build_rows
 from envace.engines.local.checkpoint import RunCheckpoints
 from envace.engines.local.config import LocalEngineConfig
-from envace.engines.local.decode import DecodeGuide, OutputKey
 from envace.engines.local.fidelity import make_probe, probe_at
-from envace.engines.local.gemm import resolve_fp32_linear, set_fp32_linear
 from envace.engines.local.lora import add_lora, merged_copy, unwrap
 from envace.engines.local.metrics import rollout_metrics, running_totals, sft_real_calls
-from envace.engines.local.precision import decide_run_precision
 from envace.engines.local.rollout import RolloutRunner
 from envace.engines.local.rollout_records import ExecutorFactory, ResponseSource
 from envace.engines.local.sft import SFT_EXPORT, warm_up
@@ -79,9 +66,14 @@ from envace.engines.local.trainer import (
     compute_output_advantages,
     make_optimizer,
 )
+from envace.envs.toolworld.reward import toolworld_verifiable_reward
 from envace.evaluation.probes import ProbeSet
 from envace.judges.reward import required_items_gate
 from envace.models import load_model_and_tokenizer
+from envace.runtime.attention import use_gqa_attention
+from envace.runtime.decode import DecodeGuide, OutputKey
+from envace.runtime.gemm import resolve_fp32_linear, set_fp32_linear
+from envace.runtime.precision import decide_run_precision
 from envace.utils.malloc import fix_mmap_threshold, running_allocator, trim_heap
 
 logger = logging.getLogger(__name__)
@@ -148,7 +140,7 @@ class LocalEngine(Engine):
         self.slots: dict[str, Slot] = {}
         self.frozen: dict[str, torch.nn.Module] = {}
         # optional observer of each RL step: (step, scored trajectories, per-output advantages); read-only
-        # (e.g. envace.mlflow_logging.RolloutSampler logs a bounded sample); training does not depend on it
+        # (e.g. envace.tracking.mlflow_logging.RolloutSampler logs a bounded sample); training does not depend on it
         self.sample_hook: Any = None
 
     # ---- setup ---------------------------------------------------------------------------------

@@ -44,8 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from envace.engines.local.attention import PACK_LAYOUT_ATTR, PackLayout
 from envace.engines.local.batching import TrainRow, value_tensors
+from envace.runtime.attention import PACK_LAYOUT_ATTR, PackLayout
 
 
 @dataclass(frozen=True)

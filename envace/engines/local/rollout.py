@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from envace.core.env import Executor
 from envace.core.prompts import (
     DEFAULT_ROLE_PROMPTS,
     ChatFormatter,
@@ -70,15 +71,14 @@ from envace.core.unknown_tool import unknown_tool_response
 from envace.core.wire import parse_rehearsal, parse_tool_calls
 from envace.engines.base import EpisodeSpec
 from envace.engines.local.config import RolloutConfig
-from envace.engines.local.decode import (
+from envace.engines.local.rollout_records import ResponseSource, RolloutBatch
+from envace.runtime.decode import (
     DecodeGuide,
     DecodeRequest,
     OutputKey,
     decode,
 )
-from envace.engines.local.kv import BatchedStreams
-from envace.engines.local.rollout_records import ResponseSource, RolloutBatch
-from envace.envs.base import Executor
+from envace.runtime.kv import BatchedStreams
 
 logger = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from envace.core.env import Executor
 from envace.core.records import Role, Trajectory
 from envace.engines.base import EpisodeSpec
-from envace.envs.base import Executor
 
 ExecutorFactory = Callable[[EpisodeSpec], Executor]
 

@@ -35,11 +35,11 @@ from envace.engines.base import EpisodeSpec, StepCallback
 from envace.engines.local.batching import TrainRow, build_rows
 from envace.engines.local.checkpoint import RunCheckpoints, sft_start_epoch
 from envace.engines.local.config import LocalEngineConfig, OptimConfig, RolloutConfig, SFTConfig
-from envace.engines.local.decode import DecodeGuide, OutputKey
-from envace.engines.local.precision import release_inference_copy
 from envace.engines.local.rollout import RolloutRunner
 from envace.engines.local.rollout_records import ResponseSource
 from envace.engines.local.trainer import PolicyUpdater, Slot, flat_gradients, make_optimizer, set_checkpointing
+from envace.runtime.decode import DecodeGuide, OutputKey
+from envace.runtime.precision import release_inference_copy
 from envace.utils.malloc import trim_heap
 
 logger = logging.getLogger(__name__)

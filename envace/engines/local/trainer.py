@@ -46,7 +46,6 @@ from envace.core.advantages import compute_grpo_advantages, compute_rolewise_adv
 from envace.core.records import Role, Trajectory, TrajectoryStatus
 from envace.core.seeds import derive_seed
 from envace.engines.base import Variant
-from envace.engines.local.attention import GQA_SDPA
 from envace.engines.local.batching import (
     PaddedBatch,
     TrainRow,
@@ -55,8 +54,9 @@ from envace.engines.local.batching import (
 from envace.engines.local.config import OptimConfig
 from envace.engines.local.packing import attention_cost_ratio, collate_packs, plan_packs
 from envace.engines.local.packing import micro_batches as pack_micro_batches
-from envace.engines.local.precision import autocast, mark_weights_changed, release_inference_copy
 from envace.engines.losses import compute_policy_loss
+from envace.runtime.attention import GQA_SDPA
+from envace.runtime.precision import autocast, mark_weights_changed, release_inference_copy
 
 logger = logging.getLogger(__name__)
 
@@ -242,7 +242,7 @@ def set_checkpointing(model: Any, on: bool) -> None:
 class PolicyUpdater:
     """Clipped role-wise updates of one ``Slot`` over its rows.
 
-    ``precision`` is resolved ("bf16" | "fp32", ``envace.engines.local.precision``): forwards run under
+    ``precision`` is resolved ("bf16" | "fp32", ``envace.runtime.precision``): forwards run under
     bf16 autocast, weights, gradients and optimiser state stay float32.
     """
 

@@ -35,10 +35,17 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from verl.utils.profiler import simple_timer
 
 from envace.core.prompts import CHATML_TOOL_TEMPLATE, DEFAULT_ROLE_PROMPTS, ChatFormatter, TemplateNotAppendOnlyError
-from envace.core.records import NO_ROLE, Role, TrajectoryStatus, outputs_through_turn
-from envace.engines.base import EpisodeSpec, RewardOutcome
+from envace.core.records import NO_ROLE, EpisodeSpec, Role, TrajectoryStatus, outputs_through_turn
+from envace.core.reward import RewardOutcome
 from envace.engines.verl.episode import EpisodeOutcome, EpisodeRunner, Generation, RoleStream
 from envace.engines.verl.episodes import EPISODE_COLUMN, ROW_COLUMN, spec_from_json
+from envace.engines.verl.reward_sources import (
+    cached,
+    make_executor,
+    reward_function,
+    score_trajectory,
+    simulator_backend,
+)
 from envace.engines.verl.rows import (
     EXCLUDE_KEY,
     INFO_KEY,
@@ -48,7 +55,6 @@ from envace.engines.verl.rows import (
     TRAJECTORY_KEY,
 )
 from envace.engines.verl.settings import AGENT_LOOP_NAME, SETTINGS_NODE, LoopSettings
-from envace.engines.verl.sources import cached, make_executor, reward_function, score_trajectory, simulator_backend
 from envace.judges.reward import required_items_gate
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Our config (the typed ``envace.config_schema.Config``) → ``main_ppo`` overrides.
+"""Our config (the typed ``envace.config.schema.Config``) → ``main_ppo`` overrides.
 
 ``build_overrides`` returns Hydra overrides for ``python -m verl.trainer.main_ppo`` (verl's
 ``ppo_trainer.yaml``); ``compose_verl_config`` composes that config with them exactly as ``main_ppo``
@@ -42,7 +42,7 @@ The verl-only ``engine`` options (``rollout_name``, ``tensor_parallel``, ``gpu_m
 responses on a data source without an executable environment, or a simulator without base_url and model);
 ``engine.overrides`` (raw overrides) are appended last. Extra overrides given later win (Hydra applies them
 in order). Every public function takes the ``Config`` (a ``DictConfig`` or plain mapping of it is converted
-once by ``envace.config.typed_config``).
+once by ``envace.config.load.typed_config``).
 """
 
 from __future__ import annotations
@@ -63,15 +63,15 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from envace.config import CONF_DIR, typed_config
-from envace.config_schema import Config, EngineConfig
+from envace.config.load import CONF_DIR, typed_config
+from envace.config.schema import Config, EngineConfig
 from envace.core.records import Role
 from envace.core.rollout_budget import budget_values
 from envace.engines.base import get_variant
 from envace.engines.lora import lora_spec
 from envace.engines.verl.advantages import VERL_GRPO_NAME, VERL_ROLEWISE_NAME
 from envace.engines.verl.settings import AGENT_LOOP_NAME, SETTINGS_NODE, TRAINER_MODE, EndpointSettings, LoopSettings
-from envace.sources import DATA_SOURCES, data_source
+from envace.envs.data_sources import DATA_SOURCES, data_source
 
 logger = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envace.config import typed_config
-from envace.config_schema import Config
+from envace.config.load import typed_config
+from envace.config.schema import Config
 from envace.engines.base import Engine, EpisodeSpec, StepCallback, TrainResult, register_engine
 from envace.engines.verl.config_builder import checkpoint_dir
 from envace.engines.verl.launcher import launch_verl_training

@@ -27,10 +27,9 @@ from typing import Any
 import pandas as pd
 
 from envace.core.prompts import DEFAULT_ROLE_PROMPTS, act_messages
-from envace.core.records import ToolCall
-from envace.engines.base import EpisodeSpec, GoldStep
+from envace.core.records import EpisodeSpec, GoldStep, ToolCall
 from envace.engines.verl.settings import AGENT_LOOP_NAME
-from envace.sources import data_source
+from envace.envs.data_sources import data_source
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +109,7 @@ def spec_from_json(data: Mapping[str, Any] | str) -> EpisodeSpec:
 
 # ---- prepared rows -> specs (same rules as the train stage) -------------------------------------
 def spec_from_row(row: Mapping[str, Any], source: str) -> EpisodeSpec:
-    """The episode spec of one prepared row of data source ``source`` (``envace.sources``)."""
+    """The episode spec of one prepared row of data source ``source`` (``envace.envs.data_sources``)."""
     return data_source(source).spec_from_row(row)
 
 

@@ -39,8 +39,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from envace.config import load_params, typed_config
-from envace.config_schema import Config, ModelConfig
+from envace.config.load import load_params, typed_config
+from envace.config.schema import Config, ModelConfig
 from envace.engines.verl.config_builder import (
     ConfigLike,
     VerlConfigError,

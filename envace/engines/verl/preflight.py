@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from envace.config import typed_config
+from envace.config.load import typed_config
 from envace.engines.verl.config_builder import ConfigLike, VerlConfigError, compose_verl_config, engine_option
 
 logger = logging.getLogger(__name__)

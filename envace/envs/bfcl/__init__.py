@@ -3,7 +3,7 @@
 Modules (bfcl-eval itself is imported lazily, on first loading/scoring — see ``upstream``):
 
 * ``categories`` — every BFCL-v4 scoring category, how it runs, and why some cannot run offline;
-* ``data`` — bfcl entries and their ``envs.base.Task`` view (tools as OpenAI schemas, gold for oracles);
+* ``data`` — bfcl entries and their ``core.env.Task`` view (tools as OpenAI schemas, gold for oracles);
 * ``convert`` — records ↔ bfcl formats (decoded AST, execution strings, gold calls, responses);
 * ``executor`` — ``BfclExecutor``, the real executor of multi-turn / memory entries;
 * ``episode`` — the policy loop (generation programs), following bfcl's FC inference loop;

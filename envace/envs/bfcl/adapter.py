@@ -33,7 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from envace.envs.base import Executor, Task
+from envace.core.env import Executor, Task
 from envace.envs.bfcl.categories import (
     CATEGORIES,
     SINGLE_TURN_KINDS,

@@ -16,8 +16,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from envace.core.env import Task
 from envace.core.records import ToolCall
-from envace.envs.base import Task
 from envace.envs.bfcl.categories import CATEGORIES, CategoryKind, CategorySpec
 from envace.envs.bfcl.convert import openai_tools, oracle_calls, parse_execution_string
 from envace.envs.bfcl.upstream import bfcl

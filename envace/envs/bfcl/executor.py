@@ -78,7 +78,7 @@ def to_jsonable(value: Any, _seen: frozenset[int] = frozenset()) -> Any:
 
 
 class BfclExecutor:
-    """Live backends of one BFCL entry (``envs.base.Executor``).
+    """Live backends of one BFCL entry (``core.env.Executor``).
 
     Args:
         entry_id: the BFCL id (part of bfcl's instance key; memory backends also read it).

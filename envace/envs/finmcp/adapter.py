@@ -31,9 +31,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from envace.core.env import Task
 from envace.core.records import Termination
 from envace.core.rehearse_context import events_from_messages
-from envace.envs.base import Task
 from envace.envs.finmcp.data import FinMCPSample, load_samples
 from envace.envs.finmcp.replay import ReplayConfig, ReplayExecutor, ReplayResponder, UnrecordedMode
 from envace.envs.finmcp.scoring import ToolCallScore, grouped_metrics, score_tool_names

@@ -123,7 +123,7 @@ class RecordIndex:
 
 
 class ReplayExecutor:
-    """``envs.base.Executor`` over the record (no fallback): the "real environment" of fidelity studies."""
+    """``core.env.Executor`` over the record (no fallback): the "real environment" of fidelity studies."""
 
     def __init__(self, recorded: Sequence[RecordedCall]) -> None:
         self._index = RecordIndex(recorded)

@@ -5,7 +5,7 @@ Modules (tau2 itself is imported lazily, on first use — see ``upstream``):
 * ``config`` — ``Tau2Config``, the modes (``solo`` offline on telecom; ``user_llm`` = the standard
   benchmark with a user-simulator endpoint; ``scripted_user`` = LLM-free plumbing check), subsets;
 * ``agent`` — tau2 agents answering with our generations, the scripted customer, the user factory;
-* ``data`` — tau2 tasks and their ``envs.base.Task`` view; ``executor`` — ``Tau2Executor`` (real calls);
+* ``data`` — tau2 tasks and their ``core.env.Task`` view; ``executor`` — ``Tau2Executor`` (real calls);
 * ``episode`` — tau2's orchestrator driven as a generation program; ``adapter`` — ``Tau2Adapter``
   (``get_benchmark("tau2")``); ``oracle`` — ``Tau2Oracle``; ``runner`` — ``run_tau2`` with pass^k.
 

@@ -20,8 +20,8 @@ from types import ModuleType
 from typing import Any
 
 import envace.envs.tau2.episode as ep
+from envace.core.env import Executor, Task
 from envace.core.seeds import derive_seed
-from envace.envs.base import Executor, Task
 from envace.envs.tau2.config import Tau2Config, Tau2Mode, Tau2NotRunnable, parse_subset
 from envace.envs.tau2.executor import EnvironmentProxy, Tau2Executor
 from envace.envs.tau2.oracle import Tau2Oracle

@@ -13,8 +13,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from envace.core.env import Task
 from envace.core.records import ToolCall
-from envace.envs.base import Task
 from envace.envs.tau2.agent import BridgedAgent, BridgedSoloAgent, opening_text
 from envace.envs.tau2.config import Tau2Mode
 from envace.envs.tau2.upstream import tau2

@@ -33,7 +33,7 @@ def decode_tool_message(message: Any) -> Any:
 
 
 class Tau2Executor:
-    """Live tools of one τ² task (``envs.base.Executor``); ``requestor`` of ``execute`` calls is the agent."""
+    """Live tools of one τ² task (``core.env.Executor``); ``requestor`` of ``execute`` calls is the agent."""
 
     def __init__(self, environment: Any) -> None:
         self.environment = environment

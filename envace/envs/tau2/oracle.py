@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from envace.core.env import Task
 from envace.core.wire import render_tool_calls
-from envace.envs.base import Task
 from envace.envs.tau2.episode import generation_seed
 from envace.inference.base import ChatOutput, ChatRequest, scripted_outputs
 

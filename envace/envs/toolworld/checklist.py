@@ -36,8 +36,8 @@ from typing import Any
 
 from envace.core.answers import answer_target, mentions
 from envace.core.bindings import MISSING, bound_or_literal
+from envace.core.env import Task
 from envace.core.records import ToolCall, Turn
-from envace.envs.base import Task
 from envace.envs.toolworld.gold import RealizedTurn
 from envace.envs.toolworld.schema import is_error
 

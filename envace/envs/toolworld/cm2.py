@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from envace.core.env import Task
 from envace.core.records import ToolCall
-from envace.envs.base import Task
 from envace.envs.toolworld.executor import ToolWorldExecutor
 from envace.envs.toolworld.oracle import oracle_transcript
 

@@ -1,4 +1,4 @@
-"""``ToolWorldEnv``: the embedded tool world behind the ``envace.envs.base.Environment`` interface.
+"""``ToolWorldEnv``: the embedded tool world behind the ``envace.core.env.Environment`` interface.
 
 Tasks of every split are generated once, lazily, from a ``ToolWorldConfig`` (splits are generated
 together because they are de-duplicated against each other). Executors are fresh per call of
@@ -7,7 +7,7 @@ together because they are de-duplicated against each other). Executors are fresh
 
 from __future__ import annotations
 
-from envace.envs.base import EpisodeResult, Task
+from envace.core.env import EpisodeResult, Task
 from envace.envs.toolworld.executor import ToolWorldExecutor
 from envace.envs.toolworld.generator import SPLITS, ToolWorldConfig, generate_tasks
 from envace.envs.toolworld.scoring import ScoreBreakdown, score, score_breakdown

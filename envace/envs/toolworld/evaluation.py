@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from envace.envs.base import Environment
+from envace.core.env import Environment
 from envace.envs.toolworld.env import ToolWorldEnv
 from envace.evaluation.base import EnvironmentAdapter
 from envace.evaluation.episode import ActLoopConfig

@@ -18,9 +18,9 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from envace.core.env import Task
 from envace.core.records import ToolCall
 from envace.core.unknown_tool import unknown_tool_response
-from envace.envs.base import Task
 from envace.envs.toolworld.registry import TOOLS
 from envace.envs.toolworld.schema import INTERNAL_ERROR, ToolError, error_response
 from envace.envs.toolworld.state import clone
@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 
 class ToolWorldExecutor:
-    """Executes tool-world calls for one task (implements ``envace.envs.base.Executor``)."""
+    """Executes tool-world calls for one task (implements ``envace.core.env.Executor``)."""
 
     def __init__(self, task: Task) -> None:
         names = [schema["function"]["name"] for schema in task.tools]

@@ -37,7 +37,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from envace.envs.base import Task
+from envace.core.env import Task
 from envace.envs.toolworld.checklist import build_checklists
 from envace.envs.toolworld.executor import ToolWorldExecutor
 from envace.envs.toolworld.gold import GoldPlanError, GoldRecorder, RealizedTurn

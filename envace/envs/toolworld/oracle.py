@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from envace.core.env import EpisodeResult, Executor, Task
 from envace.core.json_paths import resolve_path
 from envace.core.records import ToolCall
-from envace.envs.base import EpisodeResult, Executor, Task
 from envace.envs.toolworld.checklist import TurnTranscript
 
 

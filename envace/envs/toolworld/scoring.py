@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from envace.core.answers import mentions
-from envace.envs.base import EpisodeResult, Task
+from envace.core.env import EpisodeResult, Task
 from envace.envs.toolworld.state import COUNTERS_KEY
 
 __all__ = ["ScoreBreakdown", "mentions", "relevant_state", "score", "score_breakdown"]

@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from envace.envs.base import Task
+from envace.core.env import Task
 from envace.envs.toolworld.registry import DOMAINS
 
 

@@ -32,8 +32,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from envace.core.env import Task
 from envace.core.records import Termination
-from envace.envs.base import Task
 from envace.envs.vitabench.data import VitaTask, find_schema_files, load_tasks
 from envace.envs.vitabench.environment import VitaExecutor
 from envace.envs.vitabench.episode import ConversationState, VitaConversation, VitaLoopConfig

@@ -4,7 +4,7 @@ Everything here is selected by name from ``LoopSettings`` and cached per worker 
 new agent-loop object for every sample, so judges, endpoint clients and chat formatters must not be
 rebuilt each time).
 
-- Rewards: ``verifiable`` → ``envace.engines.base.toolworld_verifiable_reward``; ``rule`` / ``llm`` /
+- Rewards: ``verifiable`` → ``envace.envs.toolworld.reward.toolworld_verifiable_reward``; ``rule`` / ``llm`` /
   ``composite`` → a checklist judge from ``envace.judges`` (``checklist_reward_fn``).
 - Executors (``grpo`` with real responses): rebuilt from the dataset row's raw CM2 row by data source;
   only the embedded tool world is executable.
@@ -21,13 +21,14 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from envace.core.records import Trajectory, TrajectoryStatus
-from envace.engines.base import EpisodeSpec, RewardOutcome, toolworld_verifiable_reward
+from envace.core.records import EpisodeSpec, Trajectory, TrajectoryStatus
+from envace.core.reward import RewardOutcome
 from envace.engines.verl.settings import EndpointSettings, LoopSettings
+from envace.envs.data_sources import DATA_SOURCES, data_source
+from envace.envs.toolworld.reward import toolworld_verifiable_reward
 from envace.inference.openai_client import OpenAIChatBackend
 from envace.judges import checklist_reward_fn, get_judge
 from envace.judges.budget import JudgeFailureBudgetExceeded
-from envace.sources import DATA_SOURCES, data_source
 
 logger = logging.getLogger(__name__)
 

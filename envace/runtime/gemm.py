@@ -10,7 +10,7 @@ against 26. The weight-gradient product showed no such gain, so it stays with to
 - ``torch``: torch's own ``F.linear`` everywhere (the previous behaviour);
 - ``onednn``: every ``nn.Linear`` of the model computes its float32 forward and input gradient with
   oneDNN (``OneDnnLinear``) and ``LeanLlama`` decodes with it too;
-- ``auto``: ``onednn`` where the machine runs float32 (see ``engines.local.precision``), oneDNN is
+- ``auto``: ``onednn`` where the machine runs float32 (see ``runtime.precision``), oneDNN is
   built in, the model is at least ``MIN_WIDTH`` wide and oneDNN measures ≥ ``MIN_SPEEDUP``× faster on
   the model's own layer shapes (``onednn_speedup``), else ``torch``. Logged either way. The choice
   depends on a timing and, unlike ``precision: auto`` (decided once per run and recorded in its
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from envace.engines.local.precision import device_type, time_ratio
+from envace.runtime.precision import device_type, time_ratio
 
 logger = logging.getLogger(__name__)
 

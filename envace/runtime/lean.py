@@ -44,7 +44,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from envace.engines.local.attention import (
+from envace.runtime.attention import (
     DECODE_QUERY_TOKENS,
     decode_attention,
     decode_blocked,
@@ -52,7 +52,7 @@ from envace.engines.local.attention import (
     shared_prefix_blocked,
     shared_prefix_decode_attention,
 )
-from envace.engines.local.gemm import decode_head_fn, linear_fn
+from envace.runtime.gemm import decode_head_fn, linear_fn
 
 
 class LeanLlama:
@@ -116,7 +116,7 @@ class LeanLlama:
         self.rotary = inner.rotary_emb
         self.norm = (inner.norm.weight, inner.norm.variance_epsilon)
         self.head = model.lm_head.weight
-        self.linear = linear_fn(model)  # F.linear, or oneDNN's as the model's own layers (engines.local.gemm)
+        self.linear = linear_fn(model)  # F.linear, or oneDNN's as the model's own layers (runtime.gemm)
         # the head over a few rows is a product of its own kind (bound by reading the weights): measured apart
         self.head_linear = self.linear if self.linear is not F.linear else decode_head_fn(self.head)
         self.heads = cfg.num_attention_heads

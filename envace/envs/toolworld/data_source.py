@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from envace.core.records import EpisodeSpec
-from envace.data.source import DataSource, register_data_source
-from envace.engines.base import episode_spec_from_task
+from envace.data.source_registry import DataSource, register_data_source
+from envace.data.specs import episode_spec_from_task
 from envace.envs.toolworld.cm2 import task_from_cm2_row
 from envace.envs.toolworld.executor import ToolWorldExecutor
 

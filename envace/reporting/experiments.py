@@ -1,6 +1,6 @@
 """Collect the DVC experiments of this repo into one JSON the report stage turns into tables.
 
-``python -m envace.experiments collect`` runs ``dvc exp show --json`` (DVC 3.x) and writes
+``python -m envace.reporting.experiments collect`` runs ``dvc exp show --json`` (DVC 3.x) and writes
 ``<paths.metrics>/experiments.json``: one entry per row that has metrics — the workspace, the
 baseline commit and every experiment ref derived from it (``--all-commits``: from every commit) —
 sorted, written atomically (the same refs give the same bytes). Each entry holds
@@ -37,13 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from envace.core.curves import CURVE_KEYS
+from envace.tracking.params import PARAM_KEYS
 from envace.utils.io import write_json
 
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 OUTPUT_NAME = "experiments.json"
-PARAM_KEYS = ("profile", "experiment_name", "algo.name", "model.name", "engine.name", "seed")
 # the columns of a train_steps.csv read as curves: the step and every curve of train.json
 STEPS_CSV_COLUMNS = ("step", *CURVE_KEYS)
 KIND_ORDER = {"workspace": 0, "baseline": 1, "experiment": 2}
@@ -261,9 +261,9 @@ def default_output(root: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m envace.experiments collect [--root DIR] [--out FILE] [--all-commits]``."""
+    """``python -m envace.reporting.experiments collect [--root DIR] [--out FILE] [--all-commits]``."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    parser = argparse.ArgumentParser(prog="python -m envace.experiments", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m envace.reporting.experiments", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     cmd = sub.add_parser("collect", help="write experiments.json from `dvc exp show --json`")
     cmd.add_argument("--root", type=Path, default=Path.cwd(), help="the DVC repo (default: cwd)")

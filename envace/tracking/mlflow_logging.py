@@ -1,6 +1,6 @@
 """What the training stage logs to MLflow beyond params and metrics: rollout tables, data sets, the trained
 model and system metrics, plus the helpers every MLflow logger here shares. Every helper is a no-op for the
-null tracker and bounded in size. Evaluation / test-time episode traces are ``envace.mlflow_traces``'s.
+null tracker and bounded in size. Evaluation / test-time episode traces are ``envace.tracking.traces``'s.
 
 - ``RolloutSampler``: the local engine's ``sample_hook``; per RL step at most ``rollout_rows_per_step``
   trajectories (one per prompt group first, then the next samples; no randomness, so training is
@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from envace.config import to_plain
+from envace.config.load import to_plain
 from envace.core.records import Role
 
 logger = logging.getLogger(__name__)

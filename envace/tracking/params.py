@@ -27,11 +27,12 @@ from typing import Any
 
 import yaml
 
-from envace.config import flatten
-from envace.experiments import PARAM_KEYS
+from envace.config.load import flatten
 
 logger = logging.getLogger(__name__)
 
+# the keys that identify a run (its profile, algorithm, model, ...); experiments.json keeps them per row
+PARAM_KEYS = ("profile", "experiment_name", "algo.name", "model.name", "engine.name", "seed")
 RUN_KEYS = (*PARAM_KEYS, "data.source")  # what a pipeline run logs as params: the keys runs are filtered by
 CONFIG_ARTIFACT = "config/params.yaml"  # the composed config, once per pipeline run
 DVC_FILE = "dvc.yaml"
@@ -52,7 +53,7 @@ def run_key_params(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def config_yaml(config: Mapping[str, Any]) -> str:
-    """A flat config (``envace.config.flatten``) as the nested YAML of params.yaml; flat keys when a key
+    """A flat config (``envace.config.load.flatten``) as the nested YAML of params.yaml; flat keys when a key
     itself holds a dot, so that nothing is lost. A value YAML cannot write (a path) is written as text."""
     tree: dict[str, Any] = {}
     for key, value in config.items():

@@ -1,10 +1,10 @@
 """Loading a config: compose ``conf/`` (or read ``params.yaml``), check it, and turn it into what code takes.
 
-``conf/config.yaml`` starts its defaults list with ``envace_schema`` — ``envace.config_schema.Config``,
+``conf/config.yaml`` starts its defaults list with ``envace_schema`` — ``envace.config.schema.Config``,
 registered in Hydra's ConfigStore when this module is imported — so every group file merges *into* a
 typed, struct-mode node: an unknown key, a wrongly typed value or an enumerated value outside its set fails
 at composition time with OmegaConf's message naming the full key (``full_key: algo.lr``) and, for enums,
-the valid names (``envace.config_enums``). DVC composes ``conf/`` itself (``dvc exp run -S``); it finds
+the valid names (``envace.config.enums``). DVC composes ``conf/`` itself (``dvc exp run -S``); it finds
 the schema through the ``hydra_plugins/envace_schemas`` package at the repo root, which imports this module.
 
 Cross-field rules that a schema cannot express (``model.kind=path`` needs ``model.path``) live in
@@ -37,14 +37,14 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from envace.config_enums import ModelKind
-from envace.config_schema import GROUPS, Config, RehearsalSweepConfig
+from envace.config.enums import ModelKind
+from envace.config.schema import GROUPS, Config, RehearsalSweepConfig
 from envace.core.rehearsal import RehearsalConfig, RehearsalMode
 from envace.core.rollout_budget import RolloutBudget, budget_values
 
 logger = logging.getLogger(__name__)
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 CONFIG_NAME = "config"
 PARAMS_FILE = "params.yaml"
 SCHEMA_NAME = "envace_schema"
@@ -294,7 +294,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logger.info("wrote %s (overrides: %s)", out, overrides or "none")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

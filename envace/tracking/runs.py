@@ -5,7 +5,7 @@ Layout in MLflow (experiment ``tracking.experiment``, default ``envace``):
 - one **parent run per pipeline run**, named by profile, variant, seed and start time
   (``cpu/envace/seed0/2026-12-06T02:00``; tags: git commit, profile, overrides, Prefect flow-run id),
   holding the composed config once: the artifact ``config/params.yaml`` and the keys runs are filtered
-  by as params (``envace.tracking_params``);
+  by as params (``envace.tracking.params``);
 - one **nested run per stage** (``mlflow.parentRunId``), holding as params the keys its DVC stage
   declares under ``params:``, per-step metrics (``step=``) and the stage's artifacts. A stage that
   raises ends FAILED with the error as tags and an ``error.txt`` artifact.
@@ -42,9 +42,9 @@ from typing import Any
 
 import psutil
 
-from envace.tracking import KIND_TAG, STAGE_TAG, NullTracker, Tracker, record_failure, stable_metric_key
-from envace.tracking_params import CONFIG_ARTIFACT, config_yaml, pipeline_run_name, run_key_params, stage_params
-from envace.tracking_store import MlflowStore
+from envace.tracking.params import CONFIG_ARTIFACT, config_yaml, pipeline_run_name, run_key_params, stage_params
+from envace.tracking.store import MlflowStore
+from envace.tracking.tracker import KIND_TAG, STAGE_TAG, NullTracker, Tracker, record_failure, stable_metric_key
 from envace.utils.io import write_json
 
 logger = logging.getLogger(__name__)
@@ -236,7 +236,7 @@ def stage_run(
     tracking_uri: str | None = None,
 ) -> Iterator[Tracker]:
     """Open the nested MLflow run of ``stage`` (of the flat composed ``config``, the keys its DVC stage
-    declares logged as params: ``envace.tracking_params.stage_params``), yield its tracker, end it
+    declares logged as params: ``envace.tracking.params.stage_params``), yield its tracker, end it
     FINISHED, or FAILED with the error as tags + ``error.txt`` when the body raises (re-raised, with a note
     naming the run). Orphaned runs of ``stage`` are marked KILLED first (``end_orphaned_runs``)."""
     if backend == "none":

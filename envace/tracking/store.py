@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from envace.tracking import KIND_TAG, STAGE_TAG, Tracker, metric_key, numeric_items, record_failure
+from envace.tracking.tracker import KIND_TAG, STAGE_TAG, Tracker, metric_key, numeric_items, record_failure
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The enumerated values of the config schema (``envace.config_schema``).
+"""The enumerated values of the config schema (``envace.config.schema``).
 
 OmegaConf reads an enum from YAML by member *name* and writes it back by name, so every member's name is
 the string written in ``conf/`` (and its value is the same string). The rehearsal choices (mode, scope,

@@ -1,6 +1,6 @@
 """The typed schema of ``conf/``: one dataclass per config group, ``Config`` holding them all.
 
-``envace.config`` registers ``Config`` in Hydra's ConfigStore as ``envace_schema`` (the first entry of
+``envace.config.load`` registers ``Config`` in Hydra's ConfigStore as ``envace_schema`` (the first entry of
 ``conf/config.yaml``'s defaults list), so every group file merges into a typed, struct-mode node. The
 values themselves live in ``conf/``: a default here is the one the group's file sets (``MISSING`` where
 conf/config.yaml declares the value), so reading a schema default never disagrees with a composed config.
@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Union, get_type_hints
 
 from omegaconf import MISSING
 
-from envace.config_enums import (
+from envace.config.enums import (
     AlgoName,
     Baseline,
     Benchmark,
@@ -102,7 +102,7 @@ class EndpointConfig:
 class EngineConfig:
     name: EngineName = EngineName.local
     device: str = "cpu"
-    num_threads: Union[int, str] = "auto"  # an int >= 1, or auto (envace.engines.local.precision.resolve_threads)
+    num_threads: Union[int, str] = "auto"  # an int >= 1, or auto (envace.runtime.precision.resolve_threads)
     # local engine speed/memory (envace.engines.local): auto | fp32 | bf16; shared-prompt packing; a token
     # budget per forward; gradient checkpointing auto | on | off; an opt-in log-prob health-check forward
     precision: str = "auto"
@@ -306,7 +306,7 @@ class TrackingConfig:
     backend: TrackingBackend = TrackingBackend.mlflow
     experiment: str = "envace"
     log_artifacts: bool = True
-    # envace.mlflow_logging: the final checkpoint as an MLflow transformers model when its weights total at
+    # envace.tracking.mlflow_logging: the final checkpoint as an MLflow transformers model when its weights total at
     # most model_max_bytes (else the manifest only, tagged model.skipped); rollout rows per RL step
     # (mlflow.log_table); episode traces per stage run; MLflow's system metrics (system/*) on the train run
     log_model: bool = True

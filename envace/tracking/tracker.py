@@ -1,10 +1,10 @@
 """Experiment tracking behind one small interface: what a stage may log (``Tracker``), and the names.
 
-``Tracker`` is implemented by ``envace.tracking_store.MlflowTracker`` (one MLflow run) and by
-``NullTracker`` (``tracking=none``, tests). ``envace.tracking_runs`` opens the runs a stage logs into
-(pipeline run, stage run, orphan clean-up); ``envace.tracking_store`` is the MLflow store and reads runs
+``Tracker`` is implemented by ``envace.tracking.store.MlflowTracker`` (one MLflow run) and by
+``NullTracker`` (``tracking=none``, tests). ``envace.tracking.runs`` opens the runs a stage logs into
+(pipeline run, stage run, orphan clean-up); ``envace.tracking.store`` is the MLflow store and reads runs
 back for comparison (``runs_table``, ``compare_runs``); rollout tables, data-set inputs, the model and system
-metrics are ``envace.mlflow_logging``'s, episode traces ``envace.mlflow_traces``'s.
+metrics are ``envace.tracking.mlflow_logging``'s, episode traces ``envace.tracking.traces``'s.
 
 Metric names are stable: ``stable_metric_key`` renames keys with spaces, parentheses or other display
 characters (with a warning); labels and model names belong in params/tags. Every run is tagged with its

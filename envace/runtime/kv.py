@@ -38,8 +38,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from envace.engines.local.lean import LeanLlama
-from envace.engines.local.precision import inference_model
+from envace.runtime.lean import LeanLlama
+from envace.runtime.precision import inference_model
 
 logger = logging.getLogger(__name__)
 

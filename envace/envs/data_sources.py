@@ -1,4 +1,4 @@
-"""The built-in data sources, registered on import: the tool world and CM2 (``envace.data.source``).
+"""The built-in data sources, registered on import: the tool world and CM2 (``envace.data.source_registry``).
 
 Import this module (not an environment package) to look a data source up by name with ``data_source``.
 """
@@ -6,8 +6,8 @@ Import this module (not an environment package) to look a data source up by name
 from __future__ import annotations
 
 from envace.data.cm2_source import CM2_SOURCE
-from envace.data.source import DATA_SOURCES, DataSource
-from envace.envs.toolworld.source import TOOLWORLD_SOURCE
+from envace.data.source_registry import DATA_SOURCES, DataSource
+from envace.envs.toolworld.data_source import TOOLWORLD_SOURCE
 
 BUILTIN_SOURCES = (TOOLWORLD_SOURCE, CM2_SOURCE)
 

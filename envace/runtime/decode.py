@@ -22,7 +22,7 @@ import torch
 
 from envace.core.records import Role
 from envace.core.seeds import derive_seed as derive_seed  # re-exported; defined in core.seeds
-from envace.engines.local.kv import BatchedStreams
+from envace.runtime.kv import BatchedStreams
 
 
 def effective_temperature(temperature: float) -> float:

@@ -2,7 +2,7 @@
 
 A ``DataSource`` turns prepared rows into episode specs and, when the source is executable, builds
 real executors (``grpo`` with real responses). Sources register themselves in ``DATA_SOURCES`` when
-their module is imported; ``envace.sources`` imports the built-in ones (the tool world, CM2), so
+their module is imported; ``envace.envs.data_sources`` imports the built-in ones (the tool world, CM2), so
 callers look a source up by name and never import an environment package themselves.
 """
 
@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from envace.core.env import Executor
 from envace.core.records import EpisodeSpec
 from envace.core.registry import Registry
-from envace.envs.base import Executor
 
 ExecutorFactory = Callable[[EpisodeSpec], Executor]
 

@@ -6,7 +6,7 @@
 - ``trace_episodes``: the stages' entry point (``tracking.max_traces`` from the config, shared between
   the models a stage evaluates).
 
-Like ``envace.mlflow_logging`` (whose shared helpers this uses), a no-op for the null tracker.
+Like ``envace.tracking.mlflow_logging`` (whose shared helpers this uses), a no-op for the null tracker.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from envace.core.rehearsal import turn_from_json
-from envace.mlflow_logging import clip_text, global_tracking_uri, tracker_client, tracking_setting
+from envace.tracking.mlflow_logging import clip_text, global_tracking_uri, tracker_client, tracking_setting
 
 logger = logging.getLogger(__name__)
 
