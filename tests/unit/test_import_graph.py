@@ -1,9 +1,14 @@
-"""The import graph of envace/ has no circles, core stays free of the engines, only engines/verl imports verl, Ray.
+"""The import graph of envace/ has no circles, its packages keep their floors, only engines/verl imports verl, Ray.
 
 Every import counts: module-level and inside functions, ``from x import y`` (an edge to ``x``, and to
 ``x.y`` when that is a module), and ``importlib.import_module("...")`` with a literal name. A package's
 ``__init__`` is a module of its own, so a submodule importing its own package while the package imports
 it is a circle too.
+
+The package order (``LAYERS``, bottom first) is the house plan of docs/ARCHITECTURE.md: a module may import
+its own package and the packages on the floors below it, never one above. Imports inside functions count
+as module-level ones do; an import under ``if TYPE_CHECKING:`` would be exempt (annotations only, never
+run), though envace has none today.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ def imported(path: Path, name: str, modules: set[str]) -> set[str]:
     """The envace modules ``path`` (module ``name``) imports."""
     out: set[str] = set()
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_without_type_checking(ast.parse(path.read_text()))):
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
@@ -43,6 +48,14 @@ def imported(path: Path, name: str, modules: set[str]) -> set[str]:
             targets = [node.args[0].value]
         out.update(t for t in targets if t in modules and t != name)
     return out
+
+
+def _without_type_checking(tree: ast.Module) -> ast.Module:
+    """The tree less the bodies of ``if TYPE_CHECKING:`` blocks (imports for annotations only)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING":
+            node.body = [ast.Pass()]
+    return tree
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -94,6 +107,67 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
                 if len(component) > 1:
                     found.append(sorted(component))
     return found
+
+
+# envace's packages from the bottom floor up (envace/<name>/, one floor each); docs/ARCHITECTURE.md says
+# what each owns. A new package gets a floor here before anything imports it.
+LAYERS = (
+    "utils",  # stdlib-level helpers: JSON I/O, the machine, the allocator, secrets, seeds, telemetry
+    "core",  # pure records and rules: EpisodeSpec, the env contracts, advantages, prompts, registries
+    "config",  # the typed config schema, its enums, composing conf/
+    "tracking",  # the Tracker interface and MLflow
+    "models",  # model and tokenizer loaders
+    "runtime",  # the torch runtime: attention, KV cache, lean decoder, decoding, GEMM, precision
+    "inference",  # chat backends: local (on the runtime), OpenAI-compatible clients and server
+    "judges",  # checklist judges and rewards
+    "evaluation",  # the evaluation episode loop, policies, metrics
+    "data",  # data sets, episode specs, the data-source registry
+    "envs",  # the environments (tool world, BFCL, tau2, FinMCP, VitaBench) and the built-in data sources
+    "rehearsal",  # the test-time rehearsal controllers
+    "engines",  # the training engines: interface and registry, local, verl
+    "reporting",  # metrics files, tables, plots, the experiments collector
+    "stages",  # the DVC stages
+)
+
+
+def package_of(module: str) -> str | None:
+    """``envace.engines.local.rollout`` -> ``engines``; the top-level ``envace`` package itself -> None."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def upward_imports(graph: dict[str, set[str]], layers: tuple[str, ...] = LAYERS) -> list[str]:
+    """Every import from a package to one on a higher floor, and every module in a package with no floor."""
+    floor = {name: i for i, name in enumerate(layers)}
+    found = []
+    for module in sorted(graph):
+        source = package_of(module)
+        if source is None:
+            continue
+        if source not in floor:
+            found.append(f"{module}: package {source!r} has no floor in LAYERS")
+            continue
+        for target in sorted(graph[module]):
+            dest = package_of(target)
+            if dest is not None and floor.get(dest, len(layers)) > floor[source]:
+                found.append(f"{module} (floor {floor[source]}: {source}) imports {target} (floor {floor.get(dest)})")
+    return found
+
+
+def test_the_order_rule_finds_an_upward_import():
+    graph = {"envace.core.a": {"envace.stages.b"}, "envace.stages.b": {"envace.core.a"}, "envace.x.c": set()}
+    assert upward_imports(graph, ("core", "stages")) == [
+        "envace.core.a (floor 0: core) imports envace.stages.b (floor 1)",
+        "envace.x.c: package 'x' has no floor in LAYERS",
+    ]
+
+
+def test_packages_import_only_their_own_floor_and_below():
+    found = upward_imports(import_graph())
+    assert not found, (
+        "imports that run up the package order (LAYERS; move the shared piece down a floor instead): "
+        + "; ".join(found)
+    )
 
 
 def test_the_finder_finds_a_circle():
