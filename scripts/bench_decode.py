@@ -15,7 +15,7 @@ prompt's keys/values (``share_prefixes=False``), ``shared`` keeps one per prompt
 The sides alternate for ``--repeats`` rounds so that a busy neighbour hurts both alike; figures are
 medians over rounds of the mean time per decode step. Before timing, one round checks that both sides
 return the same logits (fp32: within 1e-4; bf16: within 5% of the largest logit, a coarse guard:
-``tests/unit/test_engine_kv.py`` checks bf16 tightly), so the comparison is between two forwards that
+``tests/unit/runtime/test_engine_kv.py`` checks bf16 tightly), so the comparison is between two forwards that
 compute the same thing.
 
     python scripts/bench_decode.py --model smollm2                 # precision auto (bf16 where it pays)

@@ -12,7 +12,7 @@ Both paths run every repeat, in alternating order, each with a fresh prefix cach
 Prints per-path median seconds, prompt tokens fed to the model and reused from the cache, successes,
 and ``speedup`` = padded / rows seconds; the last line is one JSON object. In bf16 the two paths may
 sample different trajectories (batch shapes change the rounding), so their token counts differ a
-little; in fp32 (``--precision fp32``) their outputs are identical (tests/unit/test_local_backend.py).
+little; in fp32 (``--precision fp32``) their outputs are identical (tests/unit/inference/test_local_backend.py).
 
     python scripts/bench_eval.py --model data/science/sft/final/policy --tasks 8
     python scripts/bench_eval.py --model smollm2 --tasks 4 --repeats 3

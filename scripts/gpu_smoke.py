@@ -268,7 +268,7 @@ def loss_on(device: str) -> dict[str, Any]:
 
 
 # bf16 autocast vs fp32 per-token log-probs on the tiny model (the CPU unit test's bounds,
-# tests/unit/test_engine_packing.py); and the mean |sampling - training| log-prob gap of one rollout batch
+# tests/unit/engines/test_engine_packing.py); and the mean |sampling - training| log-prob gap of one rollout batch
 BF16_MEAN_TOL, BF16_MAX_TOL, FP32_DEVICE_TOL, ROLLOUT_GAP_TOL = 0.02, 0.1, 1e-3, 0.05
 
 

@@ -5,7 +5,7 @@ world (every id and number a response returns, and no user turn states, replaced
 that invents its own world and an actor that follows it would) and prints the mean verifiable and rule-judge
 rewards of: gold; the imagined trajectory whose replies restate what its own responses said; the same
 imagined calls with replies quoting the real values. The world construction is the one the unit test
-``test_answer_reward_binding_aware`` uses (tests/unit/test_toolworld_scoring.py), imported from there.
+``test_answer_reward_binding_aware`` uses (tests/unit/envs/test_toolworld_scoring.py), imported from there.
 
     python scripts/imagined_answer_score.py --tasks 50
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 from envace.engines import episode_spec_from_task
 from envace.envs.toolworld import ToolWorldExecutor, generate_tasks
 
-TEST_MODULE = Path(__file__).resolve().parents[1] / "tests" / "unit" / "test_toolworld_scoring.py"
+TEST_MODULE = Path(__file__).resolve().parents[1] / "tests" / "unit" / "envs" / "test_toolworld_scoring.py"
 
 
 def world_helpers():

@@ -13,7 +13,7 @@ prompt group, whatever the role; the ``grpo`` ablation (only ACT trains) calls i
 ``baseline="trajectory_mean"`` (conf/algo/grpo.yaml): μ_x = the mean of the K trajectory rewards of x,
 which is standard GRPO (verl's ``compute_grpo_outcome_advantage`` on one row per trajectory).
 
-Deliberate choices and deviations (each tested in tests/unit/test_advantages.py):
+Deliberate choices and deviations (each tested in tests/unit/core/test_advantages.py):
 - Singleton group → A = 0. A (group, role) with a single member has no baseline; the reference
   implementation (and verl's ``compute_grpo_outcome_advantage``, which uses mean 0 / std 1) gives
   A = R there, i.e. an uncentred reward that pushes up whatever a lone output did. We give 0.

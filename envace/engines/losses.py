@@ -12,7 +12,7 @@ REHEARSE alike). Entropy bonus is 0 (docs/method.md §8).
 
 These are the formulas of verl 0.9.1's "vanilla" policy loss, ``agg_loss`` and ``kl_penalty`` (the GPU
 engine trains with those), written here so that CPU training never imports verl (importing it loads Ray
-and prints warnings). ``tests/unit/test_losses.py`` checks the two agree on random batches (bitwise for
+and prints warnings). ``tests/unit/engines/test_losses.py`` checks the two agree on random batches (bitwise for
 the local trainer's call, in fp32), and ``tests/integration/test_cpu_training_no_verl.py`` that a CPU
 training step loads neither verl nor Ray.
 

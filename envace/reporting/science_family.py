@@ -37,7 +37,7 @@ Deliberate choices:
   tasks in expectation over training seeds. Beside it the report prints the task-level paired bootstrap
   interval (envace.reporting.science_stats) at the Bonferroni level 1 − alpha/m, a simultaneous interval
   for the family; it sizes the effect and does not enter the verdict.
-- Measured on synthetic matrices (tests/unit/test_science_stats.py::test_verdict_false_positive_rate):
+- Measured on synthetic matrices (tests/unit/reporting/test_science_stats.py::test_verdict_false_positive_rate):
   the verdict's false-positive rate is about 1/2^S for one primary and at most alpha for the family.
 """
 

@@ -29,7 +29,7 @@ What differs from HF's forward, and why it is the same computation:
   (zeros at the padding, which the mask hides as before). Each token's products are the same; measured on
   the no-bf16 EPYC (SmolLM2, fp32, 1 thread): an 8-row append of 530 real tokens in 166 columns
   6.2 -> 3.5 s, identical logits; ``bench_step``'s two rollouts replayed in one process 12-13% faster, same tokens.
-Outputs equal HF's up to float rounding (``tests/unit/test_engine_kv.py``: fp32 within 1e-5, both paths).
+Outputs equal HF's up to float rounding (``tests/unit/runtime/test_engine_kv.py``: fp32 within 1e-5, both paths).
 
 Only models whose layers are exactly Llama's qualify (``LeanLlama.supports``: no LoRA-wrapped
 projections, no forward hooks); anything else keeps the HF forward. The object is built per

@@ -271,7 +271,7 @@ ALL_INTERFACES = re.compile(
 )
 # lines that name an all-interfaces address on purpose, to show that it is refused
 ALLOWED_LINES = {
-    ("tests/unit/test_openai_server.py", 'ChatCompletionServer(VerdictBackend(), "m", host="0.0.0.0")'),
+    ("tests/unit/inference/test_openai_server.py", 'ChatCompletionServer(VerdictBackend(), "m", host="0.0.0.0")'),
 }
 
 

@@ -53,7 +53,7 @@ def installed_verl_version() -> str | None:
 
 def check_verl_version(installed: str | None, pinned: str | None) -> None:
     """Raise ``UnsupportedVerlVersion`` when verl is installed at another version than the pin. The engine
-    subclasses verl's trainer and agent loop and relies on internals (tests/unit/test_verl_*.py pin them), so an
+    subclasses verl's trainer and agent loop and relies on internals (tests/unit/engines/test_verl_*.py pin them), so an
     upgrade must be a deliberate port, not a surprise in a GPU job."""
     if pinned is None:
         logger.debug("envace's install metadata has no verl pin; verl version not checked")
@@ -63,7 +63,8 @@ def check_verl_version(installed: str | None, pinned: str | None) -> None:
         f"envace.engines.verl supports verl {pinned} (the pin verl=={pinned} in pyproject.toml and "
         f"requirements/cpu.in, locked in requirements/cpu.lock), but verl {installed} is installed. Install the "
         f"pinned version (pip install 'verl[verl-core]=={pinned}', or scripts/install.sh), or port the engine to "
-        f"verl {installed}: move the pin, then run tests/unit/test_verl_*.py, which pin the verl behaviours it uses"
+        f"verl {installed}: move the pin, then run tests/unit/engines/test_verl_*.py, which pin the verl "
+        "behaviours it uses"
     )
 
 

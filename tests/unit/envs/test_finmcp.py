@@ -26,7 +26,7 @@ from envace.evaluation import build_policy, evaluate, get_benchmark
 from envace.inference.base import ChatOutput, ChatRequest
 from envace.inference.openai_server import ChatCompletionServer
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "finmcp"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "finmcp"
 SAMPLES = FIXTURES / "samples.json"
 TOOLS = FIXTURES / "mcp_tools.json"
 

@@ -270,7 +270,7 @@ def _stage_overrides(stage: str) -> list[str]:
 
     import yaml
 
-    spec = yaml.safe_load((Path(__file__).parents[2] / "science" / "dvc.yaml").read_text())["stages"][stage]
+    spec = yaml.safe_load((Path(__file__).parents[3] / "science" / "dvc.yaml").read_text())["stages"][stage]
     return [a for a in shlex.split(spec["cmd"]) if "=" in a and not a.startswith("-")]
 
 

@@ -18,7 +18,7 @@ from envace.envs.bfcl.categories import CATEGORIES, GROUPS, resolve_categories
 from envace.envs.tau2.config import DOMAINS, parse_subset
 from envace.stages.suites import eval_suite
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = Path(__file__).resolve().parents[3] / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 MAIN_BENCHMARKS = {"bfcl", "tau2", "vitabench", "finmcp"}
 TESTTIME_BENCHMARKS = {"tau2", "bfcl"}

@@ -44,7 +44,7 @@ CM2_KEYS = {
     "required_for_next_turn",
     "dependence",
 }
-SAMPLE = Path(__file__).resolve().parents[3] / "shared" / "data" / "cm2" / "checklist_annotated_sample.json"
+SAMPLE = Path(__file__).resolve().parents[4] / "shared" / "data" / "cm2" / "checklist_annotated_sample.json"
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_generation_does_not_depend_on_hash_randomisation() -> None:
             text=True,
             check=True,
             env={"PYTHONHASHSEED": seed, "PATH": ""},
-            cwd=Path(__file__).resolve().parents[2],
+            cwd=Path(__file__).resolve().parents[3],
         ).stdout
         for seed in ("1", "2")
     }

@@ -330,7 +330,7 @@ def test_dvc_yaml_declares_every_report_figure_and_with_no_data_none_is_drawn(tm
     empty = pd.DataFrame()
     made, skipped = save_plots(tmp_path, steps=empty, curves=empty, variants={}, testtime=empty)
     assert made == [] and list(skipped) == ALL_PLOTS and not list(tmp_path.iterdir())
-    dvc_yaml = yaml.safe_load((Path(__file__).resolve().parents[2] / "dvc.yaml").read_text())
+    dvc_yaml = yaml.safe_load((Path(__file__).resolve().parents[3] / "dvc.yaml").read_text())
     images = [entry for entry in dvc_yaml["plots"] if isinstance(entry, str)]
     assert images == [f"${{paths.reports}}/{name}" for name in ALL_PLOTS]
 

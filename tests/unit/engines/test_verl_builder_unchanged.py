@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from envace.config.load import compose, typed_config
 from envace.engines.verl.config_builder import build_overrides, engine_option, loop_settings
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "verl" / "overrides_before_typed_config.json"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "verl" / "overrides_before_typed_config.json"
 FROZEN = json.loads(FIXTURE.read_text())
 SETTINGS = "+envace."
 

@@ -19,7 +19,7 @@ from envace.reporting.tables import testtime_table as build_testtime_table
 from envace.stages import runner
 from envace.stages.report import load_metrics
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _row(n, mode, rehearser, rate):

@@ -74,7 +74,7 @@ def test_execute_writes_metrics_and_logs_a_nested_run(tmp_path, monkeypatch):
 
 def test_stage_main_reports_a_bad_override_without_running(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    write_params(["profile=smoke", "tracking=none"], root=tmp_path, conf_dir=Path(__file__).parents[2] / "conf")
+    write_params(["profile=smoke", "tracking=none"], root=tmp_path, conf_dir=Path(__file__).parents[3] / "conf")
     calls = []
     main = runner.stage_main("demo", lambda cfg, tracker: calls.append(cfg) or {})
     assert main(["train.steps=lots"]) == 2

@@ -18,7 +18,7 @@ from envace.config.load import ConfigError, load_params, write_params
 from envace.stages import STAGES
 from envace.stages.runner import EXAMPLES, _failure, one_line, stage_purpose
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _env(**extra: str) -> dict[str, str]:

@@ -28,7 +28,7 @@ from envace.core.checklist_reward import (
 from envace.core.conversation import conversation_steps, is_tool_call_error, split_thinking
 from envace.core.records import TrajectoryStatus
 
-SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "cm2" / "checklist_annotated_sample.json"
+SAMPLE = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "cm2" / "checklist_annotated_sample.json"
 P, F, U, E = Verdict.PASS, Verdict.FAIL, Verdict.UNDECIDABLE, Verdict.ERROR
 
 

@@ -240,7 +240,7 @@ def test_verl_dataset_reads_our_parquet(pipeline_files: dict, tmp_path: Path) ->
 def test_spec_json_round_trip_for_cm2_rows() -> None:
     from envace.data.specs import to_episode_spec
 
-    sample = Path(__file__).resolve().parents[3] / "shared" / "data" / "cm2" / "checklist_annotated_sample.json"
+    sample = Path(__file__).resolve().parents[4] / "shared" / "data" / "cm2" / "checklist_annotated_sample.json"
     if not sample.is_file():
         pytest.skip(f"no public CM2 sample at {sample}")
     rows = json.loads(sample.read_text())

@@ -108,7 +108,7 @@ def test_toolworld_task_conversion_records_real_responses():
         to_episode_spec(42)
 
 
-CM2_SAMPLE = Path(__file__).resolve().parents[3] / "shared" / "data" / "cm2" / "checklist_annotated_sample.json"
+CM2_SAMPLE = Path(__file__).resolve().parents[4] / "shared" / "data" / "cm2" / "checklist_annotated_sample.json"
 
 
 @pytest.mark.skipif(not CM2_SAMPLE.is_file(), reason="public CM2 sample not present beside the repository")

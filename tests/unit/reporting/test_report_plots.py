@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from envace.reporting import plots, testtime_plots
 from envace.reporting.metrics_files import read_metrics
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 STEPS = pd.DataFrame(
     {

@@ -32,7 +32,7 @@ from envace.judges.llm import (
 )
 from envace.judges.rule import RuleJudge, json_equal, mentions
 
-SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "cm2" / "checklist_annotated_sample.json"
+SAMPLE = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "cm2" / "checklist_annotated_sample.json"
 TOOLS = "assistant.tool_calls"
 REPLY = "assistant.content.user_visible_reply"
 FAST = {"backoff_s": 0.001, "max_backoff_s": 0.002}

@@ -31,7 +31,7 @@ from envace.evaluation import evaluate, get_benchmark
 from envace.inference.base import ChatOutput, ChatRequest
 from envace.inference.openai_server import ChatCompletionServer
 
-CHECKOUT = Path(__file__).resolve().parents[1] / "fixtures" / "vitabench"
+CHECKOUT = Path(__file__).resolve().parents[2] / "fixtures" / "vitabench"
 DELIVERY = CHECKOUT / "data" / "vita" / "domains" / "delivery" / "tasks_en.json"
 OFFICE = "Floor 7, Lumen Tower, 18 Harbour Road, Eastgate District, Maplefield"
 FAST = {"backoff_s": 0.001, "max_backoff_s": 0.002}

@@ -33,7 +33,7 @@ from envace.inference.openai_client import EndpointError, OpenAIChatBackend
 from envace.inference.openai_server import ChatCompletionServer, FaultPlan, main
 from envace.judges import evaluate_checklist, get_judge
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MESSAGES = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello! How can I help?"}]
 CHECKLIST = Checklist.from_raw(
     [

@@ -15,7 +15,7 @@ from envace.tracking import runs as tracking_runs
 from envace.tracking.params import CONFIG_ARTIFACT, RUN_KEYS, declared_params, stage_params
 from envace.tracking.runs import ENV_PARENT_RUN_ID, stage_run
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 CONFIG = {
     "profile": "cpu",

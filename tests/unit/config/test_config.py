@@ -16,7 +16,7 @@ from envace.config.enums import AlgoName, Benchmark, JudgeName
 from envace.config.load import ConfigError, compose, flatten, load_params, to_plain, write_params
 from envace.config.schema import GROUPS, SuitesConfig
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = Path(__file__).resolve().parents[3] / "conf"
 OPTIONS = sorted((p.parent.name, p.stem) for p in CONF.glob("*/*.yaml"))
 
 
