@@ -19,12 +19,12 @@ import torch
 
 from envace.core.advantages import OUTPUT_MEAN, compute_rolewise_advantages, token_advantages
 from envace.core.records import NO_ROLE, Role
+from envace.engines.verl.rows import ROLE_IDS_KEY  # (bs, response_length) int, a Role per token, NO_ROLE off-mask
 
 logger = logging.getLogger(__name__)
 
 VERL_ROLEWISE_NAME = "envace_rolewise"
 VERL_GRPO_NAME = "envace_grpo"
-ROLE_IDS_KEY = "role_ids"  # (bs, response_length) int, Role value per token, NO_ROLE off-mask
 TRAJECTORY_ID_KEY = "trajectory_id"  # (bs,) hashable, one id per trajectory
 EXCLUDE_KEY = "exclude_from_loss"  # (bs,) bool
 BASELINE_CONFIG_KEY = "rolewise_baseline"  # optional key in verl's algorithm config
@@ -172,7 +172,7 @@ def verl_rolewise_advantage(
         index: (bs,) group ids (verl passes ``non_tensor_batch["uid"]``).
         config: verl algorithm config; read: ``norm_adv_by_std_in_grpo`` (verl's default is True — set it
             False as docs/method.md §7 does) and optional ``rolewise_baseline``. Explicit kwargs win.
-        role_ids: (bs, L) Role id per token (NO_ROLE off-mask) or (bs,) per row; else ``batch["role_ids"]``.
+        role_ids: (bs, L) Role id per token (NO_ROLE off-mask) or (bs,) per row; else ``batch[ROLE_IDS_KEY]``.
         trajectory_ids: (bs,) for ``trajectory_mean``; else ``non_tensor_batch["trajectory_id"]``.
         exclude: (bs,) bool; else ``batch["exclude_from_loss"]``. Rows with an all-zero mask are excluded.
         outputs_per_row: (bs,) outputs packed per row (see ``count_output_spans``); default 1.

@@ -15,6 +15,7 @@ from envace.core.advantages import (
 )
 from envace.core.records import NO_ROLE
 from envace.engines.verl.advantages import register_with_verl, verl_grpo_advantage, verl_rolewise_advantage
+from envace.engines.verl.rows import ROLE_IDS_KEY
 
 
 @pytest.fixture(autouse=True)
@@ -117,7 +118,7 @@ def test_batch_dict_fallbacks_and_exclusion(batch: dict) -> None:
         batch["token_level_rewards"],
         batch["response_mask"],
         config=None,
-        batch={"role_ids": batch["role_ids"], "exclude_from_loss": exclude},
+        batch={ROLE_IDS_KEY: batch["role_ids"], "exclude_from_loss": exclude},
         non_tensor_batch={"uid": batch["index"]},
     )
     direct = compute_rolewise_advantages(batch["rewards"], list(batch["index"]), batch["roles"], exclude=exclude)
