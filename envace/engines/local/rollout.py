@@ -13,7 +13,8 @@ prompt followed, per call, by the call message and one REHEARSE output. Each mod
 is prefilled once and its cache expanded to its K samples.
 
 Deviations / choices:
-- A generation that hits its token budget without an end-of-turn token ends the trajectory
+- How a generation ended decides what its stream keeps, by the rule the verl loop calls too
+  (``envace.core.turn_end``): one that hits its token budget without an end token ends the trajectory
   (``Termination.MAX_TOKENS``); its text is not parsed (a chat could not continue after it).
 - Any parse error in an ACT message ends the trajectory, even when other call blocks were fine. A call to
   a tool the task does not offer is no parse error: it gets ``envace.core.unknown_tool``'s error without
@@ -67,6 +68,7 @@ from envace.core.rehearse_context import (
     stream_text,
 )
 from envace.core.seeds import derive_seed
+from envace.core.turn_end import Ending, generation_ending
 from envace.core.unknown_tool import unknown_tool_response
 from envace.core.wire import parse_rehearsal, parse_tool_calls
 from envace.engines.base import EpisodeSpec
@@ -133,6 +135,7 @@ class RolloutRunner:
         self.cfg = config
         self.prompts = prompts
         self.guide = guide
+        self.end_of_turn = formatter.end_of_turn_token_ids[0]
         self.stop_ids = frozenset(formatter.end_of_turn_token_ids)
         pad = getattr(formatter.tokenizer, "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else 0
@@ -264,17 +267,25 @@ class RolloutRunner:
             ep.termination = Termination.MAX_TOKENS
             return None
         ep.outputs[role] += 1
-        text = self.fmt.decode(req.tokens[:-1] if req.finished else req.tokens)
-        stream.extend(req.tokens)
+        # the decoder stops on an end token or at the budget: no stop reason to pass (envace.core.turn_end)
+        ending = generation_ending(req.tokens, None, req.max_new_tokens, self.end_of_turn, self.stop_ids)
+        tokens, logprobs = req.tokens, req.logprobs
+        if ending is Ending.OTHER_END_TOKEN:  # not the template's: out of the output, its log-prob with it
+            tokens, logprobs = tokens[:-1], logprobs[:-1]
+        text = self.fmt.decode(tokens[:-1] if ending is Ending.END_OF_TURN else tokens)
+        stream.extend(tokens)
         segments.append(
             Segment(
-                tuple(req.tokens),
+                tuple(tokens),
                 role=role if trainable else None,
-                logprobs=tuple(req.logprobs) if trainable else None,
+                logprobs=tuple(logprobs) if trainable else None,
                 text=text,
             )
         )
-        if not req.finished:
+        if ending in (Ending.OTHER_END_TOKEN, Ending.SILENT_STOP):  # the stream ends as the template's would
+            stream.append(self.end_of_turn)
+            segments.append(Segment((self.end_of_turn,), text=self.fmt.decode([self.end_of_turn])))
+        elif ending is not Ending.END_OF_TURN:
             ep.termination = Termination.MAX_TOKENS
             return None
         return text

@@ -17,8 +17,8 @@ Sampling: per-role temperatures from ``config.envace`` replace verl's rollout te
 training; when verl asks for different sampling (validation uses ``val_kwargs``) its value is kept.
 Stopping: the server stops on the template's end-of-turn token and on every token of the tokenizer's EOS set
 (``end_token_ids``: its eos token and the model's ``generation_config.json`` eos ids, on which vLLM stops anyway);
-``EpisodeRunner`` keeps only the end-of-turn token in a stream (``episode.generation_ending``). A trajectory whose
-generation the server aborted is excluded like one whose reward failed.
+``EpisodeRunner`` keeps only the end-of-turn token in a stream (``envace.core.turn_end.generation_ending``).
+A trajectory whose generation the server aborted is excluded like one whose reward failed.
 Requires verl's v1 trainer (``trainer.use_v1=True``, the default), which accepts several outputs per sample.
 """
 

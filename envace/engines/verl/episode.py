@@ -14,14 +14,12 @@ The loop: ACT generates → its calls are parsed (``envace.core.wire``) → each
 REHEARSE generation, a real executor or a frozen simulator endpoint) → the responses go back into the
 ACT stream → until a final reply of the last user turn, a parse failure, the per-turn step limit or
 the token budget. The rules are those of the local engine's rollout (``envace.engines.local.rollout``)
-so both engines train on the same trajectories; differences:
+so both engines train on the same trajectories; both call one end-of-turn rule,
+``envace.core.turn_end.generation_ending`` (its last token, verl's ``stop_reason``, the budget decide what
+the stream keeps). Differences:
 
-- How a generation ended (``generation_ending``: its last token, verl's ``stop_reason``, the budget) decides
-  what the stream keeps. The template's end-of-turn token is kept (trained). Another end token of the
-  tokenizer's EOS set (Qwen3's ``<|endoftext|>``, on which vLLM also stops) is removed from the output's
-  tokens, log-probs and text, and a server that stopped without returning its stop token likewise gets the
-  end-of-turn token appended as scaffold (mask 0): the stream must end with it before the next message. An
-  aborted request ends the episode (``Termination.ERROR``, ``info["aborted"]``; the agent loop excludes it).
+- Only a server can abort a request (or stop without returning its stop token): an aborted request ends the
+  episode (``Termination.ERROR``, ``info["aborted"]``; the agent loop excludes it).
 - Tool responses longer than ``max_tool_response_length`` characters are cut before the ACT stream sees them,
   by verl's ``ToolAgentLoop`` rule (``truncate_tool_response``); the trajectory keeps them whole.
 - Required checklist items are enforced at the end of each user turn by ``turn_gate`` when given, as
@@ -36,7 +34,6 @@ so both engines train on the same trajectories; differences:
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +50,7 @@ from envace.core.rehearse_context import (
     rehearse_system_message,
     stream_text,
 )
+from envace.core.turn_end import Ending, generation_ending
 from envace.core.unknown_tool import unknown_tool_response
 from envace.core.wire import parse_rehearsal, parse_tool_calls
 from envace.engines.base import EpisodeSpec
@@ -81,36 +79,6 @@ class Generation:
 
 
 GenerateFn = Callable[[Role, list[int], int, float], Awaitable[Generation]]
-ABORTED_REASONS = frozenset({"aborted", "abort"})
-KNOWN_REASONS = frozenset({None, "completed", "stop", "length"}) | ABORTED_REASONS
-
-
-class Ending(enum.Enum):
-    """How one generation ended, and so what its stream keeps."""
-
-    END_OF_TURN = "end_of_turn"  # the template's end-of-turn token closes it: kept, trained
-    OTHER_END_TOKEN = "other_end_token"  # another EOS-set token: removed, end-of-turn appended as scaffold
-    SILENT_STOP = "silent_stop"  # stopped before the budget without returning a stop token: end-of-turn appended
-    LENGTH = "length"  # the token budget ran out: the episode ends (MAX_TOKENS)
-    ABORTED = "aborted"  # the server aborted the request: the episode ends (ERROR) and is not trained on
-
-
-def generation_ending(
-    ids: Sequence[int], stop_reason: str | None, budget: int, end_of_turn: int, end_ids: frozenset[int]
-) -> Ending:
-    """Classify a generation by its last token, the server's ``stop_reason`` and the ``budget`` it was given.
-    verl's vLLM server reports both a stop and the length limit as "completed", so the budget tells them apart."""
-    if stop_reason in ABORTED_REASONS:
-        return Ending.ABORTED
-    if ids and ids[-1] == end_of_turn:
-        return Ending.END_OF_TURN
-    if ids and ids[-1] in end_ids:
-        return Ending.OTHER_END_TOKEN
-    if stop_reason == "length" or len(ids) >= budget:
-        return Ending.LENGTH
-    if stop_reason not in KNOWN_REASONS:
-        logger.warning("unknown stop_reason %r from the server: taken as a stop before the budget", stop_reason)
-    return Ending.SILENT_STOP
 
 
 def _cut_left(text: str, n: int) -> str:

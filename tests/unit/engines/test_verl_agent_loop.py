@@ -271,7 +271,7 @@ def test_grpo_takes_responses_from_a_frozen_simulator(world: dict, monkeypatch: 
 
 # ---- stop reasons and tool-response truncation ---------------------------------------------------------------
 def test_generation_ending_for_every_stop_reason() -> None:
-    from envace.engines.verl.episode import Ending, generation_ending
+    from envace.core.turn_end import Ending, generation_ending
 
     eot, other = 2, 0
     ends = frozenset({eot, other})
