@@ -51,6 +51,16 @@ def is_tool_call_error(content: Any) -> bool:
     return isinstance(content, Mapping) and TOOL_CALL_ERROR_KEY in content
 
 
+_NOT_SET = (None, False, "", {}, [])
+
+
+def is_error_response(response: Any) -> bool:
+    """A tool response that reports a failure: a mapping whose ``error`` is set (not None, False or empty),
+    or one carrying the harness's tool-call error marker (``TOOL_CALL_ERROR_KEY``). The checklist rules
+    (``require_success``) and the fidelity scores (error agreement) both judge responses by it."""
+    return isinstance(response, Mapping) and (response.get("error") not in _NOT_SET or TOOL_CALL_ERROR_KEY in response)
+
+
 _THINK_BLOCK = re.compile(r"^\s*<think>(?P<thinking>.*?)</think>", re.DOTALL)
 
 

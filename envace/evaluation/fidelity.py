@@ -34,6 +34,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from envace.core.conversation import is_error_response
 from envace.core.env import Task
 from envace.core.prompts import DEFAULT_ROLE_PROMPTS, RolePrompts
 from envace.core.records import ToolCall, tool_schema_name
@@ -78,10 +79,6 @@ def field_f1(predicted: Any, real: Any) -> float:
         return 0.0
     precision, recall = hit / len(pred), hit / len(gold)
     return 2 * precision * recall / (precision + recall)
-
-
-def is_error_response(value: Any) -> bool:
-    return isinstance(value, dict) and value.get("error") not in (None, False, "", {}, [])
 
 
 @dataclass(frozen=True)

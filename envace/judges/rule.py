@@ -37,7 +37,7 @@ from envace.core.bindings import (
 )
 from envace.core.checklist import Checklist, ChecklistItem, ItemRule, RuleKind
 from envace.core.checklist_reward import ItemVerdict, Verdict
-from envace.core.conversation import TOOL_CALL_ERROR_KEY, ConversationStep, json_or_text, split_thinking
+from envace.core.conversation import ConversationStep, is_error_response, json_or_text, split_thinking
 from envace.judges.base import (
     LLM_SETTING_NAMES,
     JudgeReport,
@@ -60,19 +60,10 @@ def item_rule(item: ChecklistItem, parse_conditions: bool = True) -> ItemRule | 
     return parse_pass_condition(item.pass_condition, item.focus_on) if parse_conditions else None
 
 
-def is_error_response(response: Any) -> bool:
-    return isinstance(response, Mapping) and ("error" in response or TOOL_CALL_ERROR_KEY in response)
-
-
-def resolve_path(value: Any, path: Iterable[Any]) -> Any:
-    """Follow keys, indices and matchers (first list element with these fields); ``_MISSING`` if absent."""
-    return lookup(value, path)
-
-
 def _argument(arguments: Mapping[str, Any], path: str) -> Any:
     if path in arguments:
         return arguments[path]
-    return resolve_path(arguments, path.split("."))
+    return lookup(arguments, path.split("."))  # keys, indices, matchers; MISSING if absent
 
 
 def _arguments_match(args: Mapping[str, Any], rule: ItemRule, matched: Matched) -> bool:

@@ -139,11 +139,6 @@ def write_dataset(path: Path | str, records: Sequence[Mapping[str, Any]]) -> Pat
     return path
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
 def act_prompt_uuids(parquet: Path) -> list[str]:
     """uuids of the ACT records in a ``template_prompts`` parquet, in file order (one per kept row)."""
     frame = pd.read_parquet(parquet, columns=["extra_info"])

@@ -48,8 +48,9 @@ from envace.engines.verl.config_builder import (
     check_supported,
     compose_verl_config,
 )
-from envace.engines.verl.episodes import act_prompt_uuids, read_jsonl, split_records, write_dataset
+from envace.engines.verl.episodes import act_prompt_uuids, split_records, write_dataset
 from envace.engines.verl.preflight import preflight
+from envace.utils.io import read_jsonl
 
 logger = logging.getLogger(__name__)
 

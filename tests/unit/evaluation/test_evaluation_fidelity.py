@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from envace.core.conversation import TOOL_CALL_ERROR_KEY, is_error_response
 from envace.core.env import Task
 from envace.core.records import ToolCall, Turn
 from envace.core.wire import render_rehearsal
@@ -15,7 +16,6 @@ from envace.evaluation.fidelity import (
     compare_responses,
     field_f1,
     flatten_json,
-    is_error_response,
     measure_fidelity,
 )
 from envace.evaluation.records import EpisodeRecord
@@ -53,6 +53,7 @@ def test_field_f1_hand_numbers():
 def test_error_agreement():
     assert is_error_response({"error": {"code": "NOT_FOUND"}}) and not is_error_response({"error": None})
     assert not is_error_response([{"error": "x"}])
+    assert is_error_response({TOOL_CALL_ERROR_KEY: "bad arguments"})  # the judges' rule reads it the same way
     assert compare_responses({"error": "no such account"}, {"error": {"code": "NOT_FOUND"}}) == (0.0, 0.0, 1.0)
     assert compare_responses({"ok": True}, {"error": "x"})[2] == 0.0
     assert compare_responses(None, {"ok": True}) == (0.0, 0.0, 0.0)
