@@ -84,7 +84,7 @@ _PROBE_REPLY = "ENVACE_PROBE_REPLY_7f3a"
 _PROBE_TOOL = "envace_probe_tool"
 _END_OF_TURN_CANDIDATES = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
 
-Message = dict[str, Any]
+Message = dict[str, Any]  # one chat message as chat templates take it (role, content, tool_calls, ...): envace-wide
 
 
 class TemplateNotAppendOnlyError(ValueError):

@@ -48,11 +48,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from envace.core.conversation import json_or_text
-from envace.core.prompts import RolePrompts, compact_json, tool_function
+from envace.core.prompts import Message, RolePrompts, compact_json, tool_function
 from envace.core.records import ToolCall, Turn
 from envace.core.wire import as_result_object, parse_tool_calls, render_rehearsal
-
-Message = dict[str, Any]
 
 DEFAULT_CONTEXT_TOKENS = 512  # conversation per call message (≈ 4 characters per token)
 CHARS_PER_TOKEN = 4

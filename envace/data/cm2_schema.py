@@ -6,7 +6,7 @@ checked in this order and the first problem found is the one reported:
 
 1. the row is a JSON object of at most ``max_row_bytes`` (compact UTF-8 JSON);
 2. ``Cm2Row``'s fields in declaration order, list items in order: ``uuid`` (a non-empty string),
-   ``messages`` (``Message``: role, tool calls, content, think tags), ``tools`` (``ToolSchema``; each
+   ``messages`` (``CM2Message``: role, tool calls, content, think tags), ``tools`` (``ToolSchema``; each
    ``parameters`` object must also pass ``Draft202012Validator.check_schema``), ``checklists`` (a list);
 3. rules across fields (``Cm2Row``'s after-validator, run only when 2 found nothing): every call names a
    listed tool and, with ``check_call_arguments``, its arguments validate against that tool's parameters
@@ -180,7 +180,7 @@ class ToolCallRecord(StrictModel):
     id: Any = None
 
 
-class Message(StrictModel):
+class CM2Message(StrictModel):
     role: Any = Field(None, validate_default=True)
     tool_calls: list[ToolCallRecord] | None = None
     content: str | None = Field(None, validate_default=True)
@@ -236,7 +236,7 @@ class Cm2Row(StrictModel):
     """``{uuid, messages[], tools[], checklists[variant][user_turn][item]}`` and the rules across them."""
 
     uuid: str
-    messages: list[Message]
+    messages: list[CM2Message]
     tools: list[ToolSchema]
     checklists: list[Any]
 
@@ -249,7 +249,7 @@ class Cm2Row(StrictModel):
 
     @field_validator("messages")
     @classmethod
-    def _non_empty_conversation(cls, messages: list[Message]) -> list[Message]:
+    def _non_empty_conversation(cls, messages: list[CM2Message]) -> list[CM2Message]:
         if not messages:
             raise fail(RejectReason.BAD_MESSAGE, "the conversation is empty")
         return messages
@@ -268,7 +268,7 @@ class Cm2Row(StrictModel):
         return self
 
 
-def _check_calls(messages: list[Message], tools: list[ToolSchema], check_arguments: bool) -> None:
+def _check_calls(messages: list[CM2Message], tools: list[ToolSchema], check_arguments: bool) -> None:
     """Every call names one of the row's tools; with ``check_arguments`` its arguments fit the tool's schema."""
     position = {tool.function.name: k for k, tool in enumerate(tools)}
     validators: dict[str, Draft202012Validator] = {}
@@ -300,7 +300,7 @@ def _check_arguments(validator: Draft202012Validator, arguments: dict[str, Any],
         )
 
 
-def _check_role_order(messages: list[Message]) -> None:
+def _check_role_order(messages: list[CM2Message]) -> None:
     """[system] user assistant ..., each assistant call answered by one tool message, ending on a reply."""
     order, unpaired = RejectReason.BAD_ROLE_ORDER, RejectReason.UNPAIRED_TOOL_CALL
     first = 1 if messages[0].role == "system" else 0
@@ -328,7 +328,7 @@ def _check_role_order(messages: list[Message]) -> None:
         raise fail(order, "the conversation must end with an assistant reply", f"messages[{len(messages) - 1}]")
 
 
-def _check_answer_ids(messages: list[Message], k: int, calls: list[ToolCallRecord]) -> None:
+def _check_answer_ids(messages: list[CM2Message], k: int, calls: list[ToolCallRecord]) -> None:
     """Where both sides carry ids, the tool messages answer exactly the calls' ids."""
     call_ids = {c.id for c in calls if isinstance(c.id, str) and c.id}
     answers = messages[k + 1 : k + 1 + len(calls)]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from envace.core.env import Executor
-from envace.core.prompts import DEFAULT_ROLE_PROMPTS, RolePrompts, act_messages, act_observation_messages
+from envace.core.prompts import DEFAULT_ROLE_PROMPTS, Message, RolePrompts, act_messages, act_observation_messages
 from envace.core.records import Termination, ToolCall, Turn, tool_schema_name
 from envace.core.rehearse_context import Answered, Event, Said
 from envace.core.seeds import derive_seed
@@ -34,8 +34,6 @@ from envace.core.unknown_tool import unknown_tool_response
 from envace.core.wire import parse_tool_calls
 from envace.evaluation.programs import ACTOR, GenerationCall, GenerationLedger, Program, generate_one
 from envace.inference.base import ChatRequest
-
-Message = dict[str, Any]
 
 
 @dataclass(frozen=True)

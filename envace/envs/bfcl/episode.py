@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from envace.core.prompts import Message
 from envace.core.records import Termination, ToolCall, Turn
 from envace.core.rehearse_context import events_from_messages
 from envace.core.seeds import derive_seed
@@ -39,8 +40,6 @@ from envace.evaluation.programs import (
     generate_one,
 )
 from envace.inference.base import ChatRequest
-
-Message = dict[str, Any]
 
 
 @dataclass(frozen=True)

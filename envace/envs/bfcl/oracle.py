@@ -25,13 +25,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from envace.core.env import Task, gold_reply
-from envace.core.prompts import tool_function
+from envace.core.prompts import Message, tool_function
 from envace.core.records import ToolCall
 from envace.core.wire import parse_tool_calls, render_tool_calls
 from envace.envs.bfcl.episode import generation_seed
 from envace.inference.base import ChatOutput, ChatRequest, scripted_outputs
-
-Message = dict[str, Any]
 
 
 def _tool_names(tools: Sequence[dict[str, Any]] | None) -> frozenset[str]:

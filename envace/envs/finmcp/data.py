@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envace.core.prompts import Message
 from envace.core.records import ToolCall
 
 logger = logging.getLogger(__name__)
 
-Message = dict[str, Any]
 STOP_MARKERS = frozenset({"###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###"})
 _ID_KEYS = ("id", "sample_id", "uuid")
 _TOOL_LIST_KEYS = ("tool_list", "tool_path")

@@ -12,14 +12,12 @@ seed is chosen (build the oracle with the adapter's ``seed`` and number of ``tri
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from envace.core.env import Task
+from envace.core.prompts import Message
 from envace.core.wire import render_tool_calls
 from envace.envs.tau2.episode import generation_seed
 from envace.inference.base import ChatOutput, ChatRequest, scripted_outputs
-
-Message = dict[str, Any]
 
 
 def _step(task: Task, messages: Sequence[Message]) -> int | None:

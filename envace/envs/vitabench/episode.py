@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from envace.core.prompts import act_messages, act_observation_messages
+from envace.core.prompts import Message, act_messages, act_observation_messages
 from envace.core.records import ToolCall, Turn
 from envace.core.seeds import derive_seed
 from envace.core.wire import parse_tool_calls
@@ -29,7 +29,6 @@ from envace.evaluation.episode import ActLoopConfig
 from envace.evaluation.programs import ACTOR, GenerationCall, GenerationLedger, GenerationReply, Program, generate_one
 from envace.inference.base import ChatBackend, ChatRequest
 
-Message = dict[str, Any]
 EMPTY_REPLY_RETRIES = 3
 
 
