@@ -67,7 +67,7 @@ class VerdictBackend:
 
 
 def make_verdict_backend() -> VerdictBackend:
-    """Factory for ``--backend-factory test_openai_server:make_verdict_backend`` (tests/unit on the path)."""
+    """Factory for ``--backend-factory test_openai_server:make_verdict_backend`` (tests/unit/inference on the path)."""
     return VerdictBackend()
 
 
@@ -229,7 +229,7 @@ def test_module_entry_point_serves_with_faults_and_stops_on_sigterm(tmp_path: Pa
     ]  # fmt: skip
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "unit"), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "unit" / "inference"), os.environ.get("PYTHONPATH", "")]),
     }
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
