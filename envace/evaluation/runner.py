@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -110,6 +110,4 @@ def evaluate(
 
 
 def _with_policy(record: EpisodeRecord, policy: str) -> EpisodeRecord:
-    from dataclasses import replace
-
     return record if record.policy == policy else replace(record, policy=policy)

@@ -79,6 +79,7 @@ from envace.inference.chat_api import (
     error_response,
     parse_chat_body,
 )
+from envace.models import model_spec_from_string
 from envace.utils.io import write_text
 
 logger = logging.getLogger(__name__)
@@ -318,7 +319,6 @@ def load_model_backend(model: str) -> ChatBackend:
     """``LocalHFBackend`` for a registered model kind (``tiny``, ``smollm2``) or a local model directory."""
     # lazy: torch + transformers load only when serving a model (--backend-factory servers start without them)
     from envace.inference.local import LocalHFBackend
-    from envace.models import model_spec_from_string
 
     return LocalHFBackend.from_spec(model_spec_from_string(model), name=f"local:{model}")
 

@@ -36,6 +36,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from envace.core.curves import CURVE_KEYS
 from envace.tracking.params import PARAM_KEYS
 from envace.utils.io import write_json
@@ -254,8 +256,6 @@ def default_output(root: Path) -> Path:
     params = root / "params.yaml"
     metrics_dir = "metrics"
     if params.exists():
-        import yaml
-
         metrics_dir = _dotted(yaml.safe_load(params.read_text(encoding="utf-8")) or {}, "paths.metrics") or metrics_dir
     return root / metrics_dir / OUTPUT_NAME
 

@@ -57,7 +57,7 @@ def default_metrics_path(name: str) -> MetricsPathFn:
 
 def configure_torch(cfg: Config) -> None:
     """Thread count from ``engine.num_threads`` (an int, or ``auto``: see ``resolve_threads``)."""
-    import torch
+    import torch  # lazy: only stages that run a model need torch; the report stage starts without it
 
     # lazy: importing envace.engines.local loads the local engine (transformers, peft); the report stage never does
     from envace.runtime.precision import resolve_threads

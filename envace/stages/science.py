@@ -272,7 +272,7 @@ def one_precision(metrics: Path) -> str | None:
 
 
 def torch_threads() -> int:
-    import torch
+    import torch  # lazy: the aggregate and report paths of this module never load torch
 
     return int(torch.get_num_threads())
 

@@ -20,6 +20,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from tqdm.auto import tqdm
 
 from envace.config.load import to_plain
@@ -90,8 +91,6 @@ def render_records(rows: list[dict[str, Any]], split: str, formatter: Any, varia
 
 def write_parquet(path: Path, records: list[dict[str, Any]], source: str) -> None:
     """verl's RL-dataset layout: chat ``messages`` plus ``extra_info`` (tools as JSON text)."""
-    import pandas as pd
-
     frame = pd.DataFrame(
         {
             "data_source": [f"envace/{source}"] * len(records),

@@ -26,6 +26,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from envace.config.load import flatten, to_plain
 from envace.config.schema import Config
 from envace.engines import get_engine, training_curves
@@ -57,8 +59,6 @@ def training_rows(cfg: Config) -> list[dict[str, Any]]:
 
 
 def write_step_csv(path: Path, history: list[dict[str, Any]]) -> None:
-    import pandas as pd
-
     with atomic_path(path) as tmp:
         columns = ["step", *sorted({k for h in history for k in h} - {"step"})]
         pd.DataFrame(history, columns=columns).to_csv(tmp, index=False)

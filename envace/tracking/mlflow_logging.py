@@ -26,8 +26,15 @@ import logging
 import os
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
+
+import mlflow
+import mlflow.data
+import pandas as pd
+from mlflow.entities import DatasetInput, InputTag, LoggedModelOutput, Metric
+from mlflow.tracking._tracking_service import utils as tracking_service
 
 from envace.config.load import to_plain
 from envace.core.records import Role
@@ -66,10 +73,7 @@ TRACING_ENV = {"MLFLOW_ENABLE_ASYNC_TRACE_LOGGING": "false", "MLFLOW_TRACE_USE_I
 def global_tracking_uri(uri: str) -> Iterator[None]:
     """MLflow's global tracking URI (tracing and the fluent APIs export there) set to ``uri`` for the
     block, tracing under ``TRACING_ENV``, and everything restored afterwards."""
-    import mlflow
-    from mlflow.tracking._tracking_service import utils
-
-    before = utils._tracking_uri
+    before = tracking_service._tracking_uri
     env_before = {key: os.environ.get(key) for key in ("MLFLOW_TRACKING_URI", *TRACING_ENV)}
     os.environ.update(TRACING_ENV)
     mlflow.set_tracking_uri(uri)
@@ -149,8 +153,6 @@ class RolloutSampler:
         if client is None or self.limit <= 0:
             return
         try:
-            import pandas as pd
-
             rows = rollout_rows(step, trajectories, advantages, self.group_size, self.limit)
             client.log_table(self.tracker.run_id, pd.DataFrame(rows), f"rollouts/step_{int(step):04d}.json")
         except Exception:  # tracking never breaks training
@@ -173,10 +175,6 @@ def log_datasets(
     client = tracker_client(tracker)
     if client is None:
         return []
-    import mlflow.data
-    import pandas as pd
-    from mlflow.entities import DatasetInput, InputTag
-
     inputs, names = [], []
     for split, path in splits.items():
         path = Path(path)
@@ -239,7 +237,7 @@ def log_policy_model(
         logger.warning("MLflow: checkpoint not logged as a model (%s); the manifest is logged", why)
         tracker.set_tags({"model.skipped": why})
         return {}
-    import mlflow.transformers
+    import mlflow.transformers  # lazy: MLflow's transformers flavour loads in seconds; only this model log needs it
 
     logged = {}
     for artifact, path in dirs.items():
@@ -267,8 +265,6 @@ def log_policy_model(
 def log_logged_model(client: Any, run_id: str, name: str, saved: Path) -> str:
     """A saved MLflow model directory as a logged model ``name`` of the run's experiment: the run as its
     source and its output, the run's latest metrics linked to it. Returns the model id."""
-    from mlflow.entities import LoggedModelOutput, Metric
-
     run = client.get_run(run_id)
     model = client.create_logged_model(run.info.experiment_id, name=name, source_run_id=run_id)
     client.log_model_artifacts(model.model_id, str(saved))
@@ -286,8 +282,6 @@ def log_logged_model(client: Any, run_id: str, name: str, saved: Path) -> str:
 
 def _requirements() -> list[str]:
     """Pinned requirements of the installed stack (MLflow's inference needs torchvision, absent here)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     out = []
     for name in ("torch", "transformers", "tokenizers", "safetensors", "accelerate"):
         with contextlib.suppress(PackageNotFoundError):
@@ -303,6 +297,7 @@ def system_metrics(tracker: Any, *, enabled: bool = True, interval_s: float = 10
     monitor = None
     if client is not None and enabled:
         try:
+            # lazy, inside the try: the monitor needs psutil, which is optional (no system metrics without it)
             from mlflow.system_metrics.system_metrics_monitor import (
                 SystemMetricsMonitor,
             )

@@ -22,6 +22,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+
 from envace.tracking.tracker import KIND_TAG, STAGE_TAG, Tracker, metric_key, numeric_items, record_failure
 
 logger = logging.getLogger(__name__)
@@ -45,15 +49,11 @@ class MlflowTracker(Tracker):
         self.summary_prefix = summary_prefix
 
     def log_params(self, params: Mapping[str, Any]) -> None:
-        from mlflow.entities import Param
-
         items = [Param(metric_key(k), _param_value(v)) for k, v in params.items()]
         for i in range(0, len(items), _BATCH):
             self.client.log_batch(self.run_id, params=items[i : i + _BATCH])
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        from mlflow.entities import Metric
-
         now = int(time.time() * 1000)
         numeric = numeric_items(metrics)
         items = [Metric(k, v, now, step or 0) for k, v in numeric.items()]
@@ -123,9 +123,6 @@ class MlflowStore:
     """An MLflow tracking store and one experiment in it (created on first use)."""
 
     def __init__(self, experiment: str = "envace", tracking_uri: str | None = None) -> None:
-        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-        from mlflow.tracking import MlflowClient
-
         self.tracking_uri = tracking_uri or default_tracking_uri()
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self.experiment_id = self._experiment_id(experiment)
@@ -199,9 +196,6 @@ def runs_table(
     columns are added for it) turns it into a comparison: one row per group, for each metric (``metrics``,
     default: all) ``<metric>.mean``, ``<metric>.std`` and ``<metric>.n`` side by side, plus ``n_runs``.
     E.g. ``runs_table(stage="train", group_by="params.algo.name", metrics=["final/reward_mean"])``."""
-    import pandas as pd
-    from mlflow.tracking import MlflowClient
-
     client = MlflowClient(tracking_uri=tracking_uri or default_tracking_uri())
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
@@ -225,8 +219,6 @@ def runs_table(
 
 def compare(table: Any, by: Sequence[str], metrics: Sequence[str] | None = None) -> Any:
     """Group a ``runs_table`` frame by columns ``by``: ``n_runs`` and per metric ``.mean``/``.std``/``.n``."""
-    import pandas as pd
-
     missing = [k for k in by if k not in table.columns]
     if table.empty or missing:
         if missing and not table.empty:

@@ -16,6 +16,8 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import mlflow
+
 from envace.core.rehearsal import turn_from_json
 from envace.tracking.mlflow_logging import clip_text, global_tracking_uri, tracker_client, tracking_setting
 
@@ -136,8 +138,6 @@ def log_episode_traces(
     chosen = list(records)[: max(0, min(budget, len(records) if limit is None else limit))]
     if not chosen:
         return []
-    import mlflow
-
     experiment_id = client.get_run(run_id).info.experiment_id
     plain_tags = {k: str(v)[:250] for k, v in (tags or {}).items()}
     ids = []
