@@ -30,11 +30,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-import mlflow
-import mlflow.data
 import pandas as pd
-from mlflow.entities import DatasetInput, InputTag, LoggedModelOutput, Metric
-from mlflow.tracking._tracking_service import utils as tracking_service
 
 from envace.config.load import to_plain
 from envace.core.records import Role
@@ -73,7 +69,11 @@ TRACING_ENV = {"MLFLOW_ENABLE_ASYNC_TRACE_LOGGING": "false", "MLFLOW_TRACE_USE_I
 def global_tracking_uri(uri: str) -> Iterator[None]:
     """MLflow's global tracking URI (tracing and the fluent APIs export there) set to ``uri`` for the
     block, tracing under ``TRACING_ENV``, and everything restored afterwards."""
-    before = tracking_service._tracking_uri
+    # lazy: mlflow loads in ~1.5 s; a stage with tracking=none or a bad config never pays it
+    import mlflow
+    from mlflow.tracking._tracking_service import utils
+
+    before = utils._tracking_uri
     env_before = {key: os.environ.get(key) for key in ("MLFLOW_TRACKING_URI", *TRACING_ENV)}
     os.environ.update(TRACING_ENV)
     mlflow.set_tracking_uri(uri)
@@ -175,6 +175,10 @@ def log_datasets(
     client = tracker_client(tracker)
     if client is None:
         return []
+    # lazy: mlflow loads in ~1.5 s; a stage with tracking=none or a bad config never pays it
+    import mlflow.data
+    from mlflow.entities import DatasetInput, InputTag
+
     inputs, names = [], []
     for split, path in splits.items():
         path = Path(path)
@@ -265,6 +269,9 @@ def log_policy_model(
 def log_logged_model(client: Any, run_id: str, name: str, saved: Path) -> str:
     """A saved MLflow model directory as a logged model ``name`` of the run's experiment: the run as its
     source and its output, the run's latest metrics linked to it. Returns the model id."""
+    # lazy: mlflow loads in ~1.5 s; a stage with tracking=none or a bad config never pays it
+    from mlflow.entities import LoggedModelOutput, Metric
+
     run = client.get_run(run_id)
     model = client.create_logged_model(run.info.experiment_id, name=name, source_run_id=run_id)
     client.log_model_artifacts(model.model_id, str(saved))

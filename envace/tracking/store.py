@@ -23,8 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from mlflow.entities import Metric, Param
-from mlflow.tracking import MlflowClient
 
 from envace.tracking.tracker import KIND_TAG, STAGE_TAG, Tracker, metric_key, numeric_items, record_failure
 
@@ -49,11 +47,17 @@ class MlflowTracker(Tracker):
         self.summary_prefix = summary_prefix
 
     def log_params(self, params: Mapping[str, Any]) -> None:
+        # lazy: mlflow loads in ~1.5 s; a stage with tracking=none or a bad config never pays it
+        from mlflow.entities import Param
+
         items = [Param(metric_key(k), _param_value(v)) for k, v in params.items()]
         for i in range(0, len(items), _BATCH):
             self.client.log_batch(self.run_id, params=items[i : i + _BATCH])
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        # lazy: mlflow loads in ~1.5 s; a stage with tracking=none or a bad config never pays it
+        from mlflow.entities import Metric
+
         now = int(time.time() * 1000)
         numeric = numeric_items(metrics)
         items = [Metric(k, v, now, step or 0) for k, v in numeric.items()]
@@ -123,6 +127,10 @@ class MlflowStore:
     """An MLflow tracking store and one experiment in it (created on first use)."""
 
     def __init__(self, experiment: str = "envace", tracking_uri: str | None = None) -> None:
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # MLflow reads it once, on its first import
+        # lazy: mlflow loads in ~1.5 s; a stage with tracking=none or a bad config never pays it
+        from mlflow.tracking import MlflowClient
+
         self.tracking_uri = tracking_uri or default_tracking_uri()
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self.experiment_id = self._experiment_id(experiment)
@@ -196,6 +204,9 @@ def runs_table(
     columns are added for it) turns it into a comparison: one row per group, for each metric (``metrics``,
     default: all) ``<metric>.mean``, ``<metric>.std`` and ``<metric>.n`` side by side, plus ``n_runs``.
     E.g. ``runs_table(stage="train", group_by="params.algo.name", metrics=["final/reward_mean"])``."""
+    # lazy: mlflow loads in ~1.5 s; a stage with tracking=none or a bad config never pays it
+    from mlflow.tracking import MlflowClient
+
     client = MlflowClient(tracking_uri=tracking_uri or default_tracking_uri())
     exp = client.get_experiment_by_name(experiment)
     if exp is None:

@@ -16,8 +16,6 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import mlflow
-
 from envace.core.rehearsal import turn_from_json
 from envace.tracking.mlflow_logging import clip_text, global_tracking_uri, tracker_client, tracking_setting
 
@@ -138,6 +136,9 @@ def log_episode_traces(
     chosen = list(records)[: max(0, min(budget, len(records) if limit is None else limit))]
     if not chosen:
         return []
+    # lazy: mlflow loads in ~1.5 s; a stage with tracking=none or a bad config never pays it
+    import mlflow
+
     experiment_id = client.get_run(run_id).info.experiment_id
     plain_tags = {k: str(v)[:250] for k, v in (tags or {}).items()}
     ids = []
