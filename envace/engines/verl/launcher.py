@@ -10,7 +10,8 @@ Multi-node: ``multinode_commands`` gives the ``ray start`` lines for the head an
 one source, the overrides); ``write_multinode_scripts`` writes them as scripts, creates ``<output_dir>/metrics/``
 and makes ``submit.sh`` refuse a second submission of the same launch. docs/GPU.md walks through them.
 
-Checks: ``plan_launch`` runs ``preflight`` on verl's composed config before anything is created.
+Checks: ``plan_launch`` runs ``preflight`` on verl's composed config before anything is created, and falls back
+to sdpa attention when flash-attn is not installed (``attention_impl``; refused when flash was asked for).
 
 MLflow: verl's ``mlflow`` logger attaches to the run named by ``MLFLOW_RUN_ID``. With a parent run (the
 ``train`` stage's run, or ``ENVACE_PARENT_RUN_ID``) we create a child run ``verl`` under it and hand
@@ -41,6 +42,7 @@ import pandas as pd
 
 from envace.config import load_params, typed_config
 from envace.config_schema import Config, ModelConfig
+from envace.engines.verl.attention_impl import attention_overrides
 from envace.engines.verl.config_builder import (
     ConfigLike,
     VerlConfigError,
@@ -279,6 +281,8 @@ def plan_launch(
     files = dict(files or data_files(out))
     model = model_path or model_dir(cfg)
     launch_id = time.strftime("%Y%m%d-%H%M%S")
+    # flash-attn or sdpa for the actor (refused here when flash is asked for and missing), before the user's overrides
+    attention = attention_overrides([*cfg.engine.overrides, *extra_overrides])
 
     def plan(create_run: bool) -> tuple[dict[str, str], list[str], list[str]]:
         env, notes = mlflow_env(cfg, tracking_uri=tracking_uri, parent_run_id=parent_run_id, create=create_run)
@@ -298,13 +302,15 @@ def plan_launch(
             env_vars=env,
             extra_loggers=["file"],
         )
-        return env, notes, overrides + list(extra_overrides)
+        return env, notes, overrides + attention + list(extra_overrides)
 
     env, notes, overrides = plan(create_run=False)
     warnings = preflight(cfg, overrides)  # before the MLflow child run exists: a refused launch leaves none
     if not dry_run:
         env, notes, overrides = plan(create_run=True)
     notes += [f"warning: {w}" for w in warnings]
+    if attention:
+        notes.append(f"flash_attn is not installed: the actor trains with sdpa attention ({' '.join(attention)})")
     return LaunchPlan(verl_command(overrides), overrides, env, out, files, model, notes)
 
 
