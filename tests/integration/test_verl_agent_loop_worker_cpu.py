@@ -14,6 +14,7 @@ What runs, all verl 0.9.1's own code unless marked:
   ``_balance_batch`` (envace's fatal-row check, then verl's upsampling with padding rows and its sequence-length
   balancing; stand-in: the actor worker group's dispatch info, 4 data-parallel ranks), ``_compute_old_log_prob``
   in verl's bypass mode (old = rollout log-probs: the recomputation needs the FSDP actor), ``_compute_advantage``;
+  and, at the end, a row flagged by the agent loop's judge budget (``run_failure.FATAL_KEY``) stops ``_balance_batch``;
 - the actor's data preparation as ``update_actor`` receives it: the batch split over the data-parallel ranks
   (``_split_args_kwargs_data_proto``), fetched from TransferQueue (``transferqueue_utils._meta_to_realdata``, what
   ``tqbridge`` does in the worker), cut into mini-batches (``tu.make_iterator``, as ``train_mini_batch``) and into
@@ -48,6 +49,8 @@ from envace.core.advantages import compute_rolewise_advantages
 from envace.core.records import NO_ROLE, Role
 from envace.engines.verl.config_builder import build_overrides, compose_verl_config
 from envace.engines.verl.rows import EXCLUDE_KEY, NUM_OUTPUTS_KEY, ROLE_IDS_KEY, ROLE_KEY, TRAJECTORY_KEY
+from envace.engines.verl.run_failure import FATAL_KEY
+from envace.judges.budget import JudgeFailureBudgetExceeded
 
 pytestmark = [pytest.mark.slow]
 
@@ -193,9 +196,11 @@ def expected_advantages(rows: dict[str, dict]) -> dict[str, float]:
 def test_verl_agent_loop_worker_on_cpu(tmp_path: Path, local_ray, monkeypatch: pytest.MonkeyPatch) -> None:
     import transfer_queue as tq
     import verl.trainer.ppo.v1.trainer_base as trainer_base
+    from transfer_queue import KVBatchMeta
     from verl.single_controller.base.decorator import _split_args_kwargs_data_proto
     from verl.trainer.ppo.v1 import AgentLoopManagerTQ
     from verl.utils import tensordict_utils as tu
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
     from verl.utils.transferqueue_utils import _meta_to_realdata
     from verl.workers.engine.utils import prepare_micro_batches
     from verl_scripted_client import LOGPROB, ScriptedTokenClient
@@ -287,6 +292,14 @@ def test_verl_agent_loop_worker_on_cpu(tmp_path: Path, local_ray, monkeypatch: p
         assert sorted(t for t, _ in seen if not t.startswith("pad")) == sorted(k.rsplit("_", 1)[0] for k in real_keys)
         total = sum(v * int(stored[k]["response_mask"].sum()) for k, v in expected.items())
         assert sum(v for _, v in seen) == pytest.approx(total, abs=1e-4)
+
+        # a row flagged by the agent loop (judge budget spent: run_failure) stops the step, through the real TQ
+        flagged = {**stored["g1_1_0"]["extra_fields"], FATAL_KEY: "judge failure budget exhausted: 5 of the last 5"}
+        tq.kv_batch_put(
+            keys=["g1_1_0"], partition_id="train", fields=list_of_dict_to_tensordict([{"extra_fields": flagged}])
+        )
+        with pytest.raises(JudgeFailureBudgetExceeded, match="5 of the last 5"):
+            trainer._balance_batch(KVBatchMeta(keys=real_keys, tags=[{}] * len(real_keys), partition_id="train"), {})
     finally:
         tq.close()
     print(f"test_verl_agent_loop_worker_on_cpu: {time.time() - started:.1f} s")
