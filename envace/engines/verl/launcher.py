@@ -7,8 +7,9 @@ overrides (struct errors surface here, on a CPU machine) and prints the command 
 
 Multi-node: ``multinode_commands`` gives the ``ray start`` lines for the head and the workers and the
 ``ray job submit -- python -m verl.trainer.main_ppo …`` line (no job runtime env: the workers' environment has
-one source, the overrides); ``write_multinode_scripts`` writes them as scripts, creates ``<output_dir>/metrics/``
-and makes ``submit.sh`` refuse a second submission of the same launch. docs/GPU.md walks through them.
+one source, the overrides); ``write_multinode_scripts`` writes them as scripts, creates ``<output_dir>/metrics/``,
+makes ``submit.sh`` refuse a second submission of the same launch and mark the MLflow child run FAILED when the
+job fails. docs/GPU.md walks through them.
 
 Checks: ``plan_launch`` runs ``preflight`` on verl's composed config before anything is created, and falls back
 to sdpa attention when flash-attn is not installed (``attention_impl``; refused when flash was asked for).
@@ -57,6 +58,7 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_MODULE = "envace.engines.verl.plugin"
 MAIN_MODULE = "verl.trainer.main_ppo"
+LAUNCHER_MODULE = "envace.engines.verl.launcher"  # not __name__: "__main__" under python -m
 TELEMETRY_OFF = {
     "DO_NOT_TRACK": "true",
     "MLFLOW_DISABLE_TELEMETRY": "true",
@@ -373,12 +375,31 @@ def _refuse_a_second_submission(metrics_file: Path) -> str:
     return f"if [ -e {quoted} ]; then\n  echo {shlex.quote(message)} >&2\n  exit 1\nfi\n"
 
 
+def _fail_child_run_on_error(env: Mapping[str, str], python: str = "python") -> str:
+    """Shell lines making ``submit.sh`` mark the launch's MLflow child run FAILED when the job fails (``ray job
+    submit`` exits non-zero), also where verl never attached to the run (a failure before its training loop, where
+    the ``envace`` trainer's own hook cannot see it); empty without a child run."""
+    if "MLFLOW_RUN_ID" not in env:
+        return ""
+    run, uri = env["MLFLOW_RUN_ID"], env["MLFLOW_TRACKING_URI"]
+    mark = shlex.join([python, "-m", LAUNCHER_MODULE, "--fail-run", run, "--tracking-uri", uri])
+    return (
+        "envace_on_exit() {\n"
+        "  code=$?\n"
+        f'  if [ "$code" -ne 0 ]; then {mark} --returncode "$code" || true; fi\n'
+        '  exit "$code"\n'
+        "}\n"
+        "trap envace_on_exit EXIT\n"
+    )
+
+
 def write_multinode_scripts(plan: LaunchPlan, head: str, n_gpus_per_node: int) -> dict[str, Path]:
     """``head.sh`` / ``worker.sh`` / ``submit.sh`` next to the run (printed by the CLI; each script's command is
     its last line), and the metrics folder verl's file logger writes into without creating it. ``submit.sh``
-    refuses to run again once its metrics file exists, so a re-submission never overwrites a run's metrics."""
+    refuses to run again once its metrics file exists, so a re-submission never overwrites a run's metrics, and marks
+    the launch's MLflow child run FAILED when the job fails."""
     plan.metrics_file.parent.mkdir(parents=True, exist_ok=True)
-    guards = {"submit": _refuse_a_second_submission(plan.metrics_file)}
+    guards = {"submit": _refuse_a_second_submission(plan.metrics_file) + _fail_child_run_on_error(plan.env_vars)}
     paths = {}
     for name, line in multinode_commands(plan.overrides, head=head, n_gpus_per_node=n_gpus_per_node).items():
         path = plan.output_dir / f"{name}.sh"
@@ -391,15 +412,24 @@ def write_multinode_scripts(plan: LaunchPlan, head: str, n_gpus_per_node: int) -
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: ``python -m envace.engines.verl.launcher --params params.yaml [--dry-run | --multinode HEAD_IP]
-    [verl overrides…]`` (see docs/GPU.md)."""
+    [verl overrides…]`` (see docs/GPU.md); ``--fail-run RUN_ID --tracking-uri URI --returncode N`` is what a failed
+    ``submit.sh`` calls."""
     parser = argparse.ArgumentParser(description="Train with verl from a composed envace params.yaml")
     parser.add_argument("--params", default="params.yaml", help="composed envace config (make params)")
     parser.add_argument("--output-dir", default=None, help="run directory (data, checkpoints, metrics)")
     parser.add_argument("--dry-run", action="store_true", help="compose verl's config and print the command")
     parser.add_argument("--multinode", metavar="HEAD_IP", help="prepare data and write head/worker/submit scripts")
+    parser.add_argument("--fail-run", metavar="RUN_ID", help="mark this MLflow run FAILED (submit.sh, on error)")
+    parser.add_argument("--tracking-uri", help="with --fail-run: the MLflow tracking URI")
+    parser.add_argument("--returncode", type=int, default=1, help="with --fail-run: the failed command's status")
     parser.add_argument("verl_overrides", nargs="*", help="extra main_ppo overrides, appended last (they win)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.fail_run:
+        env = {"MLFLOW_RUN_ID": args.fail_run, "MLFLOW_TRACKING_URI": args.tracking_uri or ""}
+        finish_child_run(env, args.returncode or 1)
+        logger.error("verl job failed (exit %d): MLflow run %s marked FAILED", args.returncode, args.fail_run)
+        return 0
     cfg = typed_config(load_params(args.params))  # schema and cross-field checks, as a stage loads it
     if not args.multinode:
         return launch_verl_training(
