@@ -11,7 +11,9 @@ budget's message into every row's ``extra_fields[FATAL_KEY]``. The rows reach Tr
 ``envace`` trainer reads that field of the step's batch right after sampling (``raise_on_fatal``, from its
 ``_balance_batch``, before the step's log-prob passes and update) and raises ``JudgeFailureBudgetExceeded`` with the
 worker's message: the run stops within the step in which the budget ran out. The budget raises at every later call,
-so every later trajectory carries the flag as well.
+so every later trajectory carries the flag as well. Validation batches are not checked (verl's ``_validate`` has no
+hook between sampling and its metrics): a budget spent during validation stops the next training step, and only one
+spent in the very last validation ends the run without this error (its validation metrics then count exclusions).
 
 MLflow: verl's ``TaskRunnerV1.run`` (``verl/trainer/main_ppo.py``) ends its tracking in a ``finally``, and verl's
 MLflow adapter ends the active run FINISHED whatever the exit code. ``end_mlflow_run_failed``, called by the
