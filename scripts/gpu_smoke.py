@@ -114,12 +114,7 @@ def run_verl(out: Path, steps: int, dry_run: bool = False) -> dict[str, Any]:
         "actor_rollout_ref.rollout.enforce_eager=true",
         "actor_rollout_ref.rollout.agent.num_workers=2",
     ]
-    if not available("flash_attn"):  # verl's actor defaults to flash_attention_2 (and padding removal on it)
-        logger.warning("flash_attn is not installed: the actor uses sdpa attention without padding removal")
-        extra += [
-            "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-            "actor_rollout_ref.model.use_remove_padding=false",
-        ]
+    # without flash_attn, plan_launch switches the actor to sdpa attention (envace.engines.verl.attention_impl)
     plan = plan_launch(verl_config(model_dir, steps), output_dir=out / "run", files=files, extra_overrides=extra)
     (out / "run" / "metrics").mkdir(parents=True, exist_ok=True)
     (out / "run" / "command.sh").write_text(plan.shell() + "\n")

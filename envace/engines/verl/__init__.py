@@ -11,6 +11,9 @@ Importing this package is light (no verl, no Ray) and refuses a verl other than 
 - ``trainer``: verl's synchronous v1 trainer passing role ids etc. to the role-wise estimator.
 - ``config_builder``: our config → ``verl.trainer.main_ppo`` overrides (and a Hydra compose check).
 - ``launcher``: dataset preparation, the single-node command, Ray multi-node commands, MLflow wiring.
+- ``attention_impl``: flash-attn for the actor when installed, else sdpa (logged), refused when flash is asked for.
+- ``run_failure``: a spent judge budget in a worker stops the trainer within the step; a dying trainer's MLflow run
+  ends FAILED.
 - ``engine``: ``VerlEngine``, the ``Engine`` the ``train`` stage gets from ``get_engine("verl")``.
 """
 

@@ -11,7 +11,10 @@ the session" (validation metrics, generation dumps) is the agent's conversation.
 Masks: every generated token of a trainable role has response mask 1; prompt and scaffold tokens (tool
 responses, user turns, call messages) and tokens of a frozen role have 0. A trajectory whose reward
 could not be computed (judge failure) keeps its tokens but gets an all-zero mask and
-``envace_exclude=True``: it enters neither the loss nor any baseline, and is counted.
+``envace_exclude=True``: it enters neither the loss nor any baseline, and is counted. When the judge's failure
+budget is exhausted (``JudgeFailureBudgetExceeded``) the trajectory is excluded the same way and its rows carry the
+budget's message in ``envace_fatal``: the trainer raises it after the step's generation (``run_failure``), because
+verl would only log an exception raised here.
 
 Sampling: per-role temperatures from ``config.envace`` replace verl's rollout temperature during
 training; when verl asks for different sampling (validation uses ``val_kwargs``) its value is kept.
@@ -54,6 +57,7 @@ from envace.engines.verl.rows import (
     ROLE_KEY,
     TRAJECTORY_KEY,
 )
+from envace.engines.verl.run_failure import mark_fatal, score_or_stop
 from envace.engines.verl.settings import AGENT_LOOP_NAME, SETTINGS_NODE, LoopSettings
 from envace.judges.reward import required_items_gate
 
@@ -165,9 +169,9 @@ class ActRehearseAgentLoop(AgentLoopBase):
         with simple_timer("generate_sequences", timing):
             outcome = await runner.run()
         reward_fn = reward_function(settings)
-        with simple_timer("compute_score", timing):
-            reward = await asyncio.get_running_loop().run_in_executor(
-                None, score_trajectory, reward_fn, spec, outcome.trajectory
+        with simple_timer("compute_score", timing):  # a spent judge budget: excluded here, the trainer stops the run
+            reward, fatal = await asyncio.get_running_loop().run_in_executor(
+                None, score_or_stop, score_trajectory, reward_fn, spec, outcome.trajectory
             )
         after = reward.info.get("terminated_after") if settings.enforce_required_items else None
         if after is not None:  # a required item failed where the online gate could not tell: later outputs out
@@ -175,7 +179,7 @@ class ActRehearseAgentLoop(AgentLoopBase):
                 if role in outcome.streams:
                     outcome.streams[role].drop_outputs_after(n)
         fallback_step = int(kwargs.get("global_steps", 0) or 0)
-        return self.rows(outcome, reward, trajectory_id, timing, fallback_step)
+        return list(mark_fatal(self.rows(outcome, reward, trajectory_id, timing, fallback_step), fatal))
 
     async def _generate(
         self,

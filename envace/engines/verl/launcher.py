@@ -7,10 +7,12 @@ overrides (struct errors surface here, on a CPU machine) and prints the command 
 
 Multi-node: ``multinode_commands`` gives the ``ray start`` lines for the head and the workers and the
 ``ray job submit -- python -m verl.trainer.main_ppo …`` line (no job runtime env: the workers' environment has
-one source, the overrides); ``write_multinode_scripts`` writes them as scripts, creates ``<output_dir>/metrics/``
-and makes ``submit.sh`` refuse a second submission of the same launch. docs/GPU.md walks through them.
+one source, the overrides); ``write_multinode_scripts`` writes them as scripts, creates ``<output_dir>/metrics/``,
+makes ``submit.sh`` refuse a second submission of the same launch and mark the MLflow child run FAILED when the
+job fails. docs/GPU.md walks through them.
 
-Checks: ``plan_launch`` runs ``preflight`` on verl's composed config before anything is created.
+Checks: ``plan_launch`` runs ``preflight`` on verl's composed config before anything is created, and falls back
+to sdpa attention when flash-attn is not installed (``attention_impl``; refused when flash was asked for).
 
 MLflow: verl's ``mlflow`` logger attaches to the run named by ``MLFLOW_RUN_ID``. With a parent run (the
 ``train`` stage's run, or ``ENVACE_PARENT_RUN_ID``) we create a child run ``verl`` under it and hand
@@ -41,6 +43,7 @@ import pandas as pd
 
 from envace.config.load import load_params, typed_config
 from envace.config.schema import Config, ModelConfig
+from envace.engines.verl.attention_impl import attention_overrides
 from envace.engines.verl.config_builder import (
     ConfigLike,
     VerlConfigError,
@@ -56,6 +59,7 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_MODULE = "envace.engines.verl.plugin"
 MAIN_MODULE = "verl.trainer.main_ppo"
+LAUNCHER_MODULE = "envace.engines.verl.launcher"  # not __name__: "__main__" under python -m
 TELEMETRY_OFF = {
     "DO_NOT_TRACK": "true",
     "MLFLOW_DISABLE_TELEMETRY": "true",
@@ -280,6 +284,8 @@ def plan_launch(
     files = dict(files or data_files(out))
     model = model_path or model_dir(cfg)
     launch_id = time.strftime("%Y%m%d-%H%M%S")
+    # flash-attn or sdpa for the actor (refused here when flash is asked for and missing), before the user's overrides
+    attention = attention_overrides([*cfg.engine.overrides, *extra_overrides])
 
     def plan(create_run: bool) -> tuple[dict[str, str], list[str], list[str]]:
         env, notes = mlflow_env(cfg, tracking_uri=tracking_uri, parent_run_id=parent_run_id, create=create_run)
@@ -299,13 +305,15 @@ def plan_launch(
             env_vars=env,
             extra_loggers=["file"],
         )
-        return env, notes, overrides + list(extra_overrides)
+        return env, notes, overrides + attention + list(extra_overrides)
 
     env, notes, overrides = plan(create_run=False)
     warnings = preflight(cfg, overrides)  # before the MLflow child run exists: a refused launch leaves none
     if not dry_run:
         env, notes, overrides = plan(create_run=True)
     notes += [f"warning: {w}" for w in warnings]
+    if attention:
+        notes.append(f"flash_attn is not installed: the actor trains with sdpa attention ({' '.join(attention)})")
     return LaunchPlan(verl_command(overrides), overrides, env, out, files, model, notes)
 
 
@@ -368,12 +376,31 @@ def _refuse_a_second_submission(metrics_file: Path) -> str:
     return f"if [ -e {quoted} ]; then\n  echo {shlex.quote(message)} >&2\n  exit 1\nfi\n"
 
 
+def _fail_child_run_on_error(env: Mapping[str, str], python: str = "python") -> str:
+    """Shell lines making ``submit.sh`` mark the launch's MLflow child run FAILED when the job fails (``ray job
+    submit`` exits non-zero), also where verl never attached to the run (a failure before its training loop, where
+    the ``envace`` trainer's own hook cannot see it); empty without a child run."""
+    if "MLFLOW_RUN_ID" not in env:
+        return ""
+    run, uri = env["MLFLOW_RUN_ID"], env["MLFLOW_TRACKING_URI"]
+    mark = shlex.join([python, "-m", LAUNCHER_MODULE, "--fail-run", run, "--tracking-uri", uri])
+    return (
+        "envace_on_exit() {\n"
+        "  code=$?\n"
+        f'  if [ "$code" -ne 0 ]; then {mark} --returncode "$code" || true; fi\n'
+        '  exit "$code"\n'
+        "}\n"
+        "trap envace_on_exit EXIT\n"
+    )
+
+
 def write_multinode_scripts(plan: LaunchPlan, head: str, n_gpus_per_node: int) -> dict[str, Path]:
     """``head.sh`` / ``worker.sh`` / ``submit.sh`` next to the run (printed by the CLI; each script's command is
     its last line), and the metrics folder verl's file logger writes into without creating it. ``submit.sh``
-    refuses to run again once its metrics file exists, so a re-submission never overwrites a run's metrics."""
+    refuses to run again once its metrics file exists, so a re-submission never overwrites a run's metrics, and marks
+    the launch's MLflow child run FAILED when the job fails."""
     plan.metrics_file.parent.mkdir(parents=True, exist_ok=True)
-    guards = {"submit": _refuse_a_second_submission(plan.metrics_file)}
+    guards = {"submit": _refuse_a_second_submission(plan.metrics_file) + _fail_child_run_on_error(plan.env_vars)}
     paths = {}
     for name, line in multinode_commands(plan.overrides, head=head, n_gpus_per_node=n_gpus_per_node).items():
         path = plan.output_dir / f"{name}.sh"
@@ -386,15 +413,24 @@ def write_multinode_scripts(plan: LaunchPlan, head: str, n_gpus_per_node: int) -
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: ``python -m envace.engines.verl.launcher --params params.yaml [--dry-run | --multinode HEAD_IP]
-    [verl overrides…]`` (see docs/GPU.md)."""
+    [verl overrides…]`` (see docs/GPU.md); ``--fail-run RUN_ID --tracking-uri URI --returncode N`` is what a failed
+    ``submit.sh`` calls."""
     parser = argparse.ArgumentParser(description="Train with verl from a composed envace params.yaml")
     parser.add_argument("--params", default="params.yaml", help="composed envace config (make params)")
     parser.add_argument("--output-dir", default=None, help="run directory (data, checkpoints, metrics)")
     parser.add_argument("--dry-run", action="store_true", help="compose verl's config and print the command")
     parser.add_argument("--multinode", metavar="HEAD_IP", help="prepare data and write head/worker/submit scripts")
+    parser.add_argument("--fail-run", metavar="RUN_ID", help="mark this MLflow run FAILED (submit.sh, on error)")
+    parser.add_argument("--tracking-uri", help="with --fail-run: the MLflow tracking URI")
+    parser.add_argument("--returncode", type=int, default=1, help="with --fail-run: the failed command's status")
     parser.add_argument("verl_overrides", nargs="*", help="extra main_ppo overrides, appended last (they win)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.fail_run:
+        env = {"MLFLOW_RUN_ID": args.fail_run, "MLFLOW_TRACKING_URI": args.tracking_uri or ""}
+        finish_child_run(env, args.returncode or 1)
+        logger.error("verl job failed (exit %d): MLflow run %s marked FAILED", args.returncode, args.fail_run)
+        return 0
     cfg = typed_config(load_params(args.params))  # schema and cross-field checks, as a stage loads it
     if not args.multinode:
         return launch_verl_training(

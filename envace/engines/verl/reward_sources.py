@@ -84,7 +84,7 @@ def score_trajectory(reward_fn: Callable[..., Any], spec: EpisodeSpec, trajector
     try:
         result = reward_fn(spec, trajectory)
     except JudgeFailureBudgetExceeded:
-        raise  # too many judge failures: the run stops (envace.judges.budget) instead of excluding everything
+        raise  # too many judge failures: the run stops (envace.engines.verl.run_failure), not excluding everything
     except Exception as exc:  # noqa: BLE001 - any other judge/scorer crash must not kill the rollout worker
         logger.warning(
             "reward for %s sample %d failed: %s: %s", spec.task_id, trajectory.sample_index, type(exc).__name__, exc

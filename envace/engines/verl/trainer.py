@@ -12,6 +12,10 @@ Like the stock step, and in the same order: KL-in-reward is refused (use the act
 docs/method.md §8), rollout correction runs first when configured (its rejection mask then defines the outputs),
 advantages and returns are written back to TransferQueue as nested tensors. Metrics under ``envace/``:
 rows, outputs, tokens and mean |advantage| per role, excluded rows.
+
+Stopping: right after each step's sampling (``_balance_batch``) the trainer raises ``JudgeFailureBudgetExceeded``
+when the agent loop flagged a row (``run_failure``: the judge's failure budget ran out in a worker, where verl would
+only log it); ``fit`` ends the active MLflow run FAILED on any error before it propagates.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from verl.workers.utils.padding import response_to_nested
 
 from envace.engines.verl.advantages import VERL_GRPO_NAME, VERL_ROLEWISE_NAME
 from envace.engines.verl.rows import role_metrics, row_inputs
+from envace.engines.verl.run_failure import end_mlflow_run_failed, raise_on_fatal
 from envace.engines.verl.settings import TRAINER_MODE
 
 logger = logging.getLogger(__name__)
@@ -83,6 +88,29 @@ class EnvacePPOTrainer(PPOTrainerSync):
         self.trainer_mode = "sync"
         return super()._build_replay_buffer()
 
+    def fit(self, agent_loop_manager: Any) -> Any:
+        """verl's training loop; on any error the active MLflow run ends FAILED with the cause (verl's own
+        clean-up would end it FINISHED), then the error propagates and ``main_ppo`` exits non-zero."""
+        try:
+            return super().fit(agent_loop_manager)
+        except Exception as exc:
+            end_mlflow_run_failed(exc)
+            raise
+
+    def _balance_batch(self, batch: Any, metrics: dict, *args: Any, **kwargs: Any) -> Any:
+        # the first hook after the step's sampling (verl's _step_once): stop before any log-prob pass or update
+        self._stop_on_fatal_rows(batch)
+        return super()._balance_batch(batch, metrics, *args, **kwargs)
+
+    def _stop_on_fatal_rows(self, batch: Any) -> None:
+        """Raise ``JudgeFailureBudgetExceeded`` with the agent loop's message when a row of the batch carries one
+        (``envace.engines.verl.run_failure``)."""
+        if not batch.keys:
+            return
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+        values = data.get("extra_fields").tolist()  # a NonTensorStack: one dict per row
+        raise_on_fatal([values] if isinstance(values, dict) else values, getattr(self, "global_steps", None))
+
     def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
         algorithm = self.config.algorithm
         if algorithm.adv_estimator not in ENVACE_ESTIMATORS:
@@ -97,6 +125,7 @@ class EnvacePPOTrainer(PPOTrainerSync):
         padded = data.to_padded_tensor()
         uids = np.array(padded.pop("uid").tolist(), dtype=object)
         extra_fields = list(padded.pop("extra_fields").tolist())
+        raise_on_fatal(extra_fields, getattr(self, "global_steps", None))  # also when _balance_batch was skipped
         proto = DataProto(batch=padded, non_tensor_batch={"uid": uids})
         proto.batch["token_level_scores"] = proto.batch["rm_scores"]
         proto.batch["token_level_rewards"] = proto.batch["rm_scores"]
