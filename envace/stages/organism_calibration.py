@@ -115,10 +115,11 @@ def step_stats(metrics_dir: Path) -> dict[str, Any]:
         return {}
     times = sorted(float(r["time/step"]) for r in rows)
     out: dict[str, Any] = {"steps": len(rows), "s_per_step_median": round(times[len(times) // 2], 2)}
-    for key in ("rollout/tokens_per_trajectory", "tokens/per_trajectory", "rollout/stream_tokens_mean"):
-        vals = [float(r[key]) for r in rows if r.get(key)]
-        if vals:
-            out[key] = round(sum(vals) / len(vals), 1)
+    per_traj = [float(r["update/stream_tokens"]) / float(r["trajectories"]) for r in rows if r.get("trajectories")]
+    if per_traj:
+        out["stream_tokens_per_trajectory"] = round(sum(per_traj) / len(per_traj), 1)
+    calls = [float(r["real_env/calls"]) for r in rows if r.get("real_env/calls")]
+    out["real_env_calls"] = int(sum(calls))
     rewards = [float(r["reward/mean"]) for r in rows if r.get("reward/mean")]
     if rewards:
         out["reward_first"], out["reward_last"] = round(rewards[0], 3), round(rewards[-1], 3)
@@ -133,14 +134,28 @@ def run_sft(name: str, overrides: list[str]) -> dict[str, Any]:
         "sft": part(run, ["sft"], m / "sft" / "train.json", "sft"),
         "sft_eval_val": part(run, ["sft_eval", *VAL_EVAL], m / "sft" / "tasks.json", "sft_eval"),
     }
-    return {"kind": "sft", "name": name, "overrides": overrides, "val": outcome(m / "sft"), "seconds": seconds}
+    return {
+        "kind": "sft",
+        "name": name,
+        "overrides": overrides,
+        "val": outcome(m / "sft"),
+        "sft_loss": sft_loss(m / "sft" / "train.json"),
+        "seconds": seconds,
+    }
+
+
+def sft_loss(path: Path) -> float | None:
+    """The SFT warm-up's mean target-token NLL in its last epoch."""
+    if not path.exists():
+        return None
+    return round(float(json.loads(path.read_text()).get("final/sft/loss", float("nan"))), 4)
 
 
 def run_gate(name: str, seed: int, overrides: list[str]) -> dict[str, Any]:
     sft = run_sft(name, overrides)
     run = ROOT / RUNS / name
     cell = run / METRICS / "cells" / f"grpo-seed{seed}"
-    args = ["cell", "--variant", "grpo", "--seed", str(seed), *VAL_EVAL]
+    args = ["--variant", "grpo", "--seed", str(seed), "cell", *VAL_EVAL]
     seconds = part(run, args, cell / "tasks.json", f"gate{seed}")
     after = outcome(cell)
     return {
@@ -176,16 +191,18 @@ def table() -> None:
         "",
         "## SFT calibration (target: 20-40% validation success)",
         "",
-        "| run | overrides | val success | n | 95% CI | SFT wall s | commit |",
-        "|---|---|---|---|---|---|---|",
+        "| run | overrides | val success | n | 95% CI | last-epoch SFT loss | SFT wall s | commit |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        val = r["val"] if r["kind"] == "sft" else r["val_sft"]
         if r["kind"] != "sft":
             continue
+        val = r["val"]
+        loss = r.get("sft_loss") or sft_loss(ROOT / RUNS / r["name"] / METRICS / "sft" / "train.json")
         lines.append(
             f"| {r['name']} | `{' '.join(r['overrides'])}` | {val['success']:.3f} | {val['n']} | "
-            f"[{val['ci95'][0]:.3f}, {val['ci95'][1]:.3f}] | {r['seconds'].get('sft', 0):.0f} | {r['commit']} |"
+            f"[{val['ci95'][0]:.3f}, {val['ci95'][1]:.3f}] | {loss} | {r['seconds'].get('sft', 0):.0f} | "
+            f"{r['commit']} |"
         )
     lines += [
         "",
@@ -205,6 +222,10 @@ def table() -> None:
             f"{t.get('steps', '')} | {t.get('s_per_step_median', '')} | "
             f"{t.get('reward_first', '')}->{t.get('reward_last', '')} | {r['commit']} |"
         )
+    aborted = [r for r in rows if r["kind"] == "aborted"]
+    if aborted:
+        lines += ["", "## Stopped before the end", ""]
+        lines += [f"- {r['name']} (`{' '.join(r['overrides'])}`, {r['commit']}): {r['note']}" for r in aborted]
     (ROOT / OUT / "calibration.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -215,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", nargs="?")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("overrides", nargs="*", metavar="key=value")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     if args.what == "table":
         table()
         return 0
