@@ -222,6 +222,10 @@ def table() -> None:
             f"{t.get('steps', '')} | {t.get('s_per_step_median', '')} | "
             f"{t.get('reward_first', '')}->{t.get('reward_last', '')} | {r['commit']} |"
         )
+    probes = [r for r in rows if r["kind"] == "probe"]
+    if probes:
+        lines += ["", "## Probes", ""]
+        lines += [f"- {r['name']} ({r['commit']}): {r['note']}" for r in probes]
     aborted = [r for r in rows if r["kind"] == "aborted"]
     if aborted:
         lines += ["", "## Stopped before the end", ""]
