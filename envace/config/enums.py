@@ -15,6 +15,7 @@ class ProfileName(str, enum.Enum):
     smoke = "smoke"
     cpu = "cpu"
     paper = "paper"
+    organism = "organism"  # issue 46: the tool-world model organism (conf/profile/organism.yaml)
 
 
 class AlgoName(str, enum.Enum):

@@ -1,0 +1,252 @@
+"""``toolworld_lm``: the model organism — a small random-init Llama whose tokenizer is trained on the tool world.
+
+The organism is the tool world's own language model: a ``LlamaForCausalLM`` of ~1-4M parameters with
+a byte-level BPE tokenizer trained (HF ``tokenizers``) on the text the engine actually feeds it — the
+rendered ACT prompts (role system prompt, task system prompt, tool schemas, user turn), the gold ACT
+stream (tool calls, tool responses, answers, later user turns), the REHEARSE prompts and REHEARSE
+targets — of generated TRAINING tasks only. Training tasks never contain the held-out domain, and the
+corpus is checked for its tool names, so the tokenizer learns nothing about it.
+
+Everything is a function of ``OrganismConfig``: the same config gives byte-identical tokenizer JSON
+and weights (the corpus comes from the seeded task generator, BPE training is deterministic, the
+weights from ``init_seed``). ``build_organism`` returns (model, tokenizer); ``save_organism`` writes
+them with ``save_pretrained`` plus ``organism.json`` (config, parameter count, vocabulary, SHA-256 of
+the weights and of the tokenizer JSON). Every stage then loads the directory as ``model.kind=path``,
+like any HF model: the engine, rollout, reward, loss, evaluation and rehearsal code are the ones
+SmolLM2 goes through. Its chat template is ``CHATML_TOOL_TEMPLATE`` (tools and tool calls rendered).
+
+``python -m envace.stages.organism`` (science/organism/dvc.yaml) builds it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from envace.core.prompts import (
+    CHATML_TOOL_TEMPLATE,
+    DEFAULT_ROLE_PROMPTS,
+    act_messages,
+    act_observation_messages,
+    sft_act_target,
+    sft_rehearse_target,
+)
+from envace.core.wire import as_result_object
+from envace.models.common import finish_model_and_tokenizer
+
+logger = logging.getLogger(__name__)
+
+PAD, IM_START, IM_END = "<|pad|>", "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = (PAD, IM_START, IM_END)
+MANIFEST = "organism.json"
+
+
+@dataclass(frozen=True)
+class OrganismConfig:
+    """What determines the organism: the tokenizer corpus (data seed, training tasks) and the shape.
+
+    ``n_val``/``n_test`` only shape generation (training draws never repeat a val/test instruction);
+    their tasks are not in the corpus.
+    """
+
+    data_seed: int = 0
+    n_corpus_tasks: int = 400
+    n_val: int = 50
+    n_test: int = 400
+    held_out_domain: str | None = "todo"
+    vocab_size: int = 2048
+    min_frequency: int = 2
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 4
+    intermediate: int = 512
+    max_positions: int = 4096
+    tie_embeddings: bool = False
+    init_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.hidden % self.heads:
+            raise ValueError(f"OrganismConfig: hidden={self.hidden} must be divisible by heads={self.heads}")
+        if self.n_corpus_tasks < 1 or self.vocab_size < 300:
+            raise ValueError("OrganismConfig: n_corpus_tasks must be >= 1 and vocab_size >= 300 (bytes + merges)")
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any]) -> OrganismConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"OrganismConfig: unknown keys {unknown}; valid: {sorted(known)}")
+        return cls(**values)
+
+
+def _renderer() -> PreTrainedTokenizerFast:
+    """A tokenizer used only to render chat text (the template is text-level: its vocabulary is irrelevant)."""
+    from envace.models.tiny import build_tiny_tokenizer
+
+    return build_tiny_tokenizer()
+
+
+def corpus_tasks(config: OrganismConfig) -> list[Any]:
+    """The generated TRAINING tasks the tokenizer learns from (never val/test, never the held-out domain)."""
+    from envace.envs.toolworld import generate_tasks
+
+    splits = generate_tasks(
+        seed=config.data_seed,
+        n_train=config.n_corpus_tasks,
+        n_val=config.n_val,
+        n_test=config.n_test,
+        held_out_domain=config.held_out_domain,
+    )
+    return list(splits["train"])
+
+
+def task_texts(task: Any, renderer: Any) -> Iterator[str]:
+    """The texts the engine shows the model for one task: the full gold ACT stream and every REHEARSE prompt
+    with its target."""
+    from envace.envs.toolworld import to_cm2_row
+    from envace.stages.template_prompts import row_prompts
+
+    tools = [dict(t) for t in task.tools]
+    row = to_cm2_row(task, include_state=True)
+    rehearse_targets = []
+    messages = act_messages(DEFAULT_ROLE_PROMPTS, task.system_prompt, task.user_turns[0])
+    responses = iter(m["content"] for m in row["messages"] if m["role"] == "tool")
+    for turn, user in enumerate(task.user_turns):
+        if turn:
+            messages.append({"role": "user", "content": user})
+        for step in task.gold_calls[turn]:
+            results = [json.loads(next(responses)) for _ in step]
+            messages.append({"role": "assistant", "content": sft_act_target(step)})
+            messages.extend(act_observation_messages(step, results))
+            rehearse_targets.extend(sft_rehearse_target(as_result_object(r)) for r in results)
+        messages.append({"role": "assistant", "content": sft_act_target((), task.gold_answers[turn])})
+    yield renderer.apply_chat_template(messages, tools=tools, tokenize=False)
+    for prompt in row_prompts(row, 0):
+        if prompt["role"] == "REHEARSE":
+            messages = prompt["messages"]
+            yield renderer.apply_chat_template(messages, tools=None, tokenize=False, add_generation_prompt=True)
+    yield from rehearse_targets
+
+
+def held_out_markers(config: OrganismConfig) -> list[str]:
+    """Strings that only the held-out domain's text contains (its tool names)."""
+    if config.held_out_domain is None:
+        return []
+    from envace.envs.toolworld import DOMAINS, get_domain
+
+    held = set(get_domain(config.held_out_domain).tool_names)
+    others = {t for d in DOMAINS if d != config.held_out_domain for t in get_domain(d).tool_names}
+    return sorted(held - others)
+
+
+def tokenizer_corpus(config: OrganismConfig) -> list[str]:
+    """The tokenizer's training text, in a fixed order; raises if any held-out-domain marker appears."""
+    renderer = _renderer()
+    corpus = [CHATML_TOOL_TEMPLATE]
+    for task in corpus_tasks(config):
+        corpus.extend(task_texts(task, renderer))
+    markers = held_out_markers(config)
+    leaked = sorted({m for m in markers for text in corpus if m in text})
+    if leaked:
+        raise RuntimeError(f"toolworld_lm corpus contains held-out domain text: {leaked}")
+    return corpus
+
+
+def train_tokenizer(corpus: list[str], config: OrganismConfig) -> PreTrainedTokenizerFast:
+    """Byte-level BPE (any UTF-8 text round-trips) with ChatML special tokens and the tool template."""
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=config.vocab_size,
+        min_frequency=config.min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(corpus, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token=IM_END, pad_token=PAD, clean_up_tokenization_spaces=False
+    )
+    tokenizer.chat_template = CHATML_TOOL_TEMPLATE
+    tokenizer.name_or_path = "envace-toolworld-lm"
+    return tokenizer
+
+
+def llama_config(config: OrganismConfig, tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden,
+        intermediate_size=config.intermediate,
+        num_hidden_layers=config.layers,
+        num_attention_heads=config.heads,
+        num_key_value_heads=config.heads,
+        max_position_embeddings=config.max_positions,
+        tie_word_embeddings=config.tie_embeddings,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def build_organism(config: OrganismConfig) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
+    """(model, tokenizer), deterministic in ``config``; the model in eval mode, float32."""
+    tokenizer = train_tokenizer(tokenizer_corpus(config), config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.init_seed)
+        model = LlamaForCausalLM(llama_config(config, tokenizer))
+    finish_model_and_tokenizer(model, tokenizer)
+    model.eval()
+    return model, tokenizer
+
+
+def weights_sha256(model: torch.nn.Module) -> str:
+    """SHA-256 over every parameter's name, shape and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def tokenizer_sha256(tokenizer: PreTrainedTokenizerFast) -> str:
+    return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
+
+
+def describe(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, config: OrganismConfig) -> dict[str, Any]:
+    return {
+        "config": dataclasses.asdict(config),
+        "parameters": int(sum(p.numel() for p in model.parameters())),
+        "vocab_size": len(tokenizer),
+        "weights_sha256": weights_sha256(model),
+        "tokenizer_sha256": tokenizer_sha256(tokenizer),
+    }
+
+
+def save_organism(config: OrganismConfig, directory: str | Path) -> dict[str, Any]:
+    """Build and ``save_pretrained`` model + tokenizer into ``directory``; returns (and writes) the manifest."""
+    directory = Path(directory)
+    model, tokenizer = build_organism(config)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    manifest = describe(model, tokenizer, config)
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    logger.info(
+        "toolworld_lm: %d parameters, vocabulary %d, saved to %s",
+        manifest["parameters"],
+        manifest["vocab_size"],
+        directory,
+    )
+    return manifest

@@ -1,0 +1,257 @@
+"""Calibration and positive-control runs of the model organism (issue 46), through the ordinary stages.
+
+Each run lives in its own directory (``data/organism/runs/<name>/``, the working directory of its stage
+processes) with a ``params.yaml`` composed from ``conf/`` as ``profile=organism`` plus the run's overrides,
+and runs the science parts there (``python -m envace.stages.science``): ``data`` (the tool world at
+``science.n_train/n_val/n_test``), ``sft`` (the SFT warm-up on gold ACT/REHEARSE targets), then
+
+- ``sft``: the SFT checkpoint evaluated on the real-environment VALIDATION split (greedy, strict success);
+- ``gate --seed K``: additionally ``science.steps`` GRPO steps (``algo=grpo``, real environment) from that
+  checkpoint with training seed K, evaluated on the same validation tasks.
+
+A finished part is not re-run (its metrics file exists). Results are appended to
+``science/organism/runs.jsonl`` (one row per run: settings, success with n and a 95% Wilson interval,
+wall seconds per part, seconds per GRPO step, tokens per trajectory, the commit); ``table`` writes
+``science/organism/calibration.md`` and ``calibration.json`` from it.
+
+    python -m envace.stages.organism_calibration sft NAME [key=value ...]
+    python -m envace.stages.organism_calibration gate NAME --seed 0 [key=value ...]
+    python -m envace.stages.organism_calibration table
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNS = Path("data/organism/runs")
+OUT = Path("science/organism")
+ROWS = OUT / "runs.jsonl"
+METRICS = "science/organism/metrics"  # relative to a run directory (the profile's science.metrics)
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "envace", "conf"], cwd=ROOT, capture_output=True)
+    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    for key, value in {
+        "DO_NOT_TRACK": "true",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DVC_NO_ANALYTICS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "ENVACE_ALLOCATOR": env.get("ENVACE_ALLOCATOR", "auto"),
+    }.items():
+        env.setdefault(key, value)
+    return env
+
+
+def prepare(name: str, overrides: list[str]) -> Path:
+    """The run directory with its params.yaml (profile=organism, the organism's absolute path, overrides)."""
+    from envace.config import write_params
+
+    run = (ROOT / RUNS / name).resolve()
+    run.mkdir(parents=True, exist_ok=True)
+    model = (ROOT / "data/organism/toolworld_lm").resolve()
+    base = ["profile=organism", f"model.path={model}", "tracking=none"]
+    write_params([*base, *overrides], root=run, conf_dir=ROOT / "conf")
+    (run / "overrides.json").write_text(json.dumps(overrides) + "\n")
+    return run
+
+
+def part(run: Path, args: list[str], done: Path, log: str) -> float:
+    """Run ``python -m envace.stages.science ARGS`` in ``run`` unless ``done`` exists; wall seconds (0 if skipped)."""
+    if done.exists():
+        return 0.0
+    started = time.perf_counter()
+    with open(run / f"{log}.log", "w") as out:
+        proc = subprocess.run(
+            [sys.executable, "-m", "envace.stages.science", *args], cwd=run, env=_env(), stdout=out, stderr=out
+        )
+    if proc.returncode:
+        raise RuntimeError(f"science {' '.join(args)} failed in {run} (exit {proc.returncode}); see {run}/{log}.log")
+    return time.perf_counter() - started
+
+
+VAL_EVAL = ["eval.split=val", "eval.compare_base=false", "eval.fidelity=false", "eval.gold_fidelity_tasks=0"]
+
+
+def outcome(metrics_dir: Path) -> dict[str, Any]:
+    tasks = json.loads((metrics_dir / "tasks.json").read_text())["policy"]
+    n, k = len(tasks), sum(bool(t["success"]) for t in tasks)
+    lo, hi = wilson(k, n)
+    return {"n": n, "successes": k, "success": k / n if n else 0.0, "ci95": [round(lo, 4), round(hi, 4)]}
+
+
+def step_stats(metrics_dir: Path) -> dict[str, Any]:
+    path = metrics_dir / "train_steps.csv"
+    if not path.exists():
+        return {}
+    rows = [r for r in csv.DictReader(path.open()) if r.get("time/step")]
+    if not rows:
+        return {}
+    times = sorted(float(r["time/step"]) for r in rows)
+    out: dict[str, Any] = {"steps": len(rows), "s_per_step_median": round(times[len(times) // 2], 2)}
+    per_traj = [float(r["update/stream_tokens"]) / float(r["trajectories"]) for r in rows if r.get("trajectories")]
+    if per_traj:
+        out["stream_tokens_per_trajectory"] = round(sum(per_traj) / len(per_traj), 1)
+    calls = [float(r["real_env/calls"]) for r in rows if r.get("real_env/calls")]
+    out["real_env_calls"] = int(sum(calls))
+    rewards = [float(r["reward/mean"]) for r in rows if r.get("reward/mean")]
+    if rewards:
+        out["reward_first"], out["reward_last"] = round(rewards[0], 3), round(rewards[-1], 3)
+    return out
+
+
+def run_sft(name: str, overrides: list[str]) -> dict[str, Any]:
+    run = prepare(name, overrides)
+    m = run / METRICS
+    seconds = {
+        "data": part(run, ["data"], m / "data", "data"),
+        "sft": part(run, ["sft"], m / "sft" / "train.json", "sft"),
+        "sft_eval_val": part(run, ["sft_eval", *VAL_EVAL], m / "sft" / "tasks.json", "sft_eval"),
+    }
+    return {
+        "kind": "sft",
+        "name": name,
+        "overrides": overrides,
+        "val": outcome(m / "sft"),
+        "sft_loss": sft_loss(m / "sft" / "train.json"),
+        "seconds": seconds,
+    }
+
+
+def sft_loss(path: Path) -> float | None:
+    """The SFT warm-up's mean target-token NLL in its last epoch."""
+    if not path.exists():
+        return None
+    return round(float(json.loads(path.read_text()).get("final/sft/loss", float("nan"))), 4)
+
+
+def run_gate(name: str, seed: int, overrides: list[str]) -> dict[str, Any]:
+    sft = run_sft(name, overrides)
+    run = ROOT / RUNS / name
+    cell = run / METRICS / "cells" / f"grpo-seed{seed}"
+    args = ["--variant", "grpo", "--seed", str(seed), "cell", *VAL_EVAL]
+    seconds = part(run, args, cell / "tasks.json", f"gate{seed}")
+    after = outcome(cell)
+    return {
+        "kind": "gate",
+        "name": name,
+        "seed": seed,
+        "overrides": overrides,
+        "val_sft": sft["val"],
+        "val_after": after,
+        "delta_points": round(100 * (after["success"] - sft["val"]["success"]), 1),
+        "seconds": {**sft["seconds"], "grpo_and_eval": seconds},
+        "train": step_stats(cell),
+    }
+
+
+def record(row: dict[str, Any]) -> None:
+    row = {**row, "commit": commit(), "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    (ROOT / OUT).mkdir(parents=True, exist_ok=True)
+    with open(ROOT / ROWS, "a") as f:
+        f.write(json.dumps(row, sort_keys=True) + "\n")
+    print(json.dumps(row))
+
+
+def table() -> None:
+    rows = [json.loads(line) for line in (ROOT / ROWS).read_text().splitlines() if line.strip()]
+    (ROOT / OUT / "calibration.json").write_text(json.dumps(rows, indent=1) + "\n")
+    lines = [
+        "# Organism calibration and positive-control attempts",
+        "",
+        "Produced by `python -m envace.stages.organism_calibration {sft,gate} NAME [overrides]` then `... table`",
+        "(rows: science/organism/runs.jsonl). Success = strict success on the real-environment validation split,",
+        "greedy; interval = 95% Wilson. Overrides are on top of `profile=organism`.",
+        "",
+        "## SFT calibration (target: 20-40% validation success)",
+        "",
+        "| run | overrides | val success | n | 95% CI | last-epoch SFT loss | SFT wall s | commit |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r["kind"] != "sft":
+            continue
+        val = r["val"]
+        loss = r.get("sft_loss") or sft_loss(ROOT / RUNS / r["name"] / METRICS / "sft" / "train.json")
+        lines.append(
+            f"| {r['name']} | `{' '.join(r['overrides'])}` | {val['success']:.3f} | {val['n']} | "
+            f"[{val['ci95'][0]:.3f}, {val['ci95'][1]:.3f}] | {loss} | {r['seconds'].get('sft', 0):.0f} | "
+            f"{r['commit']} |"
+        )
+    lines += [
+        "",
+        "## Positive control (grpo, real environment, from the SFT start; gate: >= +10 points in >= 4 of 5 seeds)",
+        "",
+        "| run | seed | overrides | val SFT | val after | delta (points) | steps | s/step | reward first->last "
+        "| commit |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r["kind"] != "gate":
+            continue
+        t = r.get("train", {})
+        lines.append(
+            f"| {r['name']} | {r['seed']} | `{' '.join(r['overrides'])}` | {r['val_sft']['success']:.3f} | "
+            f"{r['val_after']['success']:.3f} (n={r['val_after']['n']}) | {r['delta_points']:+.1f} | "
+            f"{t.get('steps', '')} | {t.get('s_per_step_median', '')} | "
+            f"{t.get('reward_first', '')}->{t.get('reward_last', '')} | {r['commit']} |"
+        )
+    probes = [r for r in rows if r["kind"] == "probe"]
+    if probes:
+        lines += ["", "## Probes", ""]
+        lines += [f"- {r['name']} ({r['commit']}): {r['note']}" for r in probes]
+    aborted = [r for r in rows if r["kind"] == "aborted"]
+    if aborted:
+        lines += ["", "## Stopped before the end", ""]
+        lines += [f"- {r['name']} (`{' '.join(r['overrides'])}`, {r['commit']}): {r['note']}" for r in aborted]
+    (ROOT / OUT / "calibration.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m envace.stages.organism_calibration", description=__doc__)
+    parser.add_argument("what", choices=["sft", "gate", "table"])
+    parser.add_argument("name", nargs="?")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    args = parser.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
+    if args.what == "table":
+        table()
+        return 0
+    if not args.name:
+        parser.error("give a run NAME")
+    if args.what == "sft":
+        record(run_sft(args.name, list(args.overrides)))
+    else:
+        record(run_gate(args.name, args.seed, list(args.overrides)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
