@@ -9,7 +9,9 @@ corpus is checked for its tool names, so the tokenizer learns nothing about it.
 
 Everything is a function of ``OrganismConfig``: the same config gives byte-identical tokenizer JSON
 and weights (the corpus comes from the seeded task generator, BPE training is deterministic, the
-weights from ``init_seed``). ``build_organism`` returns (model, tokenizer); ``save_organism`` writes
+weights from ``init_seed``). The corpus is built where the tool world and the prompt templating are
+visible, in the stage ``envace.stages.organism`` (this package sits below both); ``build_organism``
+turns config + corpus into (model, tokenizer); ``save_organism`` writes
 them with ``save_pretrained`` plus ``organism.json`` (config, parameter count, vocabulary, SHA-256 of
 the weights and of the tokenizer JSON). Every stage then loads the directory as ``model.kind=path``,
 like any HF model: the engine, rollout, reward, loss, evaluation and rehearsal code are the ones
@@ -24,7 +26,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,13 +36,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from envace.core.prompts import (
     CHATML_TOOL_TEMPLATE,
-    DEFAULT_ROLE_PROMPTS,
-    act_messages,
-    act_observation_messages,
-    sft_act_target,
-    sft_rehearse_target,
 )
-from envace.core.wire import as_result_object
 from envace.models.common import finish_model_and_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -89,79 +84,6 @@ class OrganismConfig:
         return cls(**values)
 
 
-def _renderer() -> PreTrainedTokenizerFast:
-    """A tokenizer used only to render chat text (the template is text-level: its vocabulary is irrelevant)."""
-    from envace.models.tiny import build_tiny_tokenizer
-
-    return build_tiny_tokenizer()
-
-
-def corpus_tasks(config: OrganismConfig) -> list[Any]:
-    """The generated TRAINING tasks the tokenizer learns from (never val/test, never the held-out domain)."""
-    from envace.envs.toolworld import generate_tasks
-
-    splits = generate_tasks(
-        seed=config.data_seed,
-        n_train=config.n_corpus_tasks,
-        n_val=config.n_val,
-        n_test=config.n_test,
-        held_out_domain=config.held_out_domain,
-    )
-    return list(splits["train"])
-
-
-def task_texts(task: Any, renderer: Any) -> Iterator[str]:
-    """The texts the engine shows the model for one task: the full gold ACT stream and every REHEARSE prompt
-    with its target."""
-    from envace.envs.toolworld import to_cm2_row
-    from envace.stages.template_prompts import row_prompts
-
-    tools = [dict(t) for t in task.tools]
-    row = to_cm2_row(task, include_state=True)
-    rehearse_targets = []
-    messages = act_messages(DEFAULT_ROLE_PROMPTS, task.system_prompt, task.user_turns[0])
-    responses = iter(m["content"] for m in row["messages"] if m["role"] == "tool")
-    for turn, user in enumerate(task.user_turns):
-        if turn:
-            messages.append({"role": "user", "content": user})
-        for step in task.gold_calls[turn]:
-            results = [json.loads(next(responses)) for _ in step]
-            messages.append({"role": "assistant", "content": sft_act_target(step)})
-            messages.extend(act_observation_messages(step, results))
-            rehearse_targets.extend(sft_rehearse_target(as_result_object(r)) for r in results)
-        messages.append({"role": "assistant", "content": sft_act_target((), task.gold_answers[turn])})
-    yield renderer.apply_chat_template(messages, tools=tools, tokenize=False)
-    for prompt in row_prompts(row, 0):
-        if prompt["role"] == "REHEARSE":
-            messages = prompt["messages"]
-            yield renderer.apply_chat_template(messages, tools=None, tokenize=False, add_generation_prompt=True)
-    yield from rehearse_targets
-
-
-def held_out_markers(config: OrganismConfig) -> list[str]:
-    """Strings that only the held-out domain's text contains (its tool names)."""
-    if config.held_out_domain is None:
-        return []
-    from envace.envs.toolworld import DOMAINS, get_domain
-
-    held = set(get_domain(config.held_out_domain).tool_names)
-    others = {t for d in DOMAINS if d != config.held_out_domain for t in get_domain(d).tool_names}
-    return sorted(held - others)
-
-
-def tokenizer_corpus(config: OrganismConfig) -> list[str]:
-    """The tokenizer's training text, in a fixed order; raises if any held-out-domain marker appears."""
-    renderer = _renderer()
-    corpus = [CHATML_TOOL_TEMPLATE]
-    for task in corpus_tasks(config):
-        corpus.extend(task_texts(task, renderer))
-    markers = held_out_markers(config)
-    leaked = sorted({m for m in markers for text in corpus if m in text})
-    if leaked:
-        raise RuntimeError(f"toolworld_lm corpus contains held-out domain text: {leaked}")
-    return corpus
-
-
 def train_tokenizer(corpus: list[str], config: OrganismConfig) -> PreTrainedTokenizerFast:
     """Byte-level BPE (any UTF-8 text round-trips) with ChatML special tokens and the tool template."""
     backend = Tokenizer(models.BPE())
@@ -199,9 +121,10 @@ def llama_config(config: OrganismConfig, tokenizer: PreTrainedTokenizerFast) -> 
     )
 
 
-def build_organism(config: OrganismConfig) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
-    """(model, tokenizer), deterministic in ``config``; the model in eval mode, float32."""
-    tokenizer = train_tokenizer(tokenizer_corpus(config), config)
+def build_organism(config: OrganismConfig, corpus: list[str]) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
+    """(model, tokenizer), deterministic in ``config`` and ``corpus`` (the tokenizer's training text, built
+    by ``envace.stages.organism.tokenizer_corpus``); the model in eval mode, float32."""
+    tokenizer = train_tokenizer(corpus, config)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.init_seed)
         model = LlamaForCausalLM(llama_config(config, tokenizer))
@@ -234,10 +157,10 @@ def describe(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, config:
     }
 
 
-def save_organism(config: OrganismConfig, directory: str | Path) -> dict[str, Any]:
+def save_organism(config: OrganismConfig, corpus: list[str], directory: str | Path) -> dict[str, Any]:
     """Build and ``save_pretrained`` model + tokenizer into ``directory``; returns (and writes) the manifest."""
     directory = Path(directory)
-    model, tokenizer = build_organism(config)
+    model, tokenizer = build_organism(config, corpus)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)

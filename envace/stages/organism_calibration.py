@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from envace.config.load import write_params
+
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = Path("data/organism/runs")
 OUT = Path("science/organism")
@@ -71,8 +73,6 @@ def _env() -> dict[str, str]:
 
 def prepare(name: str, overrides: list[str]) -> Path:
     """The run directory with its params.yaml (profile=organism, the organism's absolute path, overrides)."""
-    from envace.config import write_params
-
     run = (ROOT / RUNS / name).resolve()
     run.mkdir(parents=True, exist_ok=True)
     model = (ROOT / "data/organism/toolworld_lm").resolve()

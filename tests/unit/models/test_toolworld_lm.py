@@ -14,31 +14,33 @@ from envace.models.toolworld_lm import (
     MANIFEST,
     OrganismConfig,
     build_organism,
-    corpus_tasks,
-    held_out_markers,
     save_organism,
-    task_texts,
-    tokenizer_corpus,
     tokenizer_sha256,
     weights_sha256,
 )
 from envace.stages import organism as organism_stage
+from envace.stages.organism import corpus_tasks, held_out_markers, task_texts, tokenizer_corpus
 
 # a small corpus keeps the tests fast; the shape is the default organism's
 SMALL = OrganismConfig(n_corpus_tasks=40, n_val=10, n_test=20, vocab_size=1024)
 
 
 @pytest.fixture(scope="module")
-def built():
-    return build_organism(SMALL)
+def corpus():
+    return tokenizer_corpus(SMALL)
+
+
+@pytest.fixture(scope="module")
+def built(corpus):
+    return build_organism(SMALL, corpus)
 
 
 def test_same_config_gives_identical_tokenizer_and_weights(built):
     model, tokenizer = built
-    again_model, again_tokenizer = build_organism(SMALL)
+    again_model, again_tokenizer = build_organism(SMALL, tokenizer_corpus(SMALL))
     assert tokenizer.backend_tokenizer.to_str() == again_tokenizer.backend_tokenizer.to_str()
     assert weights_sha256(model) == weights_sha256(again_model)
-    other, _ = build_organism(dataclasses.replace(SMALL, init_seed=1))
+    other, _ = build_organism(dataclasses.replace(SMALL, init_seed=1), tokenizer_corpus(SMALL))
     assert weights_sha256(other) != weights_sha256(model)
 
 
@@ -71,7 +73,7 @@ def test_chat_template_renders_tools_and_tool_calls(built):
 
 
 def test_default_organism_size():
-    model, tokenizer = build_organism(OrganismConfig())
+    model, tokenizer = build_organism(OrganismConfig(), tokenizer_corpus(OrganismConfig()))
     n = sum(p.numel() for p in model.parameters())
     assert 1_000_000 <= n <= 4_000_000
     assert 1500 <= len(tokenizer) <= OrganismConfig().vocab_size
@@ -87,8 +89,8 @@ def test_held_out_domain_never_in_the_corpus():
     assert any(t.domain == SMALL.held_out_domain for t in test["test"])
 
 
-def test_saved_organism_loads_through_the_model_loader(tmp_path, built):
-    manifest = save_organism(SMALL, tmp_path / "org")
+def test_saved_organism_loads_through_the_model_loader(tmp_path, built, corpus):
+    manifest = save_organism(SMALL, corpus, tmp_path / "org")
     assert json.loads((tmp_path / "org" / MANIFEST).read_text()) == manifest
     model, tokenizer = load_model_and_tokenizer(ModelSpec(kind="path", path=str(tmp_path / "org")))
     assert weights_sha256(model) == manifest["weights_sha256"] == weights_sha256(built[0])
