@@ -188,6 +188,31 @@ def write_params(
     return out
 
 
+def group_switch(group: str, option: str, current: str, conf_dir: Path | str = CONF_DIR) -> list[str]:
+    """The ``key=value`` overrides that turn a composed config's ``group`` from option ``current`` into
+    ``option``: every key whose value differs between the two option files (``algo``: ``envace`` to
+    ``grpo`` gives ``algo.name=grpo`` and ``algo.baseline=trajectory_mean``). What a profile set on top of
+    the group stays, so a composed params.yaml can change group without recomposition."""
+    files = {name: Path(conf_dir) / group / f"{name}.yaml" for name in (option, current)}
+    for name, path in files.items():
+        if not path.exists():
+            valid = sorted(p.stem for p in (Path(conf_dir) / group).glob("*.yaml"))
+            raise ConfigError(f"config group {group!r} has no option {name!r} ({path}); valid: {valid}")
+    target, start = (OmegaConf.to_container(OmegaConf.load(files[name])) for name in (option, current))
+    return [f"{group}.{k}={_override_value(v)}" for k, v in target.items() if k != "defaults" and start.get(k) != v]
+
+
+def _override_value(value: Any) -> str:
+    """A value as Hydra/OmegaConf dot-list syntax reads it back (lists and nulls included)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ",".join(_override_value(v) for v in value) + "]"
+    return str(value)
+
+
 def _is_group_override(item: str) -> bool:
     key = item.split("=", 1)[0].lstrip("+~")
     return key in GROUPS and "." not in key

@@ -51,7 +51,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from envace.config.load import PARAMS_FILE, load_params, to_plain, typed_config
+from envace.config.load import PARAMS_FILE, group_switch, load_params, to_plain, typed_config
 from envace.config.schema import Config
 from envace.reporting.metrics_files import DETAILS_SUFFIX
 from envace.reporting.science import aggregate
@@ -191,7 +191,8 @@ def part_overrides(cfg: DictConfig, part: str, variant: str | None = None, seed:
     if part == "cell":
         train = [
             *cell,
-            f"algo.name={variant}",
+            # the variant's whole algo group (grpo: its trajectory_mean baseline too), not only its name
+            *group_switch("algo", variant, to_plain(cfg.algo.name)),
             f"train.steps={s.steps}",
             f"train.fidelity_every={s.fidelity_every}",
             *_into(s, f"cells/{name}"),

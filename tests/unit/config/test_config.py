@@ -13,7 +13,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from envace.config.enums import AlgoName, Benchmark, JudgeName
-from envace.config.load import ConfigError, compose, flatten, load_params, to_plain, write_params
+from envace.config.load import ConfigError, compose, flatten, group_switch, load_params, to_plain, write_params
 from envace.config.schema import GROUPS, SuitesConfig
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
@@ -198,3 +198,10 @@ def test_flatten_gives_plain_dotted_params():
     assert flat["algo.name"] == "envace" and flat["rollout.samples_per_prompt"] == 2
     assert flat["rehearsal.n_attempts"] == [0, 1, 2, 3]
     assert all(not OmegaConf.is_config(v) for v in flat.values())
+
+
+def test_group_switch_gives_the_differing_keys_of_two_options():
+    assert group_switch("algo", "grpo", "envace") == ["algo.name=grpo", "algo.baseline=trajectory_mean"]
+    assert group_switch("algo", "envace", "envace") == []
+    with pytest.raises(ConfigError, match=r"no option 'gpro'.*valid: \['envace'"):
+        group_switch("algo", "gpro", "envace")

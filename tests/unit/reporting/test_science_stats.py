@@ -91,8 +91,14 @@ def test_cells_share_data_and_start_but_not_outputs():
             assert f"data.seed={s.data_seed}" in overrides and f"seed={seed}" in overrides
             assert f"model.path={s.dir}/sft/final/policy" in overrides and "train.sft_epochs=0" in overrides
             assert f"paths.checkpoints={s.dir}/cells/{cell_name(variant, seed)}/checkpoints" in overrides
-        assert f"algo.name={variant}" in train and f"train.steps={s.steps}" in train
+        assert f"algo.name={variant}" in train or variant == cfg.algo.name
+        assert f"train.steps={s.steps}" in train
         assert "eval.compare_base=false" in evaluate
+    # a cell selects the variant's config group, so grpo gets its own baseline, not the profile's envace one
+    (grpo_train, _) = runs[("grpo", 0)]
+    assert "algo.name=grpo" in grpo_train and "algo.baseline=trajectory_mean" in grpo_train
+    composed = compose(["profile=cpu", *grpo_train]).algo
+    assert composed == compose(["profile=cpu", "algo=grpo"]).algo
     (sft_eval,) = part_overrides(cfg, "sft_eval")
     assert "eval.compare_base=true" in sft_eval and f"paths.checkpoints={s.dir}/sft" in sft_eval
 
