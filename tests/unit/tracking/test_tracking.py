@@ -516,7 +516,7 @@ def test_the_local_engine_exposes_each_steps_rollouts_without_changing_training(
 
 @pytest.fixture(scope="module")
 def guided_tiny_world():
-    from envace.engines import episode_spec_from_task
+    from envace.data.specs import episode_spec_from_task
     from envace.envs.toolworld import ToolWorldEnv
 
     env = ToolWorldEnv()
