@@ -243,7 +243,7 @@ class EvalConfig:
 class RehearsalSweepConfig:
     benchmarks: List[Benchmark] = field(default_factory=lambda: [Benchmark.toolworld])
     split: str = "test"  # default split; eval.suites.<benchmark>.split overrides it per benchmark
-    n_attempts: List[int] = field(default_factory=lambda: [0, 1, 2, 3])
+    n_attempts_grid: List[int] = field(default_factory=lambda: [0, 1, 2, 3])
     modes: List[RehearsalMode] = field(default_factory=lambda: [RehearsalMode.parallel, RehearsalMode.sequential])
     max_n_by_mode: Dict[str, int] = field(default_factory=dict)  # per-mode cap on N, e.g. {sequential: 2}
     rehearsers: List[Rehearser] = field(default_factory=lambda: [Rehearser.trained, Rehearser.base, Rehearser.oracle])
@@ -292,11 +292,11 @@ class ScienceConfig:
     gold_fidelity_tasks: int = MISSING
     sft_threads: int = MISSING
     testtime_variant: AlgoName = MISSING
-    testtime_n_attempts: List[int] = MISSING
+    testtime_n_attempts_grid: List[int] = MISSING
     testtime_modes: List[RehearsalMode] = MISSING
     testtime_max_n_by_mode: Dict[str, int] = field(default_factory=dict)
     testtime_n_tasks: int = MISSING
-    testtime_other_seeds_n_attempts: List[int] = MISSING
+    testtime_other_seeds_n_attempts_grid: List[int] = MISSING
     bootstrap_resamples: int = MISSING
     primary: PrimaryFamilyConfig = field(default_factory=PrimaryFamilyConfig)
 
