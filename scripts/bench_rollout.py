@@ -30,17 +30,13 @@ import torch
 
 from envace.core.prompts import ChatFormatter
 from envace.core.records import Role
-from envace.engines import episode_spec_from_task
-from envace.engines.local import (
-    DecodeGuide,
-    ResponseSource,
-    RolloutConfig,
-    RolloutRunner,
-)
+from envace.data.specs import episode_spec_from_task
+from envace.engines.local import ResponseSource, RolloutConfig, RolloutRunner
 from envace.engines.local.sft import gold_guide
 from envace.envs.toolworld import ToolWorldEnv
 from envace.models import ModelSpec, load_model_and_tokenizer
 from envace.runtime.attention import use_gqa_attention
+from envace.runtime.decode import DecodeGuide
 
 logger = logging.getLogger("bench_rollout")
 

@@ -66,14 +66,15 @@ import torch
 
 from envace.core.prompts import ChatFormatter
 from envace.core.records import Role
-from envace.engines import episode_spec_from_task
-from envace.engines.local import DecodeGuide, LocalEngine, LocalEngineConfig, OptimConfig, RolloutConfig, SFTConfig
+from envace.data.specs import episode_spec_from_task
+from envace.engines.local import LocalEngine, LocalEngineConfig, OptimConfig, RolloutConfig, SFTConfig
 from envace.engines.local.engine import step_examples
 from envace.engines.local.rollout import ResponseSource, RolloutRunner
 from envace.engines.local.sft import gold_targets
 from envace.envs.toolworld import ToolWorldEnv
 from envace.models import ModelSpec, load_model_and_tokenizer
 from envace.runtime.attention import use_gqa_attention
+from envace.runtime.decode import DecodeGuide
 from envace.runtime.gemm import FP32_LINEARS
 from envace.runtime.precision import cpu_has_bf16, cpu_model, resolve_precision
 from envace.utils.malloc import ALLOCATORS, allocator_choice, allocator_env, running_allocator

@@ -17,7 +17,7 @@ import importlib.util
 import statistics
 from pathlib import Path
 
-from envace.engines import episode_spec_from_task
+from envace.data.specs import episode_spec_from_task
 from envace.envs.toolworld import ToolWorldExecutor, generate_tasks
 
 TEST_MODULE = Path(__file__).resolve().parents[1] / "tests" / "unit" / "envs" / "test_toolworld_scoring.py"

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from envace.core.records import Role
-from envace.engines import episode_spec_from_task, executor_factory_for, get_engine
+from envace.data.specs import episode_spec_from_task, executor_factory_for
+from envace.engines import get_engine
 from envace.engines.local import (
     LocalEngineConfig,
     OptimConfig,

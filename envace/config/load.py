@@ -62,15 +62,28 @@ def register_schemas() -> None:
 register_schemas()
 
 
+# keys that were renamed: old dotted key -> new one (an old key still fails, and its message names the new one)
+RENAMED_KEYS = {
+    "rehearsal.n_attempts": "rehearsal.n_attempts_grid",
+    "science.testtime_n_attempts": "science.testtime_n_attempts_grid",
+    "science.testtime_other_seeds_n_attempts": "science.testtime_other_seeds_n_attempts_grid",
+}
+
+
 def _explain(exc: BaseException) -> str:
-    """Hydra wraps OmegaConf's precise message (key, valid values) as the cause: show the whole chain."""
+    """Hydra wraps OmegaConf's precise message (key, valid values) as the cause: show the whole chain, and name
+    the new key where the failing key is one ``RENAMED_KEYS`` lists."""
     parts: list[str] = []
     while exc is not None:
         text = str(exc).strip()
         if text and text not in parts:
             parts.append(text)
         exc = exc.__cause__
-    return "\n".join(parts)
+    message = "\n".join(parts)
+    renamed = [
+        f"{old} is now {new}" for old, new in RENAMED_KEYS.items() if re.search(rf"\b{re.escape(old)}\b(?!_)", message)
+    ]
+    return "\n".join([message, *renamed])
 
 
 def validate_config(cfg: DictConfig) -> DictConfig:
@@ -127,14 +140,14 @@ def _check_rehearsal_grid(rehearsal: RehearsalSweepConfig, seed: int) -> None:
     ``RehearsalConfig`` holds the rules (N >= 0, temperatures >= 0, no parallel cell with N > 1 at
     ``rehearsal.act_temperature`` 0, which would run N identical attempts)."""
     modes = [to_plain(m) for m in rehearsal.modes]
-    for n in sorted(rehearsal.n_attempts):
+    for n in sorted(rehearsal.n_attempts_grid):
         for mode in modes or [None]:
             try:
                 rehearsal_config(rehearsal, seed, n, mode)
             except ValueError as exc:
                 raise ConfigError(
-                    f"{exc} (the sweep's cell n_attempts={n}, mode={mode}; rehearsal.n_attempts="
-                    f"{list(rehearsal.n_attempts)}, rehearsal.modes={modes})"
+                    f"{exc} (the sweep's cell n_attempts={n}, mode={mode}; rehearsal.n_attempts_grid="
+                    f"{list(rehearsal.n_attempts_grid)}, rehearsal.modes={modes})"
                 ) from exc
 
 
@@ -145,7 +158,7 @@ def rehearsal_config(
     one cell: ``n_attempts`` attempts in ``mode`` (None: ``RehearsalConfig``'s default; irrelevant for N=0).
     Every field the two share by name is taken from the section — one conversion, no field copied by hand."""
     shared = {f.name for f in fields(RehearsalConfig)} & {f.name for f in fields(rehearsal)}
-    values = {name: getattr(rehearsal, name) for name in sorted(shared - {"n_attempts", "mode", "seed"})}
+    values = {name: getattr(rehearsal, name) for name in sorted(shared)}
     if mode is not None:
         values["mode"] = to_plain(mode)
     return RehearsalConfig(n_attempts=int(n_attempts), seed=int(seed), **values)

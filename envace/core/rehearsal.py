@@ -78,9 +78,10 @@ class Summarizer(str, enum.Enum):
 class RehearsalConfig:
     """How one task is rehearsed. ``n_attempts=0`` is plain evaluation (no rehearsal, no memory).
 
-    The defaults are conf/rehearsal/default.yaml's (``envace.config.load.rehearsal_config`` builds this from a
-    loaded config). Refused at construction, and only here (the config loader and the sweep build one per
-    cell to check it): ``n_attempts < 0``, ``max_steps_per_turn < 1``, negative temperatures and
+    The pipeline builds it from the config with every shared field set (``envace.config.load.rehearsal_config``);
+    the defaults serve code that builds one by hand and equal conf/rehearsal/default.yaml's values (tested in
+    tests/unit/config/test_schema_defaults.py). Refused at construction, and only here (the config loader and the
+    sweep build one per cell to check it): ``n_attempts < 0``, ``max_steps_per_turn < 1``, negative temperatures and
     ``mode=parallel`` with ``n_attempts > 1`` at ``act_temperature == 0`` (N identical attempts; see the
     module docstring).
     """

@@ -4,7 +4,7 @@
 ``cm2_row_to_episode_spec`` validates the row again (``envace.data.cm2_schema.check_row``), so a raw row
 from anywhere can be passed, and returns a ``Cm2Episode`` (the row's recorded exchanges and checklist
 variant); ``to_engine_spec`` converts it into the one ``envace.core.records.EpisodeSpec`` every engine
-consumes (the tool world produces the same record: ``envace.engines.episode_spec_from_task``).
+consumes (the tool world produces the same record: ``envace.data.specs.episode_spec_from_task``).
 """
 
 from __future__ import annotations

@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 
+from envace.engines.update import KL_TYPE, LOSS_AGG_MODE
+
 DEFAULT_CLIP_RATIO = 0.2
-DEFAULT_KL_TYPE = "low_var_kl"
 LOG_RATIO_LIMIT = 20.0  # log-ratios are clamped to ±this before exp, so that e^x never overflows
 KL_LIMIT = 10.0  # low_var_kl values are clamped to ±this
 MEAN_EPS = 1e-8  # added to token counts in means, so that an empty mask gives 0, not NaN
@@ -220,8 +221,8 @@ def compute_policy_loss(
     clip_ratio_c: float = 3.0,
     kl_coef: float = 0.0,
     ref_log_probs: torch.Tensor | None = None,
-    kl_type: str = DEFAULT_KL_TYPE,
-    loss_agg_mode: str = "token-mean",
+    kl_type: str = KL_TYPE,
+    loss_agg_mode: str = LOSS_AGG_MODE,
     global_batch_info: Mapping[str, Any] | None = None,
 ) -> LossOutput:
     """Clipped PPO/GRPO loss with optional KL to a reference policy (verl's formulas, see the module doc).

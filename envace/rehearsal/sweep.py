@@ -122,7 +122,7 @@ def is_oracle(rehearser: Any) -> bool:
 
 
 def _cells(
-    n_values: Sequence[int],
+    n_attempts_grid: Sequence[int],
     modes: Sequence[str],
     rehearsers: Sequence[str],
     max_n_by_mode: Mapping[str, int] | None = None,
@@ -140,8 +140,8 @@ def _cells(
             ", ".join(idle),
             ", ".join(swept) or "none",
         )
-    grid: list[tuple[int, str, str, str | None]] = [(0, NONE, NONE, None)] if 0 in n_values else []
-    for n in sorted({n for n in n_values if n != 0}):
+    grid: list[tuple[int, str, str, str | None]] = [(0, NONE, NONE, None)] if 0 in n_attempts_grid else []
+    for n in sorted({n for n in n_attempts_grid if n != 0}):
         kept = [mode for mode in swept if n <= caps.get(mode, n)]
         for i, mode in enumerate(kept):
             source = kept[0] if n == 1 and i > 0 else None
@@ -153,7 +153,7 @@ def run_rehearsal_sweep(
     adapter: BenchmarkAdapter,
     actor: ChatBackend,
     rehearsers: Mapping[str, ChatBackend | OracleRehearser],
-    n_values: Sequence[int],
+    n_attempts_grid: Sequence[int],
     modes: Sequence[str],
     tasks: Sequence[Task],
     settings: RehearsalSettings | None = None,
@@ -173,12 +173,12 @@ def run_rehearsal_sweep(
     answer a request an earlier cell already generated from that cell's output (False: every cell
     generates all of its requests itself)."""
     settings = settings or RehearsalSettings()
-    if any(n != 0 for n in n_values) and (not rehearsers or not modes):
+    if any(n != 0 for n in n_attempts_grid) and (not rehearsers or not modes):
         raise ValueError("run_rehearsal_sweep: N > 0 needs at least one rehearser and one mode")
     base = settings.config
     grid = [
         (n, mode, name, source, replace(base, n_attempts=n, mode=base.mode if mode == NONE else mode))
-        for n, mode, name, source in _cells(n_values, modes, list(rehearsers), max_n_by_mode)
+        for n, mode, name, source in _cells(n_attempts_grid, modes, list(rehearsers), max_n_by_mode)
     ]  # every cell's config is checked (RehearsalConfig.__post_init__) before the first cell runs
     reuse = GenerationReuse() if reuse_generations else None
     if reuse is not None:

@@ -147,7 +147,7 @@ def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
                 adapter,
                 actor,
                 rehearsers,
-                list(r.n_attempts),
+                list(r.n_attempts_grid),
                 to_plain(r.modes),
                 tasks,
                 rehearsal_settings(cfg),

@@ -106,7 +106,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "template_prompts": ("rollout.max_prompt_tokens=4096",),
     "train": ("train.steps=4 train.checkpoint_every=1", "algo.lr=1e-5 rollout.samples_per_prompt=2"),
     "evaluate": ("eval.benchmark=toolworld eval.n_tasks=2", "eval.compare_base=false"),
-    "rehearsal_sweep": ("rehearsal.n_tasks=1 'rehearsal.n_attempts=[0,2]'",),
+    "rehearsal_sweep": ("rehearsal.n_tasks=1 'rehearsal.n_attempts_grid=[0,2]'",),
     "report": ("paths.reports=/tmp/envace-reports",),
 }
 

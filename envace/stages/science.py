@@ -16,9 +16,9 @@ matrix's data, checkpoints and metrics in their own places (``science.*`` in con
   The cell's evaluation scores REHEARSE on the oracle's calls (``science.gold_fidelity_tasks``), not on
   the model's own calls (that pass costs ~6 min of a core per cell; the training probe covers it);
 - ``testtime --seed K``: the rehearsal sweep on the ``science.testtime_variant`` cell of seed K with the
-  trained rehearser: N in ``testtime_n_attempts`` × ``testtime_modes`` for the first seed (N=0 included,
+  trained rehearser: N in ``testtime_n_attempts_grid`` × ``testtime_modes`` for the first seed (N=0 included,
   the shared baseline; each mode's N capped by ``testtime_max_n_by_mode``), N in
-  ``testtime_other_seeds_n_attempts`` (parallel) for the others;
+  ``testtime_other_seeds_n_attempts_grid`` (parallel) for the others;
 - ``testtime_base``: the first seed's grid with the ``base`` rehearser (the SFT checkpoint, the policy
   before RL) at every N > 0 — a stage of its own so that two workers share that seed's grid; its files go
   to ``<science.metrics>/base_rehearser/testtime/<cell>/`` and the aggregate folds them into the seed's
@@ -139,11 +139,11 @@ def _eval(s: DictConfig, sft_eval: bool) -> list[str]:
 
 def base_attempts(s: DictConfig) -> list[int]:
     """The N of ``testtime_base``: the first seed's grid without N=0."""
-    attempts = [int(n) for n in to_plain(s.testtime_n_attempts) if int(n) != 0]
+    attempts = [int(n) for n in to_plain(s.testtime_n_attempts_grid) if int(n) != 0]
     if not attempts:
         raise ValueError(
-            "science testtime_base: science.testtime_n_attempts has no N > 0, so there is nothing to rehearse "
-            "with the base model; add one (e.g. science.testtime_n_attempts=[0,2]) or skip this stage"
+            "science testtime_base: science.testtime_n_attempts_grid has no N > 0, so there is nothing to rehearse "
+            "with the base model; add one (e.g. science.testtime_n_attempts_grid=[0,2]) or skip this stage"
         )
     return attempts
 
@@ -212,7 +212,7 @@ def part_overrides(cfg: DictConfig, part: str, variant: str | None = None, seed:
             attempts, rehearser, into = base_attempts(s), "base", f"{BASE_REHEARSER_DIR}/testtime/{name}"
             rehearsal_dir = f"{s.dir}/testtime_base/{name}"
         else:
-            attempts = to_plain(s.testtime_n_attempts if first else s.testtime_other_seeds_n_attempts)
+            attempts = to_plain(s.testtime_n_attempts_grid if first else s.testtime_other_seeds_n_attempts_grid)
             rehearser, into, rehearsal_dir = "trained", f"testtime/{name}", f"{s.dir}/testtime/{name}"
         modes = to_plain(s.testtime_modes) if first else ["parallel"]
         # merged onto params.yaml's rehearsal.max_n_by_mode (a YAML flow mapping: "mode: N", with the space)
@@ -225,7 +225,7 @@ def part_overrides(cfg: DictConfig, part: str, variant: str | None = None, seed:
                 "rehearsal.benchmarks=[toolworld]",
                 "rehearsal.split=test",
                 f"rehearsal.n_tasks={s.testtime_n_tasks}",
-                f"rehearsal.n_attempts=[{','.join(map(str, attempts))}]",
+                f"rehearsal.n_attempts_grid=[{','.join(map(str, attempts))}]",
                 f"rehearsal.modes=[{','.join(modes)}]",
                 *(cap_overrides if caps else []),
                 f"rehearsal.rehearsers=[{rehearser}]",

@@ -30,7 +30,8 @@ import pandas as pd
 
 from envace.config.load import flatten, to_plain
 from envace.config.schema import Config
-from envace.engines import get_engine, training_curves
+from envace.core.curves import training_curves
+from envace.engines import get_engine
 from envace.envs.data_sources import data_source
 from envace.inference.preflight import preflight
 from envace.stages.common import BASELINE_DIR, MANIFEST

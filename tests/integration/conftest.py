@@ -8,7 +8,7 @@ import pytest
 
 from envace.core.prompts import ChatFormatter
 from envace.core.records import Role
-from envace.engines import episode_spec_from_task
+from envace.data.specs import episode_spec_from_task
 from envace.engines.local.sft import gold_guide
 from envace.envs.toolworld import ToolWorldEnv
 from envace.models import ModelSpec, load_model_and_tokenizer

@@ -28,7 +28,9 @@ import torch
 torch.set_num_threads(1)
 from envace.core.prompts import ChatFormatter
 from envace.core.records import Role, TrajectoryStatus
-from envace.engines import RewardOutcome, episode_spec_from_task, executor_factory_for, get_engine
+from envace.core.reward import RewardOutcome
+from envace.data.specs import episode_spec_from_task, executor_factory_for
+from envace.engines import get_engine
 from envace.engines.local import LocalEngineConfig, OptimConfig, RolloutConfig
 from envace.engines.local.sft import gold_guide
 from envace.envs.toolworld import ToolWorldEnv

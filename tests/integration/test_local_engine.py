@@ -18,11 +18,9 @@ import pytest
 import torch
 
 from envace.core.records import TrajectoryStatus
-from envace.engines import (
-    RewardOutcome,
-    executor_factory_for,
-    get_engine,
-)
+from envace.core.reward import RewardOutcome
+from envace.data.specs import executor_factory_for
+from envace.engines import get_engine
 from envace.engines.local import (
     LocalEngineConfig,
     OptimConfig,

@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from envace.engines import executor_factory_for, get_engine
+from envace.data.specs import executor_factory_for
+from envace.engines import get_engine
 from envace.engines.local import LocalEngineConfig, OptimConfig, RolloutConfig
 from envace.evaluation import ActLoopConfig, get_benchmark, oracle_probe_set
 from envace.models import ModelSpec

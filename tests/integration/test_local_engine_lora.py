@@ -15,7 +15,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from envace.core.records import TrajectoryStatus
-from envace.engines import RewardOutcome, executor_factory_for, get_engine
+from envace.core.reward import RewardOutcome
+from envace.data.specs import executor_factory_for
+from envace.engines import get_engine
 from envace.engines.local import LocalEngineConfig, OptimConfig, RolloutConfig
 from envace.engines.local.checkpoint import load_latest
 from envace.engines.local.lora import adapter_keys

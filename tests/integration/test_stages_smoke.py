@@ -139,7 +139,7 @@ def test_rehearsal_sweep_covers_the_grid(chain):
     keyed = metrics["rehearsal_sweep"]["cells"]  # keyed by cell name, e.g. toolworld/parallel/n1/trained
     assert all(name == f"{c['benchmark']}/{c['mode']}/n{c['n_attempts']}/{c['rehearser']}" for name, c in keyed.items())
     cells = list(keyed.values())
-    n_positive = sum(1 for n in cfg.rehearsal.n_attempts if n > 0)
+    n_positive = sum(1 for n in cfg.rehearsal.n_attempts_grid if n > 0)
     assert len(cells) == 1 + n_positive * len(cfg.rehearsal.modes) * len(cfg.rehearsal.rehearsers)
     assert {(c["mode"], c["rehearser"]) for c in cells if c["n_attempts"]} == {
         (m, r) for m in ("parallel", "sequential") for r in ("trained", "base", "oracle")

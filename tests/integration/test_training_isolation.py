@@ -19,7 +19,8 @@ import torch
 
 from envace.core.records import ToolCall
 from envace.core.unknown_tool import UNKNOWN_TOOL
-from envace.engines import executor_factory_for, get_engine
+from envace.data.specs import executor_factory_for
+from envace.engines import get_engine
 from envace.engines.local import (
     LocalEngineConfig,
     OptimConfig,

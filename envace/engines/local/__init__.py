@@ -1,6 +1,8 @@
-"""The local engine (HF transformers + torch; CPU or one GPU): rollouts, role-wise GRPO, SFT, checkpoints."""
+"""The local engine (HF transformers + torch; CPU or one GPU): rollouts, role-wise GRPO, SFT, checkpoints.
 
-from envace.core.seeds import derive_seed
+The decoding guide and output keys live in ``envace.runtime.decode``, seeds in ``envace.core.seeds``.
+"""
+
 from envace.engines.local.config import (
     LocalEngineConfig,
     OptimConfig,
@@ -10,19 +12,15 @@ from envace.engines.local.config import (
 from envace.engines.local.engine import LocalEngine, step_examples
 from envace.engines.local.rollout import RolloutRunner
 from envace.engines.local.rollout_records import ResponseSource, RolloutBatch
-from envace.runtime.decode import DecodeGuide, OutputKey
 
 __all__ = [
-    "DecodeGuide",
     "LocalEngine",
     "LocalEngineConfig",
     "OptimConfig",
-    "OutputKey",
     "ResponseSource",
     "RolloutBatch",
     "RolloutConfig",
     "RolloutRunner",
     "SFTConfig",
-    "derive_seed",
     "step_examples",
 ]

@@ -1,5 +1,10 @@
 """Typed configuration of the local engine (plain frozen dataclasses; the pipeline builds them from Hydra).
 
+The train stage passes every value conf/ holds (``envace.stages.train_setup.local_engine_config``); a default
+here serves code that builds a config by hand and, where conf/ has the key, equals the default group file's
+value (tests/unit/config/test_schema_defaults.py). The update's settings conf/ does not expose come from
+``envace.engines.update``, shared with verl.
+
 Defaults follow docs/method.md §7-§8 where it fixes a value (clip 0.2, token-mean, grad-clip 1.0, AdamW, constant LR,
 low_var_kl, K = 4, output-mean baseline, no std normalisation); sizes default to CPU scale.
 """
@@ -11,6 +16,7 @@ from dataclasses import dataclass, field
 from envace.core.records import Role
 from envace.core.rollout_budget import RolloutBudget
 from envace.engines.lora import LoraSpec
+from envace.engines.update import LOSS_AGG_MODE, WEIGHT_DECAY
 from envace.models import ModelSpec
 
 
@@ -37,12 +43,12 @@ class OptimConfig:
     """The update: clipped policy loss, optional KL to a frozen reference, AdamW with constant LR."""
 
     lr: float = 1e-5
-    weight_decay: float = 0.0
+    weight_decay: float = WEIGHT_DECAY
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     clip_ratio: float = 0.2
     kl_coef: float = 0.0  # > 0 loads a frozen reference copy and adds low_var_kl
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: str = LOSS_AGG_MODE
     grad_clip: float = 1.0
     ppo_epochs: int = 1
     mini_batch_streams: int = 0  # streams per optimiser step within an epoch; 0 = all in one

@@ -69,6 +69,7 @@ from envace.core.records import Role
 from envace.core.rollout_budget import budget_values
 from envace.engines.base import get_variant
 from envace.engines.lora import lora_spec
+from envace.engines.update import KL_TYPE, LOSS_AGG_MODE, WEIGHT_DECAY
 from envace.engines.verl.advantages import VERL_GRPO_NAME, VERL_ROLEWISE_NAME
 from envace.engines.verl.settings import AGENT_LOOP_NAME, SETTINGS_NODE, TRAINER_MODE, EndpointSettings, LoopSettings
 from envace.envs.data_sources import DATA_SOURCES, data_source
@@ -246,19 +247,19 @@ def _actor(cfg: Config, model_path: str) -> dict[str, Any]:
         "actor_rollout_ref.model.enable_gradient_checkpointing": True,
         "actor_rollout_ref.model.use_remove_padding": True,
         prefix + "optim.lr": algo.lr,
-        prefix + "optim.weight_decay": 0.0,
+        prefix + "optim.weight_decay": WEIGHT_DECAY,
         prefix + "optim.clip_grad": algo.grad_clip,
         prefix + "grad_clip": algo.grad_clip,
         prefix + "optim.lr_scheduler_type": "constant",
         prefix + "optim.lr_warmup_steps": 0,
         prefix + "clip_ratio": algo.clip_ratio,
         prefix + "ppo_epochs": algo.ppo_epochs,
-        prefix + "loss_agg_mode": "token-mean",
+        prefix + "loss_agg_mode": LOSS_AGG_MODE,
         prefix + "entropy_coeff": 0.0,
         prefix + "policy_loss.loss_mode": "vanilla",
         prefix + "use_kl_loss": algo.kl_coef > 0,
         prefix + "kl_loss_coef": algo.kl_coef,
-        prefix + "kl_loss_type": "low_var_kl",
+        prefix + "kl_loss_type": KL_TYPE,
         prefix + "use_dynamic_bsz": True,
         prefix + "ppo_max_token_len_per_gpu": int(max_tokens),
         prefix + "ppo_mini_batch_size": rollout.prompts_per_step * rows_per_trajectory(algo.name.value),

@@ -3,6 +3,7 @@ bad types and bad enumerated values fail naming the key; params.yaml matches con
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,16 @@ import yaml
 from omegaconf import OmegaConf
 
 from envace.config.enums import AlgoName, Benchmark, JudgeName
-from envace.config.load import ConfigError, compose, flatten, group_switch, load_params, to_plain, write_params
+from envace.config.load import (
+    RENAMED_KEYS,
+    ConfigError,
+    compose,
+    flatten,
+    group_switch,
+    load_params,
+    to_plain,
+    write_params,
+)
 from envace.config.schema import GROUPS, SuitesConfig
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
@@ -56,7 +66,7 @@ def test_default_is_the_cpu_profile_with_smollm2_on_the_tool_world():
     assert cfg.train.sft_epochs > 0 and 5 <= cfg.train.steps <= 60  # sized to finish in < 1 h on 2 cores
     # a result with intervals: the trained model vs its SFT'd start on >= 30 test tasks, a sweep on >= 10
     assert cfg.data.n_test >= 30 and to_plain(cfg.eval.baseline) in ("auto", "sft")
-    assert cfg.rehearsal.n_tasks >= 10 and list(cfg.rehearsal.n_attempts) == [0, 1, 2]
+    assert cfg.rehearsal.n_tasks >= 10 and list(cfg.rehearsal.n_attempts_grid) == [0, 1, 2]
 
 
 def test_profiles_set_model_and_sizes():
@@ -196,7 +206,7 @@ def test_load_params_applies_dotlist_overrides_and_refuses_group_selections(tmp_
 def test_flatten_gives_plain_dotted_params():
     flat = flatten(compose(["profile=smoke"]))
     assert flat["algo.name"] == "envace" and flat["rollout.samples_per_prompt"] == 2
-    assert flat["rehearsal.n_attempts"] == [0, 1, 2, 3]
+    assert flat["rehearsal.n_attempts_grid"] == [0, 1, 2, 3]
     assert all(not OmegaConf.is_config(v) for v in flat.values())
 
 
@@ -205,3 +215,9 @@ def test_group_switch_gives_the_differing_keys_of_two_options():
     assert group_switch("algo", "envace", "envace") == []
     with pytest.raises(ConfigError, match=r"no option 'gpro'.*valid: \['envace'"):
         group_switch("algo", "gpro", "envace")
+
+
+@pytest.mark.parametrize("old", sorted(RENAMED_KEYS))
+def test_a_renamed_key_fails_naming_its_new_name(old):
+    with pytest.raises(ConfigError, match=rf"{re.escape(old)} is now {re.escape(RENAMED_KEYS[old])}"):
+        compose([f"{old}=[0,2]"])

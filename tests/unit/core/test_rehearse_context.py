@@ -21,7 +21,7 @@ from envace.core.rehearse_context import (
     rehearse_context,
 )
 from envace.core.wire import parse_rehearsal
-from envace.engines import episode_spec_from_task
+from envace.data.specs import episode_spec_from_task
 from envace.engines.local import ResponseSource, RolloutConfig, RolloutRunner
 from envace.engines.local.sft import gold_guide
 from envace.engines.verl.episode import EpisodeRunner, Generation

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from omegaconf import OmegaConf
+from omegaconf import MISSING, OmegaConf
 
 from envace.config.load import CONF_DIR, ConfigError, compose
 from envace.config.schema import RolloutSection
@@ -50,13 +50,15 @@ def test_role_helpers() -> None:
 
 
 def test_fields_are_declared_once_with_conf_defaults() -> None:
-    """The engines' configs and the schema section hold the budget's fields with its defaults, which are
-    conf/rollout/default.yaml's values."""
+    """The engines' configs hold the budget's fields with its defaults, which are conf/rollout/default.yaml's
+    values; the schema section holds the same fields with no value (MISSING: conf/ is their one home)."""
     defaults = {f.name: f.default for f in dataclasses.fields(RolloutBudget)}
     assert tuple(defaults) == BUDGET_FIELDS
-    for cls in (RolloutConfig, LoopSettings, RolloutSection):
+    for cls in (RolloutConfig, LoopSettings):
         declared = {f.name: f.default for f in dataclasses.fields(cls)}
         assert {name: declared[name] for name in BUDGET_FIELDS} == defaults, cls.__name__
+    section = {f.name: f.default for f in dataclasses.fields(RolloutSection)}
+    assert {name: section[name] for name in BUDGET_FIELDS} == dict.fromkeys(BUDGET_FIELDS, MISSING)
     assert issubclass(RolloutConfig, RolloutBudget) and issubclass(LoopSettings, RolloutBudget)
     assert budget_values(OmegaConf.load(CONF_DIR / "rollout" / "default.yaml")) == defaults
 

@@ -19,8 +19,8 @@ from envace.core.prompts import ChatFormatter
 from envace.core.records import Role, Termination, ToolCall
 from envace.core.rehearse_context import Answered, Said, rehearse_context
 from envace.core.wire import render_tool_calls
-from envace.engines import episode_spec_from_task, executor_factory_for
-from envace.engines.local import DecodeGuide, ResponseSource, RolloutConfig, RolloutRunner
+from envace.data.specs import episode_spec_from_task, executor_factory_for
+from envace.engines.local import ResponseSource, RolloutConfig, RolloutRunner
 from envace.engines.verl.episode import EpisodeRunner, Generation
 from envace.engines.verl.settings import LoopSettings
 from envace.envs.toolworld import ToolWorldEnv
@@ -29,6 +29,7 @@ from envace.evaluation.programs import ACTOR, REHEARSER, GenerationLedger, drive
 from envace.inference.base import ChatOutput, ChatRequest
 from envace.models import ModelSpec, load_model_and_tokenizer
 from envace.rehearsal.imagined import RehearserResponder
+from envace.runtime.decode import DecodeGuide
 
 torch.set_num_threads(1)
 

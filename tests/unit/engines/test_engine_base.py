@@ -7,20 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from envace.core.records import Role, ToolCall, Trajectory, TrajectoryStatus, Turn
-from envace.engines import (
-    VARIANTS,
-    EpisodeSpec,
-    GoldStep,
-    available_engines,
-    episode_spec_from_task,
-    executor_factory_for,
-    get_engine,
-    get_variant,
-    to_episode_spec,
-    toolworld_verifiable_reward,
-)
+from envace.core.records import EpisodeSpec, GoldStep, Role, ToolCall, Trajectory, TrajectoryStatus, Turn
+from envace.data.specs import episode_spec_from_task, executor_factory_for, to_episode_spec
+from envace.engines import VARIANTS, available_engines, get_engine, get_variant
 from envace.envs.toolworld import ToolWorldEnv
+from envace.envs.toolworld.reward import toolworld_verifiable_reward
 
 CALL_A = ToolCall("get_weather", {"city": "Paris"})
 CALL_B = ToolCall("get_weather", {"city": "Rome"})

@@ -13,9 +13,9 @@ import torch
 from transformers import LlamaConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from envace.core.curves import CURVE_KEYS, training_curves
 from envace.core.prompts import ChatFormatter, compact_json
 from envace.core.wire import as_result_object, render_rehearsal
-from envace.engines import CURVE_KEYS, training_curves
 from envace.engines.local import LocalEngine, LocalEngineConfig
 from envace.engines.local.fidelity import FidelityProbe, make_probe, probe_at, probe_due
 from envace.envs.toolworld import ToolWorldEnv

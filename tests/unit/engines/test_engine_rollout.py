@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import replace
 
@@ -19,20 +20,13 @@ from envace.core.prompts import (
 from envace.core.records import NO_ROLE, Role, Termination
 from envace.core.rehearse_context import conversation_events, rehearse_context
 from envace.core.wire import as_result_object
-from envace.engines import (
-    episode_spec_from_task,
-    executor_factory_for,
-    toolworld_verifiable_reward,
-)
-from envace.engines.local import (
-    DecodeGuide,
-    ResponseSource,
-    RolloutConfig,
-    RolloutRunner,
-)
+from envace.data.specs import episode_spec_from_task, executor_factory_for
+from envace.engines.local import ResponseSource, RolloutConfig, RolloutRunner
 from envace.engines.local.sft import gold_guide
 from envace.envs.toolworld import ToolWorldEnv
+from envace.envs.toolworld.reward import toolworld_verifiable_reward
 from envace.models import ModelSpec, load_model_and_tokenizer
+from envace.runtime.decode import DecodeGuide
 from envace.runtime.kv import BatchedStreams
 
 torch.set_num_threads(1)
@@ -120,6 +114,37 @@ def test_masks_role_ids_and_logprobs(world):
         for seg in stream.outputs():
             assert len(seg.logprobs) == len(seg.token_ids) and all(lp <= 0 for lp in seg.logprobs)
             assert seg.token_ids[-1] in world["fmt"].end_of_turn_token_ids
+
+
+def test_a_stop_on_another_eos_is_dropped_and_the_end_of_turn_appended(world):
+    """A tokenizer whose eos differs from the template's end of turn (Qwen3's ``<|endoftext|>``): an output that
+    stops on that eos loses it (and its log-prob) and the stream gets the end-of-turn token as untrained
+    scaffold (``envace.core.turn_end``, OTHER_END_TOKEN), so the stream reads as the template's would."""
+    fmt = copy.copy(world["fmt"])
+    eot = fmt.end_of_turn_token_ids[0]
+    other = next(i for i in range(eot + 1, eot + 1000) if fmt.decode([i]).strip())  # an ordinary token as eos
+    fmt.end_of_turn_token_ids = (eot, other)
+    gold = gold_guide(dict(enumerate(world["specs"])), fmt)
+
+    def with_other_eos(key):
+        target = gold.targets(key)
+        return None if target is None else [*target[:-1], other] if target[-1] == eot else target
+
+    runner = RolloutRunner(fmt, CFG, guide=DecodeGuide(with_other_eos))
+    batch = runner.run(world["specs"], world["model"], ResponseSource(model=world["model"]))
+    plain = _gold_run(world)
+    for traj, ref, spec in zip(batch.trajectories, plain.trajectories, [s for s in world["specs"] for _ in range(2)]):
+        assert traj.termination is Termination.FINAL_REPLY
+        assert toolworld_verifiable_reward(spec, traj).reward == pytest.approx(1.0)
+        for stream, ref_stream in zip(traj.streams, ref.streams):
+            flat, ref_flat = stream.flat(), ref_stream.flat()
+            assert flat["input_ids"] == ref_flat["input_ids"] and other not in flat["input_ids"]
+            outputs = stream.outputs()
+            assert all(seg.token_ids[-1] != eot and len(seg.logprobs) == len(seg.token_ids) for seg in outputs)
+            # the appended end of turn is the one token per output the plain run trains and this one does not
+            assert sum(flat["response_mask"]) == sum(ref_flat["response_mask"]) - len(outputs)
+            after = [stream.segments[stream.segments.index(seg) + 1] for seg in outputs]
+            assert all(seg.token_ids == (eot,) and seg.role is None for seg in after)
 
 
 @pytest.mark.parametrize("share", [True, False], ids=["shared-prompt-kv", "copied-prompt-kv"])

@@ -9,7 +9,7 @@ import torch
 
 from envace.core.prompts import ChatFormatter
 from envace.core.records import GoldStep, Role, Termination, truncate_after_turn
-from envace.engines import episode_spec_from_task
+from envace.data.specs import episode_spec_from_task
 from envace.engines.local import ResponseSource, RolloutConfig, RolloutRunner
 from envace.engines.local.batching import build_rows
 from envace.engines.local.sft import gold_guide

@@ -12,11 +12,8 @@ import torch
 
 from envace.core.prompts import ChatFormatter
 from envace.core.records import Role
-from envace.engines import (
-    episode_spec_from_task,
-    get_engine,
-    toolworld_verifiable_reward,
-)
+from envace.data.specs import episode_spec_from_task
+from envace.engines import get_engine
 from envace.engines.local import (
     LocalEngineConfig,
     OptimConfig,
@@ -25,6 +22,7 @@ from envace.engines.local import (
 )
 from envace.engines.local.sft import gold_guide
 from envace.envs.toolworld import ToolWorldEnv
+from envace.envs.toolworld.reward import toolworld_verifiable_reward
 from envace.models import ModelSpec, load_model_and_tokenizer
 
 torch.set_num_threads(1)

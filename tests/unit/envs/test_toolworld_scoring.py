@@ -13,13 +13,8 @@ from typing import Any
 import pytest
 
 from envace.core.env import EpisodeResult, Executor, Task
-from envace.core.records import ToolCall, Trajectory, Turn
-from envace.engines import (
-    EpisodeSpec,
-    GoldStep,
-    episode_spec_from_task,
-    toolworld_verifiable_reward,
-)
+from envace.core.records import EpisodeSpec, GoldStep, ToolCall, Trajectory, Turn
+from envace.data.specs import episode_spec_from_task
 from envace.envs.toolworld import (
     DOMAINS,
     SPLITS,
@@ -42,6 +37,7 @@ from envace.envs.toolworld import (
     to_cm2_row,
     transcripts_from_turns,
 )
+from envace.envs.toolworld.reward import toolworld_verifiable_reward
 from envace.judges.reward import checklist_reward_fn
 from envace.judges.rule import RuleJudge
 

@@ -102,10 +102,10 @@ def test_sweep_with_parallel_cells_at_temperature_zero_fails_at_config_load() ->
     ):
         compose(["rehearsal.act_temperature=0.0"])  # the grid holds n2-parallel and n3-parallel
     with pytest.raises(ConfigError, match="n_attempts=3"):
-        compose(["rehearsal.act_temperature=0.0", "rehearsal.n_attempts=[0,1,3]"])
+        compose(["rehearsal.act_temperature=0.0", "rehearsal.n_attempts_grid=[0,1,3]"])
     # the n=1 and sequential cells alone are fine at temperature 0
-    assert compose(["rehearsal.act_temperature=0.0", "rehearsal.modes=[sequential]"]).rehearsal.n_attempts
-    assert compose(["rehearsal.act_temperature=0.0", "rehearsal.n_attempts=[0,1]"]).rehearsal.modes
+    assert compose(["rehearsal.act_temperature=0.0", "rehearsal.modes=[sequential]"]).rehearsal.n_attempts_grid
+    assert compose(["rehearsal.act_temperature=0.0", "rehearsal.n_attempts_grid=[0,1]"]).rehearsal.modes
 
 
 def test_library_sweep_refuses_before_running_any_cell() -> None:

@@ -110,8 +110,8 @@ def test_testtime_grid_is_whole_for_the_first_seed_only():
     (base,) = part_overrides(cfg, "testtime_base", "envace", 0)  # the first seed's base-rehearser half
     assert "rehearsal.rehearsers=[trained]" in first and "rehearsal.modes=[parallel,sequential]" in first
     assert "rehearsal.rehearsers=[base]" in base and "rehearsal.modes=[parallel,sequential]" in base
-    assert f"rehearsal.n_attempts=[{','.join(map(str, cfg.science.testtime_n_attempts))}]" in first
-    assert "rehearsal.rehearsers=[trained]" in other and "rehearsal.n_attempts=[0,2]" in other
+    assert f"rehearsal.n_attempts_grid=[{','.join(map(str, cfg.science.testtime_n_attempts_grid))}]" in first
+    assert "rehearsal.rehearsers=[trained]" in other and "rehearsal.n_attempts_grid=[0,2]" in other
     assert np.all([f"rehearsal.n_tasks={cfg.science.testtime_n_tasks}" in o for o in (first, other)])
 
 
@@ -215,19 +215,19 @@ def test_the_base_half_is_the_first_seeds_grid_without_n0():
         [
             "profile=cpu",
             "science.seeds=[3,1]",
-            "science.testtime_n_attempts=[0,1,4]",
+            "science.testtime_n_attempts_grid=[0,1,4]",
             "+science.testtime_max_n_by_mode.sequential=2",
         ]
     )
     (overrides,) = part_overrides(cfg, "testtime_base", "envace", 3)
-    assert "rehearsal.rehearsers=[base]" in overrides and "rehearsal.n_attempts=[1,4]" in overrides
+    assert "rehearsal.rehearsers=[base]" in overrides and "rehearsal.n_attempts_grid=[1,4]" in overrides
     s = cfg.science
     assert f"paths.metrics={s.metrics}/base_rehearser/testtime/envace-seed3" in overrides
     assert f"paths.rehearsal={s.dir}/testtime_base/envace-seed3" in overrides
     (trained,) = part_overrides(cfg, "testtime", "envace", 3)  # the trained half keeps N=0
-    assert "rehearsal.rehearsers=[trained]" in trained and "rehearsal.n_attempts=[0,1,4]" in trained
+    assert "rehearsal.rehearsers=[trained]" in trained and "rehearsal.n_attempts_grid=[0,1,4]" in trained
     (other,) = part_overrides(cfg, "testtime", "envace", 1)
-    assert "rehearsal.n_attempts=[0,2]" in other and "rehearsal.modes=[parallel]" in other
+    assert "rehearsal.n_attempts_grid=[0,2]" in other and "rehearsal.modes=[parallel]" in other
     # the first seed's per-mode caps reach the sweep (both halves), and compose as a typed dict
     assert "rehearsal.max_n_by_mode={sequential: 2}" in trained and not any("max_n" in o for o in other)
     assert "rehearsal.max_n_by_mode={sequential: 2}" in overrides
@@ -245,9 +245,9 @@ def test_the_stage_overrides_load_over_params_yaml(tmp_path):
     (trained,) = part_overrides(cfg, "testtime", "envace", int(cfg.science.seeds[0]))
     loaded = load_params(params, trained)
     assert dict(loaded.rehearsal.max_n_by_mode) == {"sequential": 2, "parallel": 3}
-    assert list(loaded.rehearsal.n_attempts) == list(cfg.science.testtime_n_attempts)
+    assert list(loaded.rehearsal.n_attempts_grid) == list(cfg.science.testtime_n_attempts_grid)
     with pytest.raises(ValueError, match="no N > 0"):
-        part_overrides(compose(["profile=cpu", "science.testtime_n_attempts=[0]"]), "testtime_base", "envace", 0)
+        part_overrides(compose(["profile=cpu", "science.testtime_n_attempts_grid=[0]"]), "testtime_base", "envace", 0)
     with pytest.raises(ValueError, match="first seed"):
         part_overrides(cfg, "testtime_base", "envace", 1)
 

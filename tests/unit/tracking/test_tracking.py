@@ -38,7 +38,7 @@ def test_stage_run_nests_under_the_parent_from_the_environment(store_uri, experi
     (in_tmp / "stats.json").write_text('{"rows": 3}')
     with stage_run(
         "train",
-        {"algo.name": "envace", "rehearsal.n_attempts": [0, 2]},
+        {"algo.name": "envace", "rehearsal.n_attempts_grid": [0, 2]},
         profile="smoke",
         experiment=experiment,
         tracking_uri=store_uri,
@@ -50,10 +50,8 @@ def test_stage_run_nests_under_the_parent_from_the_environment(store_uri, experi
     assert child.info.status == "FINISHED"
     assert child.data.tags["mlflow.parentRunId"] == parent
     assert child.data.tags["envace.stage"] == "train"
-    assert child.data.params["algo.name"] == "envace" and json.loads(child.data.params["rehearsal.n_attempts"]) == [
-        0,
-        2,
-    ]
+    assert child.data.params["algo.name"] == "envace"
+    assert json.loads(child.data.params["rehearsal.n_attempts_grid"]) == [0, 2]
     history = client(store_uri).get_metric_history(run.run_id, "reward/mean")
     assert [(m.step, m.value) for m in history] == [(1, 0.1), (2, 0.2), (3, 0.3)]
     assert "note" not in child.data.metrics
@@ -516,7 +514,7 @@ def test_the_local_engine_exposes_each_steps_rollouts_without_changing_training(
 
 @pytest.fixture(scope="module")
 def guided_tiny_world():
-    from envace.engines import episode_spec_from_task
+    from envace.data.specs import episode_spec_from_task
     from envace.envs.toolworld import ToolWorldEnv
 
     env = ToolWorldEnv()

@@ -30,7 +30,7 @@ CONFIG = {
     "engine.name": "local",
     "eval.n_tasks": 4,
     "eval.benchmarks": ["toolworld"],
-    "rehearsal.n_attempts": [0, 2],
+    "rehearsal.n_attempts_grid": [0, 2],
 }
 
 DVC_YAML = """
@@ -90,7 +90,7 @@ def test_the_pipeline_run_is_named_by_variant_and_logs_the_config_once(store_uri
     assert parent.data.params == {k: str(CONFIG[k]) for k in RUN_KEYS}
     config_file = c.download_artifacts(parent_id, CONFIG_ARTIFACT, str(project))
     composed = yaml.safe_load(Path(config_file).read_text())
-    assert composed["algo"] == {"name": "envace", "lr": 1e-5} and composed["rehearsal"] == {"n_attempts": [0, 2]}
+    assert composed["algo"] == {"name": "envace", "lr": 1e-5} and composed["rehearsal"] == {"n_attempts_grid": [0, 2]}
     assert flatten(composed) == CONFIG
     for run_id in stage_ids:  # the config is logged once: on the pipeline run, not again on each stage
         assert not c.list_artifacts(run_id, "config")
@@ -111,7 +111,7 @@ def test_stage_runs_log_the_params_their_dvc_stage_declares(store_uri, experimen
     monkeypatch.setenv("DVC_STAGE", "science/dvc.yaml:cell@grpo-1")
     with stage_run("science_cell/grpo-1", CONFIG, profile="cpu", experiment=experiment, tracking_uri=store_uri) as run:
         pass
-    assert sorted(client(store_uri).get_run(run.run_id).data.params) == ["data.n_train", "rehearsal.n_attempts"]
+    assert sorted(client(store_uri).get_run(run.run_id).data.params) == ["data.n_train", "rehearsal.n_attempts_grid"]
 
 
 def test_a_stage_no_dvc_yaml_declares_logs_the_whole_config(project, caplog):
