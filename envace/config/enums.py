@@ -61,6 +61,13 @@ class ResponseSourceName(str, enum.Enum):
     simulator = "simulator"
 
 
+class SFTSchedule(str, enum.Enum):
+    """The SFT warm-up's learning-rate schedule (envace.engines.local.config.SFTConfig.lr_at)."""
+
+    constant = "constant"
+    cosine = "cosine"
+
+
 class Baseline(str, enum.Enum):
     output_mean = "output_mean"
     trajectory_mean = "trajectory_mean"

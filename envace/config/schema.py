@@ -27,6 +27,7 @@ from envace.config.enums import (
     ProfileName,
     Rehearser,
     ResponseSourceName,
+    SFTSchedule,
     TrackingBackend,
 )
 from envace.core.rehearsal import RehearsalMode, RehearsalScope, Summarizer
@@ -153,6 +154,8 @@ RolloutSection = make_dataclass(
 class TrainConfig:
     sft_epochs: int = MISSING  # supervised warm-up epochs on gold ACT/REHEARSE targets before GRPO
     sft_lr: float = MISSING
+    sft_batch_streams: int = MISSING  # gold streams per SFT optimiser step
+    sft_schedule: SFTSchedule = MISSING  # constant | cosine (warm-up then decay over the whole warm-up)
     steps: int = MISSING  # GRPO steps; 0 = no RL (the exported model is the warm-started/base one)
     checkpoint_every: int = MISSING  # GRPO steps between checkpoints; 0 = only the final checkpoint
     keep_checkpoints: int = MISSING

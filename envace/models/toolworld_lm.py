@@ -68,6 +68,9 @@ class OrganismConfig:
     max_positions: int = 4096
     tie_embeddings: bool = False
     init_seed: int = 0
+    # every digit its own token (no merges across digits): ids, amounts and balances are then spelled from
+    # ten shared tokens, so copying one is one learned skill instead of one per number seen in the corpus
+    split_digits: bool = False
 
     def __post_init__(self) -> None:
         if self.hidden % self.heads:
@@ -87,7 +90,11 @@ class OrganismConfig:
 def train_tokenizer(corpus: list[str], config: OrganismConfig) -> PreTrainedTokenizerFast:
     """Byte-level BPE (any UTF-8 text round-trips) with ChatML special tokens and the tool template."""
     backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if config.split_digits:
+        backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        backend.pre_tokenizer = byte_level
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=config.vocab_size,

@@ -82,7 +82,12 @@ def local_engine_config(cfg: Config, output_dir: Path, tracker: Tracker) -> Any:
             norm_by_std=a.norm_by_std,
             **speed,
         ),
-        sft=SFTConfig(epochs=int(t.sft_epochs), lr=float(t.sft_lr)),
+        sft=SFTConfig(
+            epochs=int(t.sft_epochs),
+            lr=float(t.sft_lr),
+            batch_streams=int(t.sft_batch_streams),
+            schedule=to_plain(t.sft_schedule),
+        ),
     )
 
 

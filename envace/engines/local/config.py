@@ -11,6 +11,7 @@ low_var_kl, K = 4, output-mean baseline, no std normalisation); sizes default to
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from envace.core.records import Role
@@ -86,6 +87,32 @@ class SFTConfig:
     batch_streams: int = 4
     grad_clip: float = 1.0
     roles: tuple[Role, ...] = (Role.ACT, Role.REHEARSE)
+    # "constant": ``lr`` throughout; "cosine": a linear warm-up over the first ``warmup_frac`` of all the
+    # warm-up's optimiser steps, then a cosine decay to ``min_lr_frac`` x ``lr`` at the last step (a
+    # function of the global step, so a resumed warm-up continues on the same curve)
+    schedule: str = "constant"
+    warmup_frac: float = 0.03
+    min_lr_frac: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SFT_SCHEDULES:
+            raise ValueError(f"SFTConfig.schedule={self.schedule!r}: must be one of {sorted(SFT_SCHEDULES)}")
+        if self.batch_streams < 1:
+            raise ValueError(f"SFTConfig.batch_streams={self.batch_streams}: must be >= 1")
+
+    def lr_at(self, step: int, total: int) -> float:
+        """The learning rate of optimiser step ``step`` (0-based) of ``total`` in the whole warm-up."""
+        if self.schedule == "constant" or total <= 1:
+            return self.lr
+        warm = max(1, round(self.warmup_frac * total))
+        if step < warm:
+            return self.lr * (step + 1) / warm
+        progress = min(1.0, (step - warm) / max(1, total - 1 - warm))
+        floor = self.min_lr_frac * self.lr
+        return floor + (self.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+SFT_SCHEDULES = frozenset({"constant", "cosine"})
 
 
 @dataclass(frozen=True)

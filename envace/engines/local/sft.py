@@ -11,8 +11,9 @@ REHEARSE targets are the real executor's responses (recorded in ``EpisodeSpec.go
 token included), temperature 1. Specs without recorded gold responses are skipped (counted).
 
 ``warm_up`` is the engine's SFT phase: gold replay once, then ``cfg.sft.epochs`` epochs per trained model
-(the shared policy, or the ACT then the REHEARSE copy with its own role), each with a fresh optimiser at
-``cfg.sft.lr``; with ``checkpoint_every`` > 0 it checkpoints after every epoch (``RunCheckpoints.save_sft``)
+(the shared policy, or the ACT then the REHEARSE copy with its own role), one optimiser per model for all its
+epochs, its learning rate ``cfg.sft.lr`` or, with ``cfg.sft.schedule="cosine"``, warmed up then decayed over
+the whole warm-up; with ``checkpoint_every`` > 0 it checkpoints after every epoch (``RunCheckpoints.save_sft``)
 and a resumed run continues after the last epoch done.
 """
 
@@ -150,8 +151,13 @@ def sft_epoch(
     device: Any = "cpu",
     optim: OptimConfig | None = None,
     precision: str = "fp32",
+    total_steps: int = 0,
 ) -> dict[str, float]:
     """One pass of NLL on target tokens over shuffled batches; returns mean losses (all and per role).
+
+    With ``total_steps`` > 0 (the whole warm-up's optimiser steps) each step's learning rate is
+    ``cfg.lr_at(global step, total_steps)``, the global step counted from ``epoch`` x steps per epoch;
+    with 0 the optimiser's own learning rate is left alone.
 
     A batch of ``cfg.batch_streams`` rows is one optimiser step; with ``optim.share_prefix`` (default)
     its rows are packed behind shared prefixes and split into token-budgeted micro-batches whose
@@ -164,9 +170,14 @@ def sft_epoch(
     sums = {"loss": 0.0, **{f"loss/{r.name.lower()}": 0.0 for r in Role}}
     counts = {k: 0 for k in sums}
     updater = PolicyUpdater(Slot("sft", model, frozenset(Role), optimizer), optim, seed, pad_id, device, precision)
+    step = epoch * steps_per_epoch(len(rows), cfg)
     try:
         for start in range(0, len(order), max(1, cfg.batch_streams)):
             chosen = [rows[i] for i in order[start : start + cfg.batch_streams]]
+            if total_steps > 0:
+                for group in optimizer.param_groups:
+                    group["lr"] = cfg.lr_at(step, total_steps)
+            step += 1
             n = max(1, sum(r.n_tokens for r in chosen))
             optimizer.zero_grad(set_to_none=True)
             with flat_gradients(model):
@@ -182,6 +193,10 @@ def sft_epoch(
         set_checkpointing(model, False)
         model.eval()
     return {f"sft/{k}": sums[k] / counts[k] for k in sums if counts[k]}
+
+
+def steps_per_epoch(n_rows: int, cfg: SFTConfig) -> int:
+    return -(-n_rows // max(1, cfg.batch_streams))
 
 
 def _add_losses(sums: dict[str, float], counts: dict[str, int], logp: torch.Tensor, batch: Any) -> None:
@@ -246,8 +261,15 @@ def warm_up(
                 device=cfg.device,
                 optim=cfg.optim,
                 precision=precision,
+                total_steps=cfg.sft.epochs * steps_per_epoch(len(rows), cfg.sft),
             )
-            metrics = {**metrics, "sft/epoch": float(epoch), "sft/gold_trajectories": float(len(trajs))}
+            lr_last = float(opt.param_groups[0]["lr"])
+            metrics = {
+                **metrics,
+                "sft/epoch": float(epoch),
+                "sft/gold_trajectories": float(len(trajs)),
+                "sft/lr_last": lr_last,
+            }
             metrics = {k if name == "policy" else f"{k}/{name}": v for k, v in metrics.items()}
             history.append(metrics)
             checkpoints.save_sft(index, name, epoch, models, opt, history)
