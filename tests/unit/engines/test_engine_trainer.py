@@ -193,3 +193,22 @@ def test_segmented_micro_batches_scale_with_the_activation_width():
     half = {**smollm2, "vocab_size": 49152 // 2, "hidden_size": 576 // 2, "intermediate_size": 1536 // 2}
     assert segmented_batch_tokens(shaped(**half)) == 2 * SEGMENTED_BATCH_TOKENS
     assert segmented_batch_tokens(torch.nn.Linear(2, 2)) == SEGMENTED_BATCH_TOKENS
+
+
+def test_sft_cosine_schedule_warms_up_decays_and_is_set_per_step():
+    cfg = SFTConfig(lr=1e-3, schedule="cosine", warmup_frac=0.1, min_lr_frac=0.1, batch_streams=2)
+    total = 20
+    lrs = [cfg.lr_at(s, total) for s in range(total)]
+    assert lrs[0] == pytest.approx(5e-4) and lrs[1] == pytest.approx(1e-3)  # 2 warm-up steps
+    assert all(a >= b for a, b in zip(lrs[1:], lrs[2:]))  # then never rises
+    assert lrs[-1] == pytest.approx(1e-4)  # ends at min_lr_frac x lr
+    assert SFTConfig(lr=1e-3).lr_at(7, total) == 1e-3  # constant
+    with pytest.raises(ValueError, match="schedule"):
+        SFTConfig(schedule="linear")
+    # sft_epoch sets each step's rate from the global step: epoch 1 of 2 ends on the schedule's last value
+    model = _model()
+    opt = make_optimizer(model, OptimConfig(), lr=cfg.lr)
+    rows = _rows()
+    per_epoch = sft_module.steps_per_epoch(len(rows), cfg)
+    sft_epoch(model, opt, rows, cfg, epoch=1, seed=0, pad_id=0, total_steps=2 * per_epoch)
+    assert opt.param_groups[0]["lr"] == pytest.approx(cfg.lr_at(2 * per_epoch - 1, 2 * per_epoch))

@@ -105,3 +105,15 @@ def test_stage_settings_read_the_params_file_and_overrides(tmp_path):
     assert fields == {"hidden": 64, "heads": 4, "layers": 2, "vocab_size": 512} and out == "somewhere"
     with pytest.raises(ValueError, match="unknown keys"):
         OrganismConfig.from_mapping({"hiden": 3})
+
+
+def test_split_digits_spells_every_number_from_digit_tokens(corpus):
+    _, tokenizer = build_organism(dataclasses.replace(SMALL, split_digits=True), corpus)
+    text = '{"balance":1150,"account_id":"acc_12"} moved 1150 to acc_12'
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids) == text
+    pieces = [tokenizer.decode([i]) for i in ids]
+    assert all(len(p.strip()) == 1 for p in pieces if any(c.isdigit() for c in p))  # no multi-digit token
+    # the same number is the same digit tokens whether it follows ":" (JSON) or a space (prose)
+    digits = [p for p in pieces if p.strip().isdigit()]
+    assert digits[:4] == digits[6:10] == ["1", "1", "5", "0"]
