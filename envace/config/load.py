@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import math
 import re
 import sys
 from collections.abc import Mapping
@@ -212,18 +213,34 @@ def group_switch(group: str, option: str, current: str, conf_dir: Path | str = C
             valid = sorted(p.stem for p in (Path(conf_dir) / group).glob("*.yaml"))
             raise ConfigError(f"config group {group!r} has no option {name!r} ({path}); valid: {valid}")
     target, start = (OmegaConf.to_container(OmegaConf.load(files[name])) for name in (option, current))
-    return [f"{group}.{k}={_override_value(v)}" for k, v in target.items() if k != "defaults" and start.get(k) != v]
+    return [f"{group}.{k}={hydra_value(v)}" for k, v in target.items() if k != "defaults" and start.get(k) != v]
 
 
-def _override_value(value: Any) -> str:
-    """A value as Hydra/OmegaConf dot-list syntax reads it back (lists and nulls included)."""
+# strings a Hydra override may hold unquoted (anything else, and these words, are quoted)
+_SAFE_STRING = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]*$")
+_RESERVED = {"null", "true", "false", "none", "nan", "inf"}
+
+
+def hydra_value(value: Any) -> str:
+    """A value written in Hydra's override grammar, read back as the same value by a dot-list override or
+    ``compose`` (lists and nulls included; strings quoted unless plainly safe; enums as their values)."""
+    value = to_plain(value)
     if value is None:
         return "null"
     if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, list):
-        return "[" + ",".join(_override_value(v) for v in value) + "]"
-    return str(value)
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"cannot write the non-finite number {value} as an override")
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    text = str(value)
+    if _SAFE_STRING.match(text) and text.lower() not in _RESERVED:
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("${", "\\${") + "'"
 
 
 def _is_group_override(item: str) -> bool:

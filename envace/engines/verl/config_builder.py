@@ -47,14 +47,10 @@ once by ``envace.config.load.typed_config``).
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import functools
 import importlib.util
 import logging
-import math
 import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -63,7 +59,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from envace.config.load import CONF_DIR, typed_config
+from envace.config.load import CONF_DIR, hydra_value, typed_config
 from envace.config.schema import Config, EngineConfig
 from envace.core.records import Role
 from envace.core.rollout_budget import budget_values
@@ -78,48 +74,10 @@ logger = logging.getLogger(__name__)
 
 VERL_ENGINE_FILE = CONF_DIR / "engine" / "verl.yaml"
 ConfigLike = Config | DictConfig | Mapping[str, Any]
-_SAFE_STRING = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]*$")
-_RESERVED = {"null", "true", "false", "none", "nan", "inf"}
 
 
 class VerlConfigError(ValueError):
     """Our config cannot run on verl; the message names the key and the fix."""
-
-
-def plain(value: Any) -> Any:
-    """Our config as plain Python: DictConfig / dataclass → dict, enums (``to_container`` keeps them) → values."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return plain(dataclasses.asdict(value))
-    if type(value).__module__.startswith("omegaconf"):
-        return plain(OmegaConf.to_container(value, resolve=True))
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, Mapping):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value
-
-
-def hydra_value(value: Any) -> str:
-    """A Python value written in Hydra's override grammar (strings quoted unless plainly safe)."""
-    value = plain(value)
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise VerlConfigError(f"cannot pass the non-finite number {value} to verl")
-        return repr(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(hydra_value(v) for v in value) + "]"
-    text = str(value)
-    if _SAFE_STRING.match(text) and text.lower() not in _RESERVED:
-        return text
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("${", "\\${") + "'"
 
 
 def _overrides(values: Mapping[str, Any], prefix: str = "", add: bool = False) -> list[str]:

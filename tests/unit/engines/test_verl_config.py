@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from envace.config.load import compose
+from envace.config.load import ConfigError, compose, hydra_value
 from envace.engines.verl.config_builder import (
     VerlConfigError,
     build_overrides,
     compose_verl_config,
-    hydra_value,
     loop_settings,
 )
 from envace.engines.verl.episodes import spec_from_json, spec_from_row, spec_to_json
@@ -147,6 +146,8 @@ def test_hydra_values_round_trip_through_compose(tmp_path: Path) -> None:
         "a-b/c",
         "[1,'x y']",
     ]
+    with pytest.raises(ConfigError, match="non-finite"):
+        hydra_value(float("nan"))
 
 
 def test_dry_run_prints_a_composable_command_and_writes_nothing(tmp_path: Path, capsys, monkeypatch) -> None:
