@@ -62,6 +62,25 @@ def answer_target(literal: str, binding: AnswerBinding, source_response: Any = M
     return MISSING if value is MISSING else value_text(value)
 
 
+def bound_answer_targets(
+    values: Sequence[str],
+    sources: Sequence[tuple[int, str, Sequence[Any]] | None],
+    matched: Mapping[tuple[int, str], Any],
+) -> list[Any]:
+    """``answer_target`` of each key value of an answer rule: ``sources[i]`` is (turn, checklist item, path)
+    of the item whose passing call's response binds value i (None: the literal), ``matched`` the responses
+    of the items passed so far, keyed (turn, item). Shared by both checklist evaluators (the tool world's
+    ``rule_passes`` and the rule judge)."""
+    targets = []
+    for value, src in zip(values, sources):
+        if src is None:
+            targets.append(answer_target(value, None))
+            continue
+        turn, item, path = src
+        targets.append(answer_target(value, {"path": list(path)}, matched.get((turn, item), MISSING)))
+    return targets
+
+
 def turn_answer_bindings(meta: Mapping[str, Any] | None, turn: int, n_values: int) -> Sequence[AnswerBinding]:
     """The bindings of turn ``turn``'s ``n_values`` key values (all ``None`` where ``meta`` has none)."""
     per_turn = (meta or {}).get("answer_bindings") or ()

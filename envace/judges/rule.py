@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from envace.core.answers import answer_target, mentions
+from envace.core.answers import bound_answer_targets, mentions
 from envace.core.bindings import (
     MISSING,
     bound_or_literal,
@@ -79,12 +79,7 @@ def _arguments_match(args: Mapping[str, Any], rule: ItemRule, matched: Matched) 
 def answer_targets(rule: ItemRule, matched: Matched) -> list[Any]:
     """What the reply must mention for each value of an answer rule (``envace.core.answers.answer_target``)."""
     sources = rule.value_sources or (None,) * len(rule.values)
-    targets = []
-    for value, src in zip(rule.values, sources):
-        binding = {"path": list(src.path)} if src else None
-        response = matched.get((src.turn, src.item), _MISSING) if src else _MISSING
-        targets.append(answer_target(value, binding, response))
-    return targets
+    return bound_answer_targets(rule.values, [(s.turn, s.item, s.path) if s else None for s in sources], matched)
 
 
 def step_calls(step: ConversationStep) -> list[tuple[str, Mapping[str, Any] | None, Any]]:

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from envace.core.answers import answer_target, mentions
+from envace.core.answers import bound_answer_targets, mentions
 from envace.core.bindings import MISSING, bound_or_literal
 from envace.core.env import Task
 from envace.core.records import ToolCall, Turn
@@ -196,12 +196,9 @@ def rule_passes(
     if rule["kind"] == "answer_contains":
         values = rule.get("values") or [rule.get("text", "")]
         sources = rule.get("bound_values") or [None] * len(values)
-        for value, src in zip(values, sources):
-            response = matched.get((src["turn"], src["item"]), MISSING) if src else MISSING
-            target = answer_target(value, src, response)
-            if target is MISSING or not mentions(transcript.reply or "", target):
-                return False
-        return True
+        keys = [(s["turn"], s["item"], s.get("path", ())) if s else None for s in sources]
+        targets = bound_answer_targets(values, keys, matched)
+        return all(t is not MISSING and mentions(transcript.reply or "", t) for t in targets)
     if rule["kind"] != "tool_call":
         raise ValueError(f"checklist rule kind {rule['kind']!r} unknown; valid: tool_call, answer_contains")
     for call, response in zip(transcript.calls, transcript.responses):
