@@ -118,7 +118,25 @@ def validate_config(cfg: DictConfig) -> DictConfig:
     if not 0.0 <= cfg.data.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction={cfg.data.val_fraction}: must be in [0, 1)")
     _check_judge(cfg.judge)
+    _check_science_variants(cfg.science)
     return cfg
+
+
+def algo_options(conf_dir: Path | str = CONF_DIR) -> list[str]:
+    """The conf/algo option names (the science matrix's variants)."""
+    return sorted(p.stem for p in (Path(conf_dir) / "algo").glob("*.yaml"))
+
+
+def _check_science_variants(science: DictConfig) -> None:
+    options = algo_options()
+    unknown = [v for v in science.variants if v not in options]
+    if unknown:
+        raise ConfigError(f"science.variants has {unknown}, not conf/algo options; valid: {options}")
+    if science.testtime_variant not in science.variants:
+        raise ConfigError(
+            f"science.testtime_variant={science.testtime_variant} is not in science.variants="
+            f"{list(science.variants)}; add it there or pick one of those"
+        )
 
 
 def _check_judge(judge: DictConfig) -> None:

@@ -290,7 +290,9 @@ class ScienceConfig:
     metrics: str = MISSING  # git-tracked per-part metrics and per-task outcomes
     json: str = MISSING  # the aggregate (git-tracked)
     reports: str = MISSING  # science.md, CSVs, plots
-    variants: List[AlgoName] = MISSING
+    # conf/algo option names (checked by envace.config.load.validate_config): a cell switches the whole algo
+    # group to that file, so grpo_simulator (algo.name=grpo, frozen-simulator responses) is a variant too
+    variants: List[str] = MISSING
     seeds: List[int] = MISSING
     data_seed: int = MISSING
     n_train: int = MISSING
@@ -301,7 +303,7 @@ class ScienceConfig:
     fidelity_every: int = MISSING
     gold_fidelity_tasks: int = MISSING
     sft_threads: int = MISSING
-    testtime_variant: AlgoName = MISSING
+    testtime_variant: str = MISSING  # one of variants
     testtime_n_attempts_grid: List[int] = MISSING
     testtime_modes: List[RehearsalMode] = MISSING
     testtime_max_n_by_mode: Dict[str, int] = MISSING

@@ -215,6 +215,21 @@ def test_group_switch_gives_the_differing_keys_of_two_options():
     assert group_switch("algo", "envace", "envace") == []
     with pytest.raises(ConfigError, match=r"no option 'gpro'.*valid: \['envace'"):
         group_switch("algo", "gpro", "envace")
+    # the frozen-simulator arm is an algo option of its own: the engine's variant grpo, simulator responses
+    assert group_switch("algo", "grpo_simulator", "envace") == [
+        "algo.name=grpo",
+        "algo.baseline=trajectory_mean",
+        "algo.grpo_responses=simulator",
+    ]
+
+
+def test_science_variants_are_algo_options():
+    cfg = compose(["profile=organism", "science.variants=[envace,grpo,grpo_simulator]"])
+    assert list(cfg.science.variants) == ["envace", "grpo", "grpo_simulator"]
+    with pytest.raises(ConfigError, match=r"science.variants has \['grpo_sim'\].*grpo_simulator"):
+        compose(["science.variants=[envace,grpo_sim]"])
+    with pytest.raises(ConfigError, match="science.testtime_variant=per_role is not in science.variants"):
+        compose(["science.variants=[envace,grpo]", "science.testtime_variant=per_role"])
 
 
 @pytest.mark.parametrize("old", sorted(RENAMED_KEYS))
