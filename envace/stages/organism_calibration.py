@@ -6,8 +6,9 @@ and runs the science parts there (``python -m envace.stages.science``): ``data``
 ``science.n_train/n_val/n_test``), ``sft`` (the SFT warm-up on gold ACT/REHEARSE targets), then
 
 - ``sft``: the SFT checkpoint evaluated on the real-environment VALIDATION split (greedy, strict success);
-- ``gate --seed K``: additionally ``science.steps`` GRPO steps (``algo=grpo``, real environment) from that
-  checkpoint with training seed K, evaluated on the same validation tasks.
+- ``gate --seeds 0 1 2 3 4 [--jobs 2]``: additionally ``science.steps`` GRPO steps (``algo=grpo``, real
+  environment) from that checkpoint with each training seed (``--jobs`` at a time, one core each), each
+  evaluated on the same validation tasks. The gate holds for a run when >= 4 of 5 seeds gain >= 10 points.
 
 A finished part is not re-run (its metrics file exists). Results are appended to
 ``science/organism/runs.jsonl`` (one row per run: settings, success with n and a 95% Wilson interval,
@@ -15,7 +16,7 @@ wall seconds per part, seconds per GRPO step, tokens per trajectory, the commit)
 ``science/organism/calibration.md`` and ``calibration.json`` from it.
 
     python -m envace.stages.organism_calibration sft NAME [key=value ...]
-    python -m envace.stages.organism_calibration gate NAME --seed 0 [key=value ...]
+    python -m envace.stages.organism_calibration gate NAME --seeds 0 1 2 3 4 --jobs 2 [key=value ...]
     python -m envace.stages.organism_calibration table
 """
 
@@ -29,6 +30,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -179,8 +181,13 @@ def record(row: dict[str, Any]) -> None:
     print(json.dumps(row))
 
 
+def recorded() -> list[dict[str, Any]]:
+    path = ROOT / ROWS
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
 def table() -> None:
-    rows = [json.loads(line) for line in (ROOT / ROWS).read_text().splitlines() if line.strip()]
+    rows = recorded()
     (ROOT / OUT / "calibration.json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = [
         "# Organism calibration and positive-control attempts",
@@ -222,6 +229,7 @@ def table() -> None:
             f"{t.get('steps', '')} | {t.get('s_per_step_median', '')} | "
             f"{t.get('reward_first', '')}->{t.get('reward_last', '')} | {r['commit']} |"
         )
+    lines += ["", *gate_verdicts(rows)]
     probes = [r for r in rows if r["kind"] == "probe"]
     if probes:
         lines += ["", "## Probes", ""]
@@ -234,11 +242,36 @@ def table() -> None:
     print("\n".join(lines))
 
 
+GATE_POINTS, GATE_SEEDS, GATE_OF = 10.0, 4, 5
+
+
+def gate_verdicts(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per run with gate seeds: how many gained >= 10 points, and whether the gate holds."""
+    by_run: dict[str, dict[int, float]] = {}
+    for r in rows:
+        if r["kind"] == "gate":
+            by_run.setdefault(r["name"], {})[int(r["seed"])] = float(r["delta_points"])
+    out = []
+    for name, deltas in by_run.items():
+        gained = sum(d >= GATE_POINTS for d in deltas.values())
+        verdict = (
+            "HOLDS"
+            if gained >= GATE_SEEDS and len(deltas) >= GATE_OF
+            else ("does not hold" if gained + max(0, GATE_OF - len(deltas)) < GATE_SEEDS else "undecided")
+        )
+        out.append(
+            f"- gate {name}: {gained} of {len(deltas)} seeds gained >= {GATE_POINTS:.0f} points "
+            f"(deltas {', '.join(f'{d:+.1f}' for _, d in sorted(deltas.items()))}): {verdict}"
+        )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m envace.stages.organism_calibration", description=__doc__)
     parser.add_argument("what", choices=["sft", "gate", "table"])
     parser.add_argument("name", nargs="?")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--jobs", type=int, default=1, help="gate: seeds run at a time (one core each)")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     if args.what == "table":
@@ -249,7 +282,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "sft":
         record(run_sft(args.name, list(args.overrides)))
     else:
-        record(run_gate(args.name, args.seed, list(args.overrides)))
+        overrides = list(args.overrides)
+        sft = run_sft(args.name, overrides)  # once, before the seeds share its checkpoint
+        if not any(r["kind"] == "sft" and r["name"] == args.name for r in recorded()):
+            record(sft)
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            for row in pool.map(lambda seed: run_gate(args.name, seed, overrides), args.seeds):
+                record(row)
     return 0
 
 
