@@ -17,6 +17,7 @@ wall seconds per part, seconds per GRPO step, tokens per trajectory, the commit)
 
     python -m envace.stages.organism_calibration sft NAME [key=value ...]
     python -m envace.stages.organism_calibration gate NAME --seeds 0 1 2 3 4 --jobs 2 [key=value ...]
+    python -m envace.stages.organism_calibration copy NAME   # teacher-forced digit accuracy of its SFT start
     python -m envace.stages.organism_calibration table
 """
 
@@ -230,6 +231,20 @@ def table() -> None:
             f"{t.get('reward_first', '')}->{t.get('reward_last', '')} | {r['commit']} |"
         )
     lines += ["", *gate_verdicts(rows)]
+    copies = [r for r in rows if r["kind"] == "copy_probe"]
+    if copies:
+        lines += [
+            "",
+            "## Copying ids and numbers (teacher-forced argmax accuracy on gold ACT calls and answers)",
+            "",
+            "| run | tasks | train digit | train other | val digit | val other | commit |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['name']} | {r['n_tasks']} | {r['train']['digit']} | {r['train']['other']} | "
+            f"{r['val']['digit']} | {r['val']['other']} | {r['commit']} |"
+            for r in copies
+        ]
     probes = [r for r in rows if r["kind"] == "probe"]
     if probes:
         lines += ["", "## Probes", ""]
@@ -240,6 +255,56 @@ def table() -> None:
         lines += [f"- {r['name']} (`{' '.join(r['overrides'])}`, {r['commit']}): {r['note']}" for r in aborted]
     (ROOT / OUT / "calibration.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def copy_accuracy(name: str, n_tasks: int = 30) -> dict[str, Any]:
+    """Teacher-forced argmax accuracy of run ``name``'s SFT policy on the assistant tokens (calls and answers)
+    of gold ACT streams, digit tokens apart from the rest, on ``n_tasks`` training and validation tasks:
+    where the SFT'd start fails at copying ids and numbers from the context, and whether it over- or underfits."""
+    import torch
+    import yaml
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from envace.envs.toolworld import generate_tasks
+    from envace.stages.organism import _renderer, task_texts
+
+    run = ROOT / RUNS / name
+    params = yaml.safe_load((run / "params.yaml").read_text())
+    s = params["science"]
+    policy = run / s["dir"] / "sft" / "final" / "policy"
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    model = AutoModelForCausalLM.from_pretrained(policy).eval()
+    splits = generate_tasks(
+        seed=s["data_seed"],
+        n_train=s["n_train"],
+        n_val=s["n_val"],
+        n_test=s["n_test"],
+        held_out_domain=params["data"]["held_out_domain"],
+    )
+    start, end = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    header = tokenizer("assistant\n", add_special_tokens=False)["input_ids"]
+    out: dict[str, Any] = {"kind": "copy_probe", "name": name, "n_tasks": n_tasks}
+    renderer = _renderer()
+    for split in ("train", "val"):
+        hits = {"digit": [0, 0], "other": [0, 0]}
+        for task in list(splits[split])[:n_tasks]:
+            ids = tokenizer(next(task_texts(task, renderer)), add_special_tokens=False)["input_ids"]
+            with torch.no_grad():
+                predicted = model(torch.tensor([ids])).logits[0].argmax(-1).tolist()
+            inside = False
+            for i, token in enumerate(ids):
+                if token == start:
+                    inside = ids[i + 1 : i + 1 + len(header)] == header
+                    skip = i + len(header)
+                    continue
+                if inside and i > skip:
+                    kind = "digit" if any(c.isdigit() for c in tokenizer.decode([token])) else "other"
+                    hits[kind][0] += int(predicted[i - 1] == token)
+                    hits[kind][1] += 1
+                    inside = token != end
+        out[split] = {k: round(a / max(1, n), 3) for k, (a, n) in hits.items()}
+        out[split]["digit_tokens"] = hits["digit"][1]
+    return out
 
 
 GATE_POINTS, GATE_SEEDS, GATE_OF = 10.0, 4, 5
@@ -268,7 +333,7 @@ def gate_verdicts(rows: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m envace.stages.organism_calibration", description=__doc__)
-    parser.add_argument("what", choices=["sft", "gate", "table"])
+    parser.add_argument("what", choices=["sft", "gate", "copy", "table"])
     parser.add_argument("name", nargs="?")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--jobs", type=int, default=1, help="gate: seeds run at a time (one core each)")
@@ -281,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give a run NAME")
     if args.what == "sft":
         record(run_sft(args.name, list(args.overrides)))
+    elif args.what == "copy":
+        record(copy_accuracy(args.name))
     else:
         overrides = list(args.overrides)
         sft = run_sft(args.name, overrides)  # once, before the seeds share its checkpoint
