@@ -68,6 +68,13 @@ class SFTSchedule(str, enum.Enum):
     cosine = "cosine"
 
 
+class SFTBatching(str, enum.Enum):
+    """Which gold streams share an SFT optimiser step (envace.engines.local.sft.sft_batches)."""
+
+    shuffled = "shuffled"
+    prefix = "prefix"
+
+
 class Baseline(str, enum.Enum):
     output_mean = "output_mean"
     trajectory_mean = "trajectory_mean"

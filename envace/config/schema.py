@@ -27,6 +27,7 @@ from envace.config.enums import (
     ProfileName,
     Rehearser,
     ResponseSourceName,
+    SFTBatching,
     SFTSchedule,
     TrackingBackend,
 )
@@ -156,6 +157,7 @@ class TrainConfig:
     sft_lr: float = MISSING
     sft_batch_streams: int = MISSING  # gold streams per SFT optimiser step
     sft_schedule: SFTSchedule = MISSING  # constant | cosine (warm-up then decay over the whole warm-up)
+    sft_batching: SFTBatching = MISSING  # shuffled | prefix (streams with the same opening share a step)
     steps: int = MISSING  # GRPO steps; 0 = no RL (the exported model is the warm-started/base one)
     checkpoint_every: int = MISSING  # GRPO steps between checkpoints; 0 = only the final checkpoint
     keep_checkpoints: int = MISSING

@@ -87,6 +87,7 @@ def local_engine_config(cfg: Config, output_dir: Path, tracker: Tracker) -> Any:
             lr=float(t.sft_lr),
             batch_streams=int(t.sft_batch_streams),
             schedule=to_plain(t.sft_schedule),
+            batching=to_plain(t.sft_batching),
         ),
     )
 

@@ -93,10 +93,17 @@ class SFTConfig:
     schedule: str = "constant"
     warmup_frac: float = 0.03
     min_lr_frac: float = 0.1
+    # "shuffled": each step's streams drawn from the shuffled epoch in order; "prefix": shuffled, then streams
+    # opening with the same ``PREFIX_KEY_TOKENS`` tokens (same role prompt, system prompt and tool schemas:
+    # the same domain and role) batched together, so the packed forward computes their shared prefix once
+    # (the math of a batch is unchanged; which streams share a step changes), batches in random order
+    batching: str = "shuffled"
 
     def __post_init__(self) -> None:
         if self.schedule not in SFT_SCHEDULES:
             raise ValueError(f"SFTConfig.schedule={self.schedule!r}: must be one of {sorted(SFT_SCHEDULES)}")
+        if self.batching not in SFT_BATCHINGS:
+            raise ValueError(f"SFTConfig.batching={self.batching!r}: must be one of {sorted(SFT_BATCHINGS)}")
         if self.batch_streams < 1:
             raise ValueError(f"SFTConfig.batch_streams={self.batch_streams}: must be >= 1")
 
@@ -113,6 +120,7 @@ class SFTConfig:
 
 
 SFT_SCHEDULES = frozenset({"constant", "cosine"})
+SFT_BATCHINGS = frozenset({"shuffled", "prefix"})
 
 
 @dataclass(frozen=True)

@@ -159,21 +159,20 @@ def sft_epoch(
     ``cfg.lr_at(global step, total_steps)``, the global step counted from ``epoch`` x steps per epoch;
     with 0 the optimiser's own learning rate is left alone.
 
-    A batch of ``cfg.batch_streams`` rows is one optimiser step; with ``optim.share_prefix`` (default)
-    its rows are packed behind shared prefixes and split into token-budgeted micro-batches whose
+    A batch of ``cfg.batch_streams`` rows (``sft_batches``) is one optimiser step; with ``optim.share_prefix``
+    (default) its rows are packed behind shared prefixes and split into token-budgeted micro-batches whose
     gradients accumulate (the same packed forward as the RL update; ``precision`` resolved).
     """
     optim = optim or OptimConfig()
-    order = list(range(len(rows)))
-    random.Random(derive_seed(seed, "sft", epoch)).shuffle(order)
+    plan = sft_batches(rows, cfg, derive_seed(seed, "sft", epoch))
     model.train()
     sums = {"loss": 0.0, **{f"loss/{r.name.lower()}": 0.0 for r in Role}}
     counts = {k: 0 for k in sums}
     updater = PolicyUpdater(Slot("sft", model, frozenset(Role), optimizer), optim, seed, pad_id, device, precision)
-    step = epoch * steps_per_epoch(len(rows), cfg)
+    step = epoch * len(plan)
     try:
-        for start in range(0, len(order), max(1, cfg.batch_streams)):
-            chosen = [rows[i] for i in order[start : start + cfg.batch_streams]]
+        for batch_index in plan:
+            chosen = [rows[i] for i in batch_index]
             if total_steps > 0:
                 for group in optimizer.param_groups:
                     group["lr"] = cfg.lr_at(step, total_steps)
@@ -195,8 +194,40 @@ def sft_epoch(
     return {f"sft/{k}": sums[k] / counts[k] for k in sums if counts[k]}
 
 
-def steps_per_epoch(n_rows: int, cfg: SFTConfig) -> int:
-    return -(-n_rows // max(1, cfg.batch_streams))
+PREFIX_KEY_TOKENS = 256  # streams opening with the same this-many tokens share a batch under batching="prefix"
+
+
+def sft_batches(rows: Sequence[TrainRow], cfg: SFTConfig, seed: int) -> list[list[int]]:
+    """One epoch's optimiser steps as row indices (``cfg.batch_streams`` rows each, the last maybe fewer).
+
+    ``shuffled``: the shuffled rows in order. ``prefix``: the shuffled rows grouped by their first
+    ``PREFIX_KEY_TOKENS`` tokens, each group cut into full batches; the groups' remainders, in shuffled
+    order, fill the last batches; then the batches are shuffled. The number of batches depends on the rows
+    only, never on the seed (so the whole warm-up's step count is known before it starts).
+    """
+    size = max(1, cfg.batch_streams)
+    rng = random.Random(seed)
+    order = list(range(len(rows)))
+    rng.shuffle(order)
+    if cfg.batching == "shuffled":
+        return [order[i : i + size] for i in range(0, len(order), size)]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i in order:
+        groups.setdefault(tuple(rows[i].input_ids[:PREFIX_KEY_TOKENS].tolist()), []).append(i)
+    batches, rest = [], []
+    for members in groups.values():
+        full = len(members) - len(members) % size
+        batches.extend(members[j : j + size] for j in range(0, full, size))
+        rest.extend(members[full:])
+    place = {row: k for k, row in enumerate(order)}
+    rest.sort(key=place.__getitem__)
+    batches.extend(rest[j : j + size] for j in range(0, len(rest), size))
+    rng.shuffle(batches)
+    return batches
+
+
+def steps_per_epoch(rows: Sequence[TrainRow], cfg: SFTConfig) -> int:
+    return len(sft_batches(rows, cfg, 0))
 
 
 def _add_losses(sums: dict[str, float], counts: dict[str, int], logp: torch.Tensor, batch: Any) -> None:
@@ -261,7 +292,7 @@ def warm_up(
                 device=cfg.device,
                 optim=cfg.optim,
                 precision=precision,
-                total_steps=cfg.sft.epochs * steps_per_epoch(len(rows), cfg.sft),
+                total_steps=cfg.sft.epochs * steps_per_epoch(rows, cfg.sft),
             )
             lr_last = float(opt.param_groups[0]["lr"])
             metrics = {

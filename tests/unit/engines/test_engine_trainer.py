@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -209,6 +211,29 @@ def test_sft_cosine_schedule_warms_up_decays_and_is_set_per_step():
     model = _model()
     opt = make_optimizer(model, OptimConfig(), lr=cfg.lr)
     rows = _rows()
-    per_epoch = sft_module.steps_per_epoch(len(rows), cfg)
+    per_epoch = sft_module.steps_per_epoch(rows, cfg)
     sft_epoch(model, opt, rows, cfg, epoch=1, seed=0, pad_id=0, total_steps=2 * per_epoch)
     assert opt.param_groups[0]["lr"] == pytest.approx(cfg.lr_at(2 * per_epoch - 1, 2 * per_epoch))
+
+
+def test_sft_prefix_batching_groups_streams_with_one_opening():
+    from envace.engines.local.sft import PREFIX_KEY_TOKENS, sft_batches
+
+    def row(opening: int, n: int):
+        ids = torch.tensor([opening] * PREFIX_KEY_TOKENS + list(range(n)))
+        return SimpleNamespace(input_ids=ids)
+
+    rows = [row(k % 3, k) for k in range(11)]  # openings 0,1,2: groups of 4, 4 and 3 streams
+    cfg = SFTConfig(batch_streams=2, batching="prefix")
+    plan = sft_batches(rows, cfg, seed=5)
+    assert sorted(i for b in plan for i in b) == list(range(11))  # every stream once
+    full = [b for b in plan if len({k % 3 for k in b}) == 1 and len(b) == 2]
+    assert len(full) == 5  # 2 + 2 + 1 full same-opening batches, then the remainders (one of 0, 1 and 2)
+    assert len(plan) == 6 and len(sft_batches(rows, cfg, seed=6)) == 6  # the count never depends on the seed
+    assert sft_batches(rows, cfg, seed=5) == plan  # deterministic
+    shuffled = sft_batches(rows, SFTConfig(batch_streams=2), seed=5)
+    order = list(range(11))
+    random.Random(5).shuffle(order)
+    assert shuffled == [order[i : i + 2] for i in range(0, 11, 2)]  # the old order, unchanged
+    with pytest.raises(ValueError, match="batching"):
+        SFTConfig(batching="sorted")
