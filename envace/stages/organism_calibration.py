@@ -31,7 +31,7 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -154,8 +154,9 @@ def sft_loss(path: Path) -> float | None:
     return round(float(json.loads(path.read_text()).get("final/sft/loss", float("nan"))), 4)
 
 
-def run_gate(name: str, seed: int, overrides: list[str]) -> dict[str, Any]:
-    sft = run_sft(name, overrides)
+def run_gate(name: str, seed: int, overrides: list[str], sft: dict[str, Any]) -> dict[str, Any]:
+    """GRPO cell of ``seed`` from run ``name``'s SFT start (``sft``: that start's ``run_sft`` row, whose run
+    directory and params are already prepared: seeds may run side by side, none composes the config)."""
     run = ROOT / RUNS / name
     cell = run / METRICS / "cells" / f"grpo-seed{seed}"
     args = ["--variant", "grpo", "--seed", str(seed), "cell", *VAL_EVAL]
@@ -353,9 +354,16 @@ def main(argv: list[str] | None = None) -> int:
         sft = run_sft(args.name, overrides)  # once, before the seeds share its checkpoint
         if not any(r["kind"] == "sft" and r["name"] == args.name for r in recorded()):
             record(sft)
+        failed = []
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            for row in pool.map(lambda seed: run_gate(args.name, seed, overrides), args.seeds):
-                record(row)
+            futures = {pool.submit(run_gate, args.name, seed, overrides, sft): seed for seed in args.seeds}
+            for future in as_completed(futures):  # each seed recorded as it ends; one failing stops none
+                try:
+                    record(future.result())
+                except Exception as exc:  # noqa: BLE001 - reported with its seed, the others still run
+                    failed.append(f"seed {futures[future]}: {exc}")
+        if failed:
+            raise SystemExit("gate seeds failed: " + "; ".join(failed))
     return 0
 
 
