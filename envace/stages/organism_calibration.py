@@ -151,7 +151,8 @@ def sft_loss(path: Path) -> float | None:
     """The SFT warm-up's mean target-token NLL in its last epoch."""
     if not path.exists():
         return None
-    return round(float(json.loads(path.read_text()).get("final/sft/loss", float("nan"))), 4)
+    loss = json.loads(path.read_text()).get("final/sft/loss")
+    return None if loss is None or math.isnan(float(loss)) else round(float(loss), 4)  # None: no SFT epoch ran
 
 
 def run_gate(name: str, seed: int, overrides: list[str], sft: dict[str, Any]) -> dict[str, Any]:
