@@ -6,7 +6,7 @@ training tasks of every domain but the held-out one, teacher-forced once), ``--b
 optimiser step, one thread, the precision the engine resolves; only which streams share a step differs
 (``envace.engines.local.sft.sft_batches``). The arms alternate (ABAB...) ``--repeats`` times in one process
 so machine load hits both alike; the last line is one JSON object with each arm's median seconds per epoch,
-its tokens the packed forwards computed, the speed-up, and the CPU model.
+the speed-up, the CPU model and whether it has bf16 instructions.
 
     python scripts/bench_sft_batching.py --model data/organism/toolworld_lm --tasks 40 --repeats 3
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import platform
 import statistics
 import time
 
@@ -32,16 +31,7 @@ from envace.engines.local.trainer import make_optimizer
 from envace.envs.toolworld import ToolWorldEnv
 from envace.models import ModelSpec, load_model_and_tokenizer
 from envace.runtime.precision import resolve_precision
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+from envace.utils.machine import cpu_has_bf16, cpu_model
 
 
 def main() -> None:
@@ -80,6 +70,7 @@ def main() -> None:
         json.dumps(
             {
                 "cpu": cpu_model(),
+                "cpu_bf16": cpu_has_bf16(),
                 "precision": precision,
                 "tasks": len(tasks),
                 "rows": len(rows),
