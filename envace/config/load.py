@@ -105,6 +105,11 @@ def validate_config(cfg: DictConfig) -> DictConfig:
             f"{cfg.train.fidelity_tasks}: fidelity_every must be >= 0 (0 = off) and, when on, "
             "fidelity_tasks >= 1"
         )
+    if cfg.train.val_every < 0 or cfg.train.val_tasks < 0:
+        raise ConfigError(
+            f"train.val_every={cfg.train.val_every}, train.val_tasks={cfg.train.val_tasks}: both must be >= 0 "
+            "(val_every 0 = off; val_tasks 0 = every validation task)"
+        )
     try:
         RolloutBudget(**budget_values(cfg.rollout))  # the budget's range rules, stated once (its __post_init__)
     except ValueError as exc:

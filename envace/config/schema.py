@@ -167,6 +167,11 @@ class TrainConfig:
     # GRPO update (reported as step 0), every `fidelity_every` steps and at the last step. 0 = off.
     fidelity_every: int = MISSING
     fidelity_tasks: int = MISSING
+    # task-success probe during training (engine=local, tool-world data): the ACT model plays `val_tasks`
+    # validation tasks (0 = the whole split) on the real environment with the evaluation's budgets (greedy);
+    # at step 0, every `val_every` steps and at the last step (val/* metrics). 0 = off.
+    val_every: int = MISSING
+    val_tasks: int = MISSING
 
 
 @dataclass
@@ -303,6 +308,7 @@ class ScienceConfig:
     sft_epochs: int = MISSING
     steps: int = MISSING
     fidelity_every: int = MISSING
+    val_every: int = MISSING  # each cell's train.val_every on all science.n_val validation tasks (0 = off)
     gold_fidelity_tasks: int = MISSING
     sft_threads: int = MISSING
     testtime_variant: str = MISSING  # one of variants

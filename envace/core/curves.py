@@ -1,10 +1,10 @@
 """Per-step training curves from an engine's metrics history (what ``metrics/train.json`` stores as ``curves``).
 
-Step convention: step s = after s GRPO updates. Step 0 is before the first update (after the SFT
-warm-up, if any): it carries only the pre-training fidelity probe; RL metrics (reward, advantages) of
-step s ≥ 1 come from the rollout of step s (sampled before its update), and a probe at step s ≥ 1
-measures the weights after that update. Every curve has one value per step 0..N, ``None`` where the
-metric was not measured (always at step 0 for RL metrics; off-schedule steps for fidelity).
+Step convention: step s = after s GRPO updates. Step 0 is before the first update (after the SFT warm-up, if any):
+it carries only the pre-training probes (fidelity, validation success); RL metrics (reward, advantages) of step s ≥
+1 come from the rollout of step s (sampled before its update), and a probe at step s ≥ 1 measures the weights after
+that update. Every curve has one value per step 0..N, ``None`` where the metric was not measured (always at step 0
+for RL metrics; off-schedule steps for the probes).
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ CURVE_KEYS = (
     "fidelity/exact_match",
     "fidelity/field_f1",
     "fidelity/error_agreement",
+    "val/success",
+    "val/score",
+    "real_env/calls_total",
 )
 
 

@@ -5,7 +5,7 @@ from envace.evaluation.episode import ActLoopConfig, Dialogue, ExecutorResponder
 from envace.evaluation.fidelity import FidelityReport, compare_responses, field_f1, flatten_json, measure_fidelity
 from envace.evaluation.metrics import BenchmarkMetrics, compute_metrics
 from envace.evaluation.policies import OracleBackend, build_policy
-from envace.evaluation.probes import ProbeSet, oracle_probe_set
+from envace.evaluation.probes import ProbeSet, ValidationSet, oracle_probe_set
 from envace.evaluation.programs import ACTOR, REHEARSER, GenerationLedger, drive, gather
 from envace.evaluation.records import EpisodeRecord
 from envace.evaluation.registry import benchmark_names, get_benchmark, register_benchmark
@@ -27,6 +27,7 @@ __all__ = [
     "OracleBackend",
     "ProbeSet",
     "TurnView",
+    "ValidationSet",
     "benchmark_names",
     "build_policy",
     "compare_responses",

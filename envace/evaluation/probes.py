@@ -4,6 +4,7 @@
 adapter's real environment once: every call it makes is executed for real, so the records carry the
 true responses. ``measure_fidelity(backend, probe_set.records, probe_set.tasks)`` then scores any
 REHEARSE model on them — the training engine does so periodically to track fidelity over training.
+A ``ValidationSet`` is the other in-training probe's input: an adapter and tasks the policy plays for real.
 Deterministic: the oracle draws nothing and the executors are fresh per episode.
 """
 
@@ -40,6 +41,23 @@ class ProbeSet:
             for i in range(min(len(t.tool_calls), len(t.responses)))
             if i not in t.stand_ins
         )
+
+
+@dataclass(frozen=True)
+class ValidationSet:
+    """Tasks a policy plays during training on ``adapter``'s real environment (the local engine's task-success
+    probe, ``envace.engines.local.validation``)."""
+
+    adapter: BenchmarkAdapter
+    tasks: tuple[Task, ...]
+    concurrency: int = 8  # episodes in flight (their generations are batched)
+    prefix_cache_tokens: int = 32768  # the backend's KV prefix cache across turns (0 = off)
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise ValueError("ValidationSet: no tasks; pass at least one validation task")
+        if self.concurrency < 1:
+            raise ValueError(f"ValidationSet: concurrency must be >= 1, got {self.concurrency}")
 
 
 def oracle_probe_set(adapter: BenchmarkAdapter, tasks: Sequence[Task]) -> ProbeSet:

@@ -113,7 +113,8 @@ def step_stats(metrics_dir: Path) -> dict[str, Any]:
     path = metrics_dir / "train_steps.csv"
     if not path.exists():
         return {}
-    rows = [r for r in csv.DictReader(path.open()) if r.get("time/step")]
+    every = list(csv.DictReader(path.open()))
+    rows = [r for r in every if r.get("time/step")]
     if not rows:
         return {}
     times = sorted(float(r["time/step"]) for r in rows)
@@ -126,6 +127,9 @@ def step_stats(metrics_dir: Path) -> dict[str, Any]:
     rewards = [float(r["reward/mean"]) for r in rows if r.get("reward/mean")]
     if rewards:
         out["reward_first"], out["reward_last"] = round(rewards[0], 3), round(rewards[-1], 3)
+    curve = [[int(float(r["step"])), round(float(r["val/success"]), 3)] for r in every if r.get("val/success")]
+    if curve:  # train.val_every: validation success after each probed step (step 0 = the SFT start)
+        out["val_curve"] = curve
     return out
 
 
@@ -219,8 +223,8 @@ def table() -> None:
         "## Positive control (grpo, real environment, from the SFT start; gate: >= +10 points in >= 4 of 5 seeds)",
         "",
         "| run | seed | overrides | val SFT | val after | delta (points) | steps | s/step | reward first->last "
-        "| commit |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| val curve (step:success) | commit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r["kind"] != "gate":
@@ -230,7 +234,8 @@ def table() -> None:
             f"| {r['name']} | {r['seed']} | `{' '.join(r['overrides'])}` | {r['val_sft']['success']:.3f} | "
             f"{r['val_after']['success']:.3f} (n={r['val_after']['n']}) | {r['delta_points']:+.1f} | "
             f"{t.get('steps', '')} | {t.get('s_per_step_median', '')} | "
-            f"{t.get('reward_first', '')}->{t.get('reward_last', '')} | {r['commit']} |"
+            f"{t.get('reward_first', '')}->{t.get('reward_last', '')} | "
+            f"{' '.join(f'{step}:{v:.2f}' for step, v in t.get('val_curve', []))} | {r['commit']} |"
         )
     lines += ["", *gate_verdicts(rows)]
     copies = [r for r in rows if r["kind"] == "copy_probe"]

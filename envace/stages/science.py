@@ -195,6 +195,8 @@ def part_overrides(cfg: DictConfig, part: str, variant: str | None = None, seed:
             *group_switch("algo", variant, to_plain(cfg.algo.name)),
             f"train.steps={s.steps}",
             f"train.fidelity_every={s.fidelity_every}",
+            f"train.val_every={s.val_every}",
+            "train.val_tasks=0",  # all science.n_val validation tasks
             *_into(s, f"cells/{name}"),
         ]
         evaluate = [

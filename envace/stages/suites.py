@@ -23,7 +23,7 @@ Setting an option a benchmark does not use fails with the list of who uses what.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from envace.config.load import to_plain
@@ -31,7 +31,7 @@ from envace.config.schema import Config
 from envace.envs.bfcl.episode import BfclConfig
 from envace.envs.tau2.config import Tau2Config
 from envace.envs.toolworld import ToolWorldEnv, task_from_cm2_row
-from envace.evaluation import ActLoopConfig, get_benchmark, oracle_probe_set, sample_tasks
+from envace.evaluation import ActLoopConfig, ValidationSet, get_benchmark, oracle_probe_set, sample_tasks
 from envace.stages.common import Budgets, data_seed, toolworld_config
 
 
@@ -199,5 +199,32 @@ def _toolworld_probe_set(cfg: Config, rows: list[dict[str, Any]]) -> Any:
 # data.source -> the training-time fidelity probe set from validation rows (None: no real executor)
 PROBE_SETS: dict[str, Callable[[Config, list[dict[str, Any]]], Any] | None] = {
     "toolworld": _toolworld_probe_set,
+    "cm2": None,
+}
+
+
+def _toolworld_validation_set(cfg: Config) -> ValidationSet:
+    """``train.val_tasks`` validation tasks (0 = all) with the evaluation's adapter and budgets: the tasks and
+    episodes ``evaluate`` plays with ``eval.split=val`` (greedy), so the probe after the last step and an
+    evaluation of the exported weights agree."""
+    suite = replace(eval_suite(cfg, "toolworld"), split="val", n_tasks=int(cfg.train.val_tasks))
+    adapter = make_adapter(cfg, suite)
+    tasks = adapter.tasks(suite.split, limit=suite.limit, seed=data_seed(cfg))
+    if not tasks:
+        raise ValueError(
+            f"train.val_every={cfg.train.val_every} needs validation tasks, but the tool world has none "
+            f"(data.n_val={cfg.data.n_val}); set data.n_val > 0 or train.val_every=0"
+        )
+    return ValidationSet(
+        adapter,
+        tuple(tasks),
+        concurrency=int(cfg.eval.concurrency),
+        prefix_cache_tokens=int(cfg.eval.prefix_cache_tokens),
+    )
+
+
+# data.source -> the training-time task-success probe's validation set (None: no real executor)
+VALIDATION_SETS: dict[str, Callable[[Config], ValidationSet] | None] = {
+    "toolworld": _toolworld_validation_set,
     "cm2": None,
 }

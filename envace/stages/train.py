@@ -7,11 +7,13 @@ and ``paths.plots/train_steps.csv``; ``envace.tracking.mlflow_logging`` logs rol
 system metrics, model.
 
 With ``train.fidelity_every`` = k > 0 (engine local, tool-world data) REHEARSE predicts the real responses of the
-oracle's calls on ``train.fidelity_tasks`` val tasks at step 0 (before any GRPO update), every k steps and at the last
-(``fidelity/*``); train.json adds ``curves`` (``envace.core.curves``) to ``final/*``. Resumable: the engine
-checkpoints into ``.envace/train/<config hash>`` (outside DVC's outputs); a re-run of the same config continues from the
-latest one. On success the final weights move into ``paths.checkpoints/final`` with ``manifest.json`` (roles'
-directories, files, config hash) and the work directory is removed.
+oracle's calls on ``train.fidelity_tasks`` val tasks at step 0 (before any GRPO update), every k steps and at the
+last (``fidelity/*``). With ``train.val_every`` = k > 0 the ACT model plays ``train.val_tasks`` validation tasks on
+the real environment on the same schedule (``val/*``: the success curve). train.json adds ``curves``
+(``envace.core.curves``) to ``final/*``. Resumable: the engine checkpoints into ``.envace/train/<config hash>``
+(outside DVC's outputs); a re-run of the same config continues from the latest one. On success the final weights
+move into ``paths.checkpoints/final`` with ``manifest.json`` (roles' directories, files, config hash) and the work
+directory is removed.
 
 The precision the local engine decided once for the run (``engine.precision: auto`` resolved by the first process,
 ``envace.runtime.precision.decide_run_precision``) goes to the manifest's ``precision`` record (which the
@@ -36,8 +38,8 @@ from envace.envs.data_sources import data_source
 from envace.inference.preflight import preflight
 from envace.stages.common import BASELINE_DIR, MANIFEST
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
-from envace.stages.suites import PROBE_SETS
-from envace.stages.train_setup import ENGINE_CONFIGS, REWARDS, config_hash, probe_every
+from envace.stages.suites import PROBE_SETS, VALIDATION_SETS
+from envace.stages.train_setup import ENGINE_CONFIGS, REWARDS, config_hash, probe_every, validation_every
 from envace.tracking.mlflow_logging import train_logging
 from envace.utils.io import atomic_dir, atomic_path, read_json, read_jsonl, write_json
 
@@ -120,6 +122,9 @@ def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     if cfg.train.fidelity_every and not probe_every(cfg):
         logger.warning("train.fidelity_every ignored: the fidelity probe needs engine=local and a real executor")
     probe_set = PROBE_SETS[source](cfg, split_rows(cfg, "val")) if probe_every(cfg) else None  # once, up front
+    if cfg.train.val_every and not validation_every(cfg):
+        logger.warning("train.val_every ignored: the validation probe needs engine=local and a real executor")
+    validation_set = VALIDATION_SETS[source](cfg) if validation_every(cfg) else None
     logged: set[int] = set()
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
@@ -132,6 +137,7 @@ def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
         reward_fn=REWARDS[to_plain(cfg.judge.name)](cfg),
         executor_factory=executor_factory,
         fidelity_probe_set=probe_set,
+        validation_set=validation_set,
     )
     with train_logging(cfg, tracker, engine):  # then logs manifest, train_steps.csv and the model to MLflow
         result = engine.train(engine_config, specs, callbacks=[on_step])

@@ -17,7 +17,7 @@ from envace.engines.verl.engine import VerlEngineConfig
 from envace.judges import checklist_reward_fn, get_judge
 from envace.stages.common import model_spec
 from envace.stages.runner import Tracker
-from envace.stages.suites import PROBE_SETS
+from envace.stages.suites import PROBE_SETS, VALIDATION_SETS
 from envace.tracking.store import default_tracking_uri
 
 CONFIG_KEYS = ("seed", "model", "data", "algo", "engine", "rollout", "train", "judge")
@@ -48,6 +48,13 @@ def probe_every(cfg: Config) -> int:
     return every if to_plain(cfg.engine.name) == "local" and PROBE_SETS[to_plain(cfg.data.source)] else 0
 
 
+def validation_every(cfg: Config) -> int:
+    """``train.val_every`` where the task-success probe can run (engine local, data with a real executor),
+    else 0."""
+    every = int(cfg.train.val_every)
+    return every if to_plain(cfg.engine.name) == "local" and VALIDATION_SETS[to_plain(cfg.data.source)] else 0
+
+
 def local_engine_config(cfg: Config, output_dir: Path, tracker: Tracker) -> Any:
     # lazy: envace.engines.local loads torch, transformers and peft (seconds); a dead judge or simulator endpoint
     # fails the stage (preflight) before that
@@ -70,6 +77,7 @@ def local_engine_config(cfg: Config, output_dir: Path, tracker: Tracker) -> Any:
         resume=bool(t.resume),
         grpo_responses=to_plain(a.grpo_responses),
         fidelity_every=probe_every(cfg),
+        val_every=validation_every(cfg),
         lora=lora_spec(a),
         rollout=RolloutConfig(samples_per_prompt=r.samples_per_prompt, **budget_values(r)),
         optim=OptimConfig(

@@ -151,6 +151,9 @@ class LocalEngineConfig:
     # world-model fidelity probe (envace.engines.local.fidelity): at step 0, every k steps and the last
     # step; needs LocalEngine(fidelity_probe_set=...). 0 = off.
     fidelity_every: int = 0
+    # task-success probe (envace.engines.local.validation): the ACT model plays validation tasks on the real
+    # environment at step 0, every k steps and the last step; needs LocalEngine(validation_set=...). 0 = off.
+    val_every: int = 0
     device: str = "cpu"
     # auto | fp32 | bf16 (envace.runtime.precision): bf16 autocast with fp32 master weights where
     # the hardware has bf16 matmuls; rollouts, SFT and updates all run under it

@@ -12,7 +12,9 @@ kept as ``precision_record`` (the train stage logs it), reused unprobed by a res
 ``fidelity_every`` = k > 0 and a probe set, the REHEARSE model (the ``rehearse`` copy under ``per_role``,
 else the policy) is scored against real tool responses after the SFT warm-up (a history row with ``step``
 0), after every k-th step and after the last one (``make_probe`` / ``probe_at`` in
-``envace.engines.local.fidelity``; it leaves weights and RNG untouched). Variants
+``envace.engines.local.fidelity``; it leaves weights and RNG untouched). With ``val_every`` = k > 0 and a
+validation set, the ACT model plays the validation tasks on the real environment on the same schedule
+(``val/*`` metrics: ``envace.engines.local.validation``; also untouched). Variants
 (``envace.engines.base.VARIANTS``) decide which models exist and which roles train them:
 
 - ``envace``, ``frozen_act``, ``frozen_rehearse``: one shared policy plays both roles; its rows hold
@@ -66,8 +68,9 @@ from envace.engines.local.trainer import (
     compute_output_advantages,
     make_optimizer,
 )
+from envace.engines.local.validation import make_validation, validate_at
 from envace.envs.toolworld.reward import toolworld_verifiable_reward
-from envace.evaluation.probes import ProbeSet
+from envace.evaluation.probes import ProbeSet, ValidationSet
 from envace.judges.reward import required_items_gate
 from envace.models import load_model_and_tokenizer
 from envace.runtime.attention import use_gqa_attention
@@ -120,7 +123,8 @@ def _frozen(model: torch.nn.Module) -> torch.nn.Module:
 @register_engine("local")
 class LocalEngine(Engine):
     """Local role-wise GRPO trainer. ``reward_fn`` defaults to ``toolworld_verifiable_reward``;
-    ``fidelity_probe_set`` (``envace.evaluation.oracle_probe_set``) is what ``fidelity_every`` probes."""
+    ``fidelity_probe_set`` (``envace.evaluation.oracle_probe_set``) is what ``fidelity_every`` probes;
+    ``validation_set`` (``envace.engines.local.validation.ValidationSet``) what ``val_every`` plays."""
 
     name = "local"
 
@@ -131,12 +135,14 @@ class LocalEngine(Engine):
         role_prompts: RolePrompts = DEFAULT_ROLE_PROMPTS,
         guide: DecodeGuide | None = None,
         fidelity_probe_set: ProbeSet | None = None,
+        validation_set: ValidationSet | None = None,
     ):
         self.reward_fn = reward_fn or toolworld_verifiable_reward
         self.executor_factory = executor_factory
         self.role_prompts = role_prompts
         self.guide = guide
         self.fidelity_probe_set = fidelity_probe_set
+        self.validation_set = validation_set
         self.slots: dict[str, Slot] = {}
         self.frozen: dict[str, torch.nn.Module] = {}
         # optional observer of each RL step: (step, scored trajectories, per-output advantages); read-only
@@ -313,12 +319,20 @@ class LocalEngine(Engine):
             self._export(cfg, SFT_EXPORT)
         self._make_slots(cfg)
         probe = make_probe(cfg, self.fidelity_probe_set, self.precision)
+        validation = make_validation(cfg, self.validation_set, self.precision)
+
+        def probes(step: int) -> dict[str, float]:  # the probes due after ``step`` updates (none: {})
+            return {
+                **probe_at(probe, cfg, step, self.models, self.tokenizer, self.formatter),
+                **validate_at(validation, cfg, step, self.models, self.tokenizer, self.formatter),
+            }
+
         ckpt_models = {**self.models, **self.frozen}  # what a GRPO checkpoint holds
         optimizers = {name: slot.optimizer for name, slot in self.slots.items()}
         start, restored = checkpoints.resume(ckpt_models, optimizers)
         history = restored if has_checkpoint else history
         sft_calls = sft_real_calls(specs) if cfg.sft.epochs > 0 else 0  # real responses the warm-up used
-        if start == 0 and (before := probe_at(probe, cfg, 0, self.models, self.tokenizer, self.formatter)):
+        if start == 0 and (before := probes(0)):
             history.append({"step": 0.0, **before, **running_totals({}, None, sft_calls)})
             for cb in callbacks:
                 cb(0, history[-1])
@@ -330,7 +344,7 @@ class LocalEngine(Engine):
             metrics = {
                 "step": float(step + 1),
                 **self._rl_step(cfg, specs, step),
-                **probe_at(probe, cfg, step + 1, self.models, self.tokenizer, self.formatter),
+                **probes(step + 1),
             }
             previous = next((h for h in reversed(history) if "step" in h), None)
             metrics.update(running_totals(metrics, previous, sft_calls))

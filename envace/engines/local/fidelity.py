@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -47,6 +48,20 @@ FIDELITY_PREFIX = "fidelity/"
 def probe_due(step: int, every: int, total_steps: int) -> bool:
     """Whether the probe runs after ``step`` updates (step 0 = before any GRPO update)."""
     return every > 0 and (step == 0 or step % every == 0 or step == total_steps)
+
+
+@contextmanager
+def untouched(model: torch.nn.Module) -> Iterator[None]:
+    """Measure ``model`` without touching training: eval mode, no gradients, and the global RNG states
+    (torch, CUDA, python, numpy) saved and restored, so a run with probes trains bit-identical weights."""
+    saved_rng, was_training = rng_state(), model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+        set_rng_state(saved_rng)
 
 
 class FidelityProbe:
@@ -79,31 +94,25 @@ class FidelityProbe:
     def measure(self, model: torch.nn.Module, tokenizer: Any, formatter: ChatFormatter) -> dict[str, float]:
         """``fidelity/*`` metrics of ``model`` in the REHEARSE role; training state is left as found."""
         started = time.perf_counter()
-        saved_rng, was_training = rng_state(), model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                backend = local_inference.LocalHFBackend(
-                    model,
-                    tokenizer,
-                    name="rehearse@train",
-                    batch_size=self.batch_size,
-                    formatter=formatter,
-                    precision=self.precision,
-                )
-                report = measure_fidelity(
-                    backend,
-                    self.probe_set.records,
-                    self.probe_set.tasks,
-                    max_new_tokens=self.max_new_tokens,
-                    temperature=0.0,
-                    seed=self.seed,
-                    progress=self.progress,
-                    context_tokens=self.context_tokens,
-                )
-        finally:
-            model.train(was_training)
-            set_rng_state(saved_rng)
+        with untouched(model):
+            backend = local_inference.LocalHFBackend(
+                model,
+                tokenizer,
+                name="rehearse@train",
+                batch_size=self.batch_size,
+                formatter=formatter,
+                precision=self.precision,
+            )
+            report = measure_fidelity(
+                backend,
+                self.probe_set.records,
+                self.probe_set.tasks,
+                max_new_tokens=self.max_new_tokens,
+                temperature=0.0,
+                seed=self.seed,
+                progress=self.progress,
+                context_tokens=self.context_tokens,
+            )
         stats = report.overall
         metrics = {
             f"{FIDELITY_PREFIX}exact_match": stats.exact_match,

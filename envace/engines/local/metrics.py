@@ -13,7 +13,9 @@ The engine adds per trained model (prefixed ``act/`` / ``rehearse/`` under ``per
 ``grad_norm/<role>`` (with ``track_role_grad_norms``), ``rollout/logprob_diff``; and per step
 ``tokens_per_s`` (generated tokens / rollout seconds), ``update/tokens_per_s``, ``time/{rollout,update,step}``;
 on fidelity-probe steps (``envace.engines.local.fidelity``) ``fidelity/{exact_match,field_f1,
-error_agreement,parse_failure_rate,n_calls}`` and ``time/fidelity`` (not part of ``time/step``).
+error_agreement,parse_failure_rate,n_calls}`` and ``time/fidelity`` (not part of ``time/step``); on validation
+steps (``envace.engines.local.validation``) ``val/{success,score,n,real_calls,crashed}`` and ``time/val`` (the
+probe's calls are measurement, not training, and stay out of ``real_env/calls_total``).
 """
 
 from __future__ import annotations

@@ -63,6 +63,9 @@ def test_curves_have_one_value_per_step_from_zero_with_nulls_where_not_measured(
         "fidelity/exact_match",
         "fidelity/field_f1",
         "fidelity/error_agreement",
+        "val/success",
+        "val/score",
+        "real_env/calls_total",
     }
 
 
