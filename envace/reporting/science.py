@@ -38,7 +38,13 @@ from envace.reporting import reference
 from envace.reporting.figures import save_figure
 from envace.reporting.metrics_files import write_metrics
 from envace.reporting.science_family import TEST, primary_family, seeds_needed
-from envace.reporting.science_plots import curves_by_variant, curves_figure, main_figure, testtime_figure
+from envace.reporting.science_plots import (
+    curves_by_variant,
+    curves_figure,
+    efficiency_figure,
+    main_figure,
+    testtime_figure,
+)
 from envace.reporting.science_stats import summarize
 from envace.reporting.science_tables import (
     calibration_table,
@@ -214,6 +220,7 @@ def aggregate(cfg: DictConfig) -> dict[str, Any]:
     figures = {
         "science_main.png": main_figure(agg, variants),
         "science_curves.png": curves_figure(curves_by_variant(summary["cells"])),
+        "science_efficiency.png": efficiency_figure(curves_by_variant(summary["cells"])),
         "science_testtime.png": testtime_figure(summary["testtime"]),
     }
     with atomic_dir(s.reports) as tmp:

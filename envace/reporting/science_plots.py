@@ -16,6 +16,7 @@ from envace.reporting.science_stats import SUBSETS
 
 # per-step curves drawn per variant (mean over seeds, band = min..max over seeds): (key, title, y label)
 CURVES = (
+    ("val/success", "validation success (real environment, greedy)", "success rate (0-1)"),
     ("reward/mean", "reward per step", "reward (0-1)"),
     ("loss/act", "ACT loss", "loss per token"),
     ("loss/rehearse", "REHEARSE loss", "loss per token"),
@@ -65,6 +66,30 @@ def curves_figure(by_variant: Mapping[str, list[pd.DataFrame]]) -> Any:
     for ax in axes[len(keys) :]:
         ax.set_visible(False)
     legend_outside(axes[0])
+    return fig
+
+
+def efficiency_figure(by_variant: Mapping[str, list[pd.DataFrame]]) -> Any:
+    """Validation success against the real environment calls used so far (``real_env/calls_total``: the SFT
+    warm-up's gold responses plus every real call of training) at each probed step: the sample-efficiency
+    view. Per variant, the seed mean of both coordinates at each probed step; None without ``val/success``."""
+    needed = {"step", "val/success", "real_env/calls_total"}
+    drawn = {
+        v: [f.dropna(subset=["val/success"]) for f in frames if needed <= set(f.columns)]
+        for v, frames in by_variant.items()
+    }
+    drawn = {v: [f for f in fs if len(f)] for v, fs in drawn.items()}
+    drawn = {v: fs for v, fs in drawn.items() if fs}
+    if not drawn:
+        return None
+    fig, (ax,) = new_figure("Validation success against real environment calls (mean over seeds)", size=(7, 3.6))
+    for variant, frames in sorted(drawn.items()):
+        table = pd.concat([f.set_index("step")[["val/success", "real_env/calls_total"]] for f in frames])
+        mean = table.groupby(level=0).mean().sort_index()
+        ax.plot(mean["real_env/calls_total"], mean["val/success"], marker="o", label=f"{variant} ({len(frames)} seeds)")
+    ax.set_xlabel("real environment calls so far (SFT gold responses + training)")
+    ax.set_ylabel("validation success (0-1)")
+    legend_outside(ax)
     return fig
 
 

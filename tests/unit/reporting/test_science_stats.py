@@ -506,3 +506,22 @@ def test_primary_family_pairs_by_seed_and_keeps_unmeasured_comparisons_in_the_fa
     testtime = family["comparisons"]["envace/parallel/n2/trained-vs-n0"]
     assert testtime["verdict"] == "not measured" and testtime["p"] is None and testtime["p_holm"] is None
     assert family["family_size"] == 4 and family["interval_level"] == pytest.approx(0.9875)
+
+
+def test_the_efficiency_figure_plots_seed_mean_validation_success_against_real_calls():
+    import pandas as pd
+
+    from envace.reporting.science_plots import CURVES, efficiency_figure
+
+    def steps(success, calls):  # probed at steps 0 and 2; step 1 has no probe
+        val = [success[0], None, success[1]]
+        return pd.DataFrame({"step": [0, 1, 2], "val/success": val, "real_env/calls_total": [100, 140, calls]})
+
+    frames = {"grpo": [steps((0.2, 0.4), 180), steps((0.2, 0.3), 200)], "envace": [steps((0.1, 0.1), 100)]}
+    fig = efficiency_figure(frames)
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    assert set(lines) == {"grpo (2 seeds)", "envace (1 seeds)"}
+    grpo = lines["grpo (2 seeds)"]
+    assert list(grpo.get_xdata()) == [100, 190] and list(grpo.get_ydata()) == pytest.approx([0.2, 0.35])
+    assert efficiency_figure({"grpo": [pd.DataFrame({"step": [1], "reward/mean": [0.3]})]}) is None
+    assert CURVES[0][0] == "val/success"  # the training-curves figure opens with the validation curve
