@@ -105,6 +105,8 @@ def validate_config(cfg: DictConfig) -> DictConfig:
             f"{cfg.train.fidelity_tasks}: fidelity_every must be >= 0 (0 = off) and, when on, "
             "fidelity_tasks >= 1"
         )
+    if cfg.algo.mini_batches < 1:
+        raise ConfigError(f"algo.mini_batches={cfg.algo.mini_batches}: must be >= 1 (1 = one optimiser step per epoch)")
     if cfg.train.val_every < 0 or cfg.train.val_tasks < 0:
         raise ConfigError(
             f"train.val_every={cfg.train.val_every}, train.val_tasks={cfg.train.val_tasks}: both must be >= 0 "

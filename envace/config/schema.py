@@ -85,6 +85,7 @@ class AlgoConfig:
     kl_coef: float = MISSING  # > 0 adds low_var_kl to a frozen reference
     grad_clip: float = MISSING
     ppo_epochs: int = MISSING
+    mini_batches: int = MISSING  # optimiser steps per PPO epoch: each step's batch in this many mini-batches
     grpo_responses: ResponseSourceName = MISSING
     # LoRA (envace.engines.lora): values declared once, in conf/config.yaml; lora_rank 0 = full fine-tuning
     lora_rank: int = MISSING

@@ -86,6 +86,7 @@ def local_engine_config(cfg: Config, output_dir: Path, tracker: Tracker) -> Any:
             kl_coef=a.kl_coef,
             grad_clip=a.grad_clip,
             ppo_epochs=a.ppo_epochs,
+            mini_batches=int(a.mini_batches),
             baseline=to_plain(a.baseline),
             norm_by_std=a.norm_by_std,
             **speed,

@@ -52,7 +52,8 @@ class OptimConfig:
     loss_agg_mode: str = LOSS_AGG_MODE
     grad_clip: float = 1.0
     ppo_epochs: int = 1
-    mini_batch_streams: int = 0  # streams per optimiser step within an epoch; 0 = all in one
+    mini_batch_streams: int = 0  # streams per optimiser step within an epoch; 0 = split by ``mini_batches``
+    mini_batches: int = 1  # with mini_batch_streams 0: optimiser steps per epoch (the step's rows in that many parts)
     micro_batch_streams: int = 4  # streams per forward/backward (gradient accumulation)
     baseline: str = "output_mean"  # output_mean | trajectory_mean (conf/algo/*.yaml: grpo uses trajectory_mean)
     norm_by_std: bool = False

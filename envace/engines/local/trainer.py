@@ -6,7 +6,8 @@ baseline per prompt, with conf/algo/grpo.yaml's ``trajectory_mean`` the mean of 
 for the ``grpo`` variant). A(y) is applied to every generated
 token of y in the clipped objective of ``envace.engines.losses.compute_policy_loss`` (token-mean over the
 mini-batch, optional low_var_kl to a frozen reference), then AdamW with constant LR and grad-norm
-clipping at 1.0; ``ppo_epochs`` passes over ``mini_batch_streams``-sized mini-batches.
+clipping at 1.0; ``ppo_epochs`` passes over mini-batches (``mini_batch_streams`` rows each, or the step's rows
+in ``mini_batches`` parts), one optimiser step per mini-batch.
 
 Choices (documented deviations):
 - Old log-probs are *recomputed* with the current model before the update (default
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -299,10 +301,16 @@ class PolicyUpdater:
         )
         return self.logprobs(model, batch)
 
+    def mini_batch_size(self, n_rows: int) -> int:
+        """Rows per optimiser step: ``mini_batch_streams``, else the step's rows split into ``mini_batches``
+        near-equal parts (at least one row each)."""
+        if self.cfg.mini_batch_streams > 0:
+            return self.cfg.mini_batch_streams
+        return max(1, math.ceil(n_rows / max(1, self.cfg.mini_batches)))
+
     def single_pass(self, rows: Sequence[TrainRow]) -> bool:
         """One epoch, one mini-batch: every forward of the update sees the pre-update weights."""
-        size = self.cfg.mini_batch_streams
-        return self.cfg.ppo_epochs == 1 and (size <= 0 or size >= len(rows))
+        return self.cfg.ppo_epochs == 1 and self.mini_batch_size(len(rows)) >= len(rows)
 
     @torch.no_grad()
     def prepare(self, rows: Sequence[TrainRow]) -> float | None:
@@ -347,7 +355,7 @@ class PolicyUpdater:
             return {}
         release_inference_copy(self.slot.model)  # stale after the first optimiser step; frees its memory now
         self.slot.model.train()
-        size = self.cfg.mini_batch_streams or len(rows)
+        size = self.mini_batch_size(len(rows))
         self._gap_on_the_fly = self.single_pass(rows) and not self._measured
         self._gap = [0.0, 0]
         try:

@@ -118,6 +118,11 @@ def check_supported(cfg: ConfigLike) -> None:
         )
     if cfg.train.steps < 1:
         raise VerlConfigError("train.steps must be >= 1 for engine=verl (0 = no RL: use engine=local)")
+    if rollout.prompts_per_step % cfg.algo.mini_batches:
+        raise VerlConfigError(
+            f"algo.mini_batches={cfg.algo.mini_batches} does not divide rollout.prompts_per_step="
+            f"{rollout.prompts_per_step}: verl splits a step's prompts into equal mini-batches; pick a divisor"
+        )
     act_t, rehearse_t = rollout.act_temperature, rollout.rehearse_temperature
     if rows_per_trajectory(variant.name) == 2 and rehearse_t != act_t:
         raise VerlConfigError(
@@ -220,7 +225,9 @@ def _actor(cfg: Config, model_path: str) -> dict[str, Any]:
         prefix + "kl_loss_type": KL_TYPE,
         prefix + "use_dynamic_bsz": True,
         prefix + "ppo_max_token_len_per_gpu": int(max_tokens),
-        prefix + "ppo_mini_batch_size": rollout.prompts_per_step * rows_per_trajectory(algo.name.value),
+        prefix + "ppo_mini_batch_size": rollout.prompts_per_step
+        // algo.mini_batches
+        * rows_per_trajectory(algo.name.value),
         prefix + "data_loader_seed": cfg.seed,
         prefix + "checkpoint.save_contents": ["model", "optimizer", "extra", "hf_model"],
         prefix + "checkpoint.load_contents": ["model", "optimizer", "extra"],  # resume from the sharded state

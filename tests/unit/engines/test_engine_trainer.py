@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import random
 from types import SimpleNamespace
 
@@ -98,6 +99,29 @@ def test_single_pass_takes_old_logprobs_from_the_update_forward():
     assert "rollout/logprob_diff" not in checked_metrics
     for a, b in zip(model.parameters(), checked.parameters()):  # the check does not change the update
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_mini_batches_split_each_epoch_into_that_many_optimiser_steps():
+    """``mini_batches`` k: ceil(rows / k) rows per optimiser step (``mini_batch_streams``, when set, wins);
+    the same split as the equivalent ``mini_batch_streams`` gives the same weights."""
+    n_rows = len(_rows())
+    steps = []
+    for cfg in (OptimConfig(lr=1e-2, mini_batches=3), OptimConfig(lr=1e-2, mini_batch_streams=math.ceil(n_rows / 3))):
+        model = _model()
+        optimizer = make_optimizer(model, cfg)
+        counted = []
+        optimizer.register_step_post_hook(lambda *_, seen=counted: seen.append(1))
+        updater = PolicyUpdater(Slot("policy", model, frozenset(Role), optimizer, None), cfg, seed=0, pad_id=0)
+        assert updater.mini_batch_size(n_rows) == math.ceil(n_rows / 3) and not updater.single_pass(_rows())
+        rows = _rows()
+        updater.prepare(rows)
+        updater.update(rows, step=0)
+        steps.append((len(counted), model))
+    assert steps[0][0] == steps[1][0] == 3
+    for a, b in zip(steps[0][1].parameters(), steps[1][1].parameters()):
+        assert torch.equal(a, b)
+    one = PolicyUpdater(Slot("policy", _model(), frozenset(Role), None, None), OptimConfig(), seed=0, pad_id=0)
+    assert one.mini_batch_size(n_rows) == n_rows and one.single_pass(_rows())
 
 
 def test_sampling_logprobs_mode_reuses_rollout_values():
