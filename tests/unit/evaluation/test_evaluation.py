@@ -261,3 +261,29 @@ def test_gather_batches_programs_and_dispatch_names_missing_seats():
     assert backend.batches == [3, 3] and ledger.snapshot()["act"].calls == 6
     with pytest.raises(KeyError, match="seats given: \\['actor'\\]"):
         dispatch([GenerationCall("rehearser", "rehearse", ChatRequest(()))], {ACTOR: backend})
+
+
+class SeedRecorder(TextBackend):
+    """TextBackend that records each request's sampling seed."""
+
+    def __init__(self) -> None:
+        super().__init__("no tool needed")
+        self.seeds: list[int] = []
+
+    def generate(self, requests: Sequence[ChatRequest]) -> list[ChatOutput]:
+        self.seeds += [r.seed for r in requests]
+        return super().generate(requests)
+
+
+def test_each_trial_samples_with_its_own_seeds_and_trial_zero_keeps_the_single_trial_ones(adapter):
+    """Trials of a sampled evaluation (``with_trials``) must not replay one another: pass^k over identical
+    episodes would be meaningless. Trial 0 keeps the seeds of an evaluation without trials."""
+    from envace.evaluation import with_trials
+
+    single, trials = SeedRecorder(), SeedRecorder()
+    evaluate(adapter, single, TASKS[:1], progress=False)
+    evaluate(adapter, trials, with_trials(TASKS[:1], 3), progress=False)
+    n = len(single.seeds)  # one generation per user turn (the backend never calls a tool)
+    assert n >= 1 and len(trials.seeds) == 3 * n
+    per_trial = [tuple(trials.seeds[k * n : (k + 1) * n]) for k in range(3)]
+    assert per_trial[0] == tuple(single.seeds) and len(set(trials.seeds)) == 3 * n
