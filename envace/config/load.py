@@ -129,13 +129,13 @@ def validate_config(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
-def algo_options(conf_dir: Path | str = CONF_DIR) -> list[str]:
-    """The conf/algo option names (the science matrix's variants)."""
-    return sorted(p.stem for p in (Path(conf_dir) / "algo").glob("*.yaml"))
+def group_options(group: str, conf_dir: Path | str = CONF_DIR) -> list[str]:
+    """The option names of config group ``group`` (its ``conf/<group>/*.yaml`` files), sorted."""
+    return sorted(p.stem for p in (Path(conf_dir) / group).glob("*.yaml"))
 
 
 def _check_science_variants(science: DictConfig) -> None:
-    options = algo_options()
+    options = group_options("algo")  # a science variant is an algo option (the cell switches to its file)
     unknown = [v for v in science.variants if v not in options]
     if unknown:
         raise ConfigError(f"science.variants has {unknown}, not conf/algo options; valid: {options}")
@@ -235,7 +235,7 @@ def group_switch(group: str, option: str, current: str, conf_dir: Path | str = C
     files = {name: Path(conf_dir) / group / f"{name}.yaml" for name in (option, current)}
     for name, path in files.items():
         if not path.exists():
-            valid = sorted(p.stem for p in (Path(conf_dir) / group).glob("*.yaml"))
+            valid = group_options(group, conf_dir)
             raise ConfigError(f"config group {group!r} has no option {name!r} ({path}); valid: {valid}")
     target, start = (OmegaConf.to_container(OmegaConf.load(files[name])) for name in (option, current))
     return [f"{group}.{k}={hydra_value(v)}" for k, v in target.items() if k != "defaults" and start.get(k) != v]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from envace.config.enums import SFTBatching, SFTSchedule
 from envace.core.records import Role
 from envace.core.rollout_budget import RolloutBudget
 from envace.engines.lora import LoraSpec
@@ -101,10 +102,10 @@ class SFTConfig:
     batching: str = "shuffled"
 
     def __post_init__(self) -> None:
-        if self.schedule not in SFT_SCHEDULES:
-            raise ValueError(f"SFTConfig.schedule={self.schedule!r}: must be one of {sorted(SFT_SCHEDULES)}")
-        if self.batching not in SFT_BATCHINGS:
-            raise ValueError(f"SFTConfig.batching={self.batching!r}: must be one of {sorted(SFT_BATCHINGS)}")
+        for name, choices in (("schedule", SFTSchedule), ("batching", SFTBatching)):
+            valid = [c.value for c in choices]
+            if getattr(self, name) not in valid:
+                raise ValueError(f"SFTConfig.{name}={getattr(self, name)!r}: must be one of {valid}")
         if self.batch_streams < 1:
             raise ValueError(f"SFTConfig.batch_streams={self.batch_streams}: must be >= 1")
 
@@ -118,10 +119,6 @@ class SFTConfig:
         progress = min(1.0, (step - warm) / max(1, total - 1 - warm))
         floor = self.min_lr_frac * self.lr
         return floor + (self.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-SFT_SCHEDULES = frozenset({"constant", "cosine"})
-SFT_BATCHINGS = frozenset({"shuffled", "prefix"})
 
 
 @dataclass(frozen=True)

@@ -272,6 +272,7 @@ def warm_up(
         if not rows or first >= cfg.sft.epochs:
             continue
         opt = make_optimizer(model, cfg.optim, lr=cfg.sft.lr)
+        total_steps = cfg.sft.epochs * steps_per_epoch(rows, cfg.sft)  # the whole warm-up's, for the schedule
         if ckpt is not None and first > 0:
             opt.load_state_dict(ckpt.optimizer_state(name))
         for epoch in tqdm(
@@ -292,14 +293,13 @@ def warm_up(
                 device=cfg.device,
                 optim=cfg.optim,
                 precision=precision,
-                total_steps=cfg.sft.epochs * steps_per_epoch(rows, cfg.sft),
+                total_steps=total_steps,
             )
-            lr_last = float(opt.param_groups[0]["lr"])
             metrics = {
                 **metrics,
                 "sft/epoch": float(epoch),
                 "sft/gold_trajectories": float(len(trajs)),
-                "sft/lr_last": lr_last,
+                "sft/lr_last": float(opt.param_groups[0]["lr"]),
             }
             metrics = {k if name == "policy" else f"{k}/{name}": v for k, v in metrics.items()}
             history.append(metrics)
