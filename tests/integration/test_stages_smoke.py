@@ -99,8 +99,16 @@ def test_train_tracks_world_model_fidelity_over_training(chain):
         "fidelity/exact_match",
         "fidelity/field_f1",
         "fidelity/error_agreement",
+        "val/success",
+        "val/score",
+        "real_env/calls_total",
     }
     assert curves["step"] == list(range(0, n + 1)) and all(len(v) == n + 1 for v in curves.values())
+    # the validation probe (train.val_every=2, one task): at step 0 and the last step only
+    assert cfg.train.val_every == 2 and n == 2
+    assert [v is not None for v in curves["val/success"]] == [True, False, True]
+    assert all(0.0 <= v <= 1.0 for v in curves["val/success"] if v is not None)
+    assert steps["val/n"].dropna().tolist() == [1.0, 1.0]
     for key in ("fidelity/exact_match", "fidelity/field_f1", "fidelity/error_agreement"):
         assert all(v is not None and 0.0 <= v <= 1.0 for v in curves[key]), key
     assert curves["reward/mean"][0] is None and all(v is not None for v in curves["reward/mean"][1:])
