@@ -38,7 +38,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from envace.config.enums import ModelKind
+from envace.config.enums import JudgeName, ModelKind
 from envace.config.schema import GROUPS, Config, RehearsalSweepConfig
 from envace.core.rehearsal import RehearsalConfig, RehearsalMode
 from envace.core.rollout_budget import RolloutBudget, budget_values
@@ -158,6 +158,13 @@ def _check_judge(judge: DictConfig) -> None:
         raise ConfigError(
             f"judge.max_failure_rate={judge.max_failure_rate}, judge.failure_window="
             f"{judge.failure_window}: need a rate in [0, 1] (1 = never stop) and a window >= 1"
+        )
+    if not 0.0 <= judge.argument_credit < 1.0:
+        raise ConfigError(f"judge.argument_credit={judge.argument_credit}: must be in [0, 1) (0 = exact calls only)")
+    if judge.argument_credit and judge.name != JudgeName.verifiable:
+        raise ConfigError(
+            f"judge.argument_credit={judge.argument_credit} is a setting of the verifiable reward, not of "
+            f"judge={getattr(judge.name, 'value', judge.name)}; set judge=verifiable or judge.argument_credit=0"
         )
 
 

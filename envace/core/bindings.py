@@ -123,6 +123,32 @@ class CallCorrespondence:
                 pairs.append((expected, actual))
         return pairs if self._consistent(pairs) else None
 
+    def argument_fraction(self, gold: ToolCall, made: ToolCall) -> float:
+        """For a made call that ``match`` rejected: the share of arguments it got right, over the union of
+        both calls' argument names (0 when the names differ or the arguments are not an object).
+
+        Each gold argument is checked on its own by ``match``'s rule (bound arguments against the
+        corresponding response, renaming consistent with the pairs accepted so far); nothing is recorded.
+        """
+        args = made.arguments if isinstance(made.arguments, Mapping) else None
+        if made.name != gold.name or args is None:
+            return 0.0
+        names = set(args) | set(gold.arguments)
+        if not names:
+            return 0.0
+        bound = self.bindings.get(str(gold.id), {}) if gold.id is not None else {}
+        right = 0
+        for name, expected in gold.arguments.items():
+            if name not in args:
+                continue
+            source = bound.get(name)
+            response = self.source_response(str(source["call"])) if source else MISSING
+            target = expected if response is MISSING else lookup(response, source["path"])
+            if target is MISSING or not json_equal(args[name], target):
+                continue
+            right += not source or self._consistent([(expected, args[name])])
+        return right / len(names)
+
     def _consistent(self, pairs: list[tuple[Any, Any]]) -> bool:
         forward, backward = dict(self._forward), dict(self._backward)
         for gold_value, made_value in pairs:

@@ -14,6 +14,7 @@ from envace.config.schema import Config
 from envace.core.rollout_budget import budget_values
 from envace.engines.lora import lora_spec
 from envace.engines.verl.engine import VerlEngineConfig
+from envace.envs.toolworld.reward import verifiable_reward
 from envace.judges import checklist_reward_fn, get_judge
 from envace.stages.common import model_spec
 from envace.stages.runner import Tracker
@@ -29,13 +30,16 @@ def config_hash(cfg: Config) -> str:
 
 
 def _judge_reward(cfg: Config) -> Any:
-    settings = to_plain(cfg.judge)  # every judge.* key is a judge setting (envace.judges.base.LLM_SETTING_NAMES)
+    settings = to_plain(
+        cfg.judge
+    )  # every judge.* key but these is a judge setting (envace.judges.base.LLM_SETTING_NAMES)
+    settings.pop("argument_credit")  # the verifiable reward's (checked to be 0 for the other judges)
     return checklist_reward_fn(get_judge(settings.pop("name"), **settings))
 
 
-# judge.name -> reward function (None = the engine's built-in verifiable tool-world reward)
+# judge.name -> reward function (the built-in verifiable tool-world reward or a checklist judge)
 REWARDS: dict[str, Callable[[Config], Any]] = {
-    "verifiable": lambda cfg: None,
+    "verifiable": lambda cfg: verifiable_reward(float(cfg.judge.argument_credit)),
     "rule": _judge_reward,
     "llm": _judge_reward,
     "composite": _judge_reward,

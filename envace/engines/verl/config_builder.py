@@ -172,6 +172,7 @@ def loop_settings(cfg: ConfigLike) -> LoopSettings:
         responses="policy" if variant.rehearse_by_policy else algo.grpo_responses.value,
         data_source=cfg.data.source.value,
         reward=judge.name.value,
+        argument_credit=judge.argument_credit,
         baseline=algo.baseline.value,
         chat_template=str(engine_option(cfg.engine, "chat_template")),
         max_tool_response_length=engine_option(cfg.engine, "max_tool_response_length"),

@@ -4,8 +4,8 @@ Everything here is selected by name from ``LoopSettings`` and cached per worker 
 new agent-loop object for every sample, so judges, endpoint clients and chat formatters must not be
 rebuilt each time).
 
-- Rewards: ``verifiable`` → ``envace.envs.toolworld.reward.toolworld_verifiable_reward``; ``rule`` / ``llm`` /
-  ``composite`` → a checklist judge from ``envace.judges`` (``checklist_reward_fn``).
+- Rewards: ``verifiable`` → ``envace.envs.toolworld.reward.verifiable_reward`` (with ``argument_credit``);
+  ``rule`` / ``llm`` / ``composite`` → a checklist judge from ``envace.judges`` (``checklist_reward_fn``).
 - Executors (``grpo`` with real responses): rebuilt from the dataset row's raw CM2 row by data source;
   only the embedded tool world is executable.
 - Simulator (``grpo`` with simulated responses): an OpenAI-compatible endpoint
@@ -25,7 +25,7 @@ from envace.core.records import EpisodeSpec, Trajectory, TrajectoryStatus
 from envace.core.reward import RewardOutcome
 from envace.engines.verl.settings import EndpointSettings, LoopSettings
 from envace.envs.data_sources import DATA_SOURCES, data_source
-from envace.envs.toolworld.reward import toolworld_verifiable_reward
+from envace.envs.toolworld.reward import verifiable_reward
 from envace.inference.openai_client import OpenAIChatBackend
 from envace.judges import checklist_reward_fn, get_judge
 from envace.judges.budget import JudgeFailureBudgetExceeded
@@ -46,7 +46,7 @@ def cached(key: tuple, build: Callable[[], Any]) -> Any:
 
 # ---- rewards --------------------------------------------------------------------------------------
 def _verifiable(settings: LoopSettings) -> Callable[..., Any]:
-    return toolworld_verifiable_reward
+    return verifiable_reward(settings.argument_credit)
 
 
 def _judge(settings: LoopSettings) -> Callable[..., Any]:
@@ -75,7 +75,7 @@ def reward_function(settings: LoopSettings) -> Callable[..., Any]:
     """The (cached) ``RewardFn`` named by ``settings.reward``."""
     if settings.reward not in REWARD_BUILDERS:
         raise ValueError(f"unknown reward/judge {settings.reward!r}; valid: {sorted(REWARD_BUILDERS)}")
-    key = ("reward", settings.reward, json.dumps(asdict(settings.judge), sort_keys=True))
+    key = ("reward", settings.reward, settings.argument_credit, json.dumps(asdict(settings.judge), sort_keys=True))
     return cached(key, lambda: REWARD_BUILDERS[settings.reward](settings))
 
 

@@ -57,6 +57,7 @@ class LoopSettings(RolloutBudget):
     responses: str = "policy"
     data_source: str = "toolworld"
     reward: str = "verifiable"  # judge name (envace.judges) or "verifiable"
+    argument_credit: float = 0.0  # the verifiable reward's near-miss credit (judge.argument_credit)
     baseline: str = "output_mean"
     chat_template: str = "auto"
     max_tool_response_length: int | None = None  # characters; None = tool responses are never cut

@@ -4,26 +4,34 @@ a response, so an imagined world that is consistent scores as gold does."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from envace.core.answers import answer_target, mentions, turn_answer_bindings
 from envace.core.bindings import MISSING as BINDING_MISSING
 from envace.core.bindings import CallCorrespondence
 from envace.core.records import EpisodeSpec, Trajectory, TrajectoryStatus
-from envace.core.reward import RewardOutcome
+from envace.core.reward import RewardFn, RewardOutcome
 
 
 def _gold_calls_matched(
-    spec: EpisodeSpec, trajectory: Trajectory
-) -> tuple[dict[int, int], dict[int, int], CallCorrespondence]:
-    """Per user turn: how many made calls were paired with a gold call of that turn, how many calls were
-    made, and the correspondence itself (the trajectory's response of each paired gold call).
+    spec: EpisodeSpec, trajectory: Trajectory, argument_credit: float = 0.0
+) -> tuple[dict[int, float], dict[int, int], CallCorrespondence]:
+    """Per user turn: the credit of the made calls (1 per call paired with a gold call of that turn, plus
+    the near misses' credit below), how many calls were made, and the correspondence itself (the
+    trajectory's response of each paired gold call).
 
     Pairing follows ``envace.core.bindings.CallCorrespondence`` over the whole trajectory, in
     order: each made call takes the first still unpaired gold call of its user turn that it matches.
+    With ``argument_credit`` > 0, a made call that pairs with nothing is a near miss of the unpaired gold
+    call of its turn it is closest to (``argument_fraction``, the first on ties); a gold call that stays
+    unpaired earns ``argument_credit`` times the best fraction among its near misses (so a call with the
+    right tool and two of three arguments right earns ``argument_credit * 2/3``, never a full 1).
     """
     correspondence = CallCorrespondence(spec.meta.get("bindings") if spec.meta else None)
     remaining = {t: [c for step in steps for c in step.calls] for t, steps in enumerate(spec.gold)}
-    matched: dict[int, int] = {}
+    matched: dict[int, float] = {}
     made: dict[int, int] = {}
+    near: dict[int, tuple[int, float]] = {}  # id(gold call) -> (user turn, best near-miss credit)
     for turn in trajectory.turns:
         accepted = []
         for k, call in enumerate(turn.tool_calls):
@@ -35,9 +43,18 @@ def _gold_calls_matched(
                     correspondence.accept(pairs)
                     accepted.append((gold, turn.responses[k] if k < len(turn.responses) else BINDING_MISSING))
                     matched[turn.user_turn] = matched.get(turn.user_turn, 0) + 1
+                    near.pop(id(gold), None)
                     del candidates[i]
                     break
+            else:
+                if argument_credit > 0 and candidates:  # a near miss credits its one closest gold call
+                    gold = max(candidates, key=lambda g: correspondence.argument_fraction(g, call))
+                    credit = argument_credit * correspondence.argument_fraction(gold, call)
+                    if credit > near.get(id(gold), (0, 0.0))[1]:
+                        near[id(gold)] = (turn.user_turn, credit)
         correspondence.end_step(accepted)
+    for user_turn, credit in near.values():
+        matched[user_turn] = matched.get(user_turn, 0) + credit
     return matched, made, correspondence
 
 
@@ -53,7 +70,9 @@ def _answer_fraction(spec: EpisodeSpec, turn: int, reply: str, correspondence: C
     return found / len(values)
 
 
-def toolworld_verifiable_reward(spec: EpisodeSpec, trajectory: Trajectory) -> RewardOutcome:
+def toolworld_verifiable_reward(
+    spec: EpisodeSpec, trajectory: Trajectory, argument_credit: float = 0.0
+) -> RewardOutcome:
     """Built-in verifiable reward in [0, 1], the mean over user turns of a turn score; turns never reached score 0.
 
     A turn's score is the mean of its call score and, when the turn has answer values, the fraction of
@@ -68,8 +87,11 @@ def toolworld_verifiable_reward(spec: EpisodeSpec, trajectory: Trajectory) -> Re
     call's response (real or rehearsed) returned at the same path, not the gold literal; renaming must be
     one-to-one (the exact rule: ``envace.core.bindings``). So a trajectory that follows its own
     responses' ids consistently scores as gold even though a rehearser cannot know the real ids.
+    ``argument_credit`` (``judge.argument_credit``; 0 = paired calls only) adds partial credit for a gold
+    call left unpaired: that weight times the share of arguments the best near-miss call of its turn got
+    right (``_gold_calls_matched``), a denser signal for copying ids and numbers.
     """
-    matched, made, correspondence = _gold_calls_matched(spec, trajectory)
+    matched, made, correspondence = _gold_calls_matched(spec, trajectory, argument_credit)
     finals: dict[int, str] = {}
     reached: set[int] = set()
     for turn in trajectory.turns:
@@ -92,3 +114,12 @@ def toolworld_verifiable_reward(spec: EpisodeSpec, trajectory: Trajectory) -> Re
         scores.append(sum(parts) / len(parts))
     reward = sum(scores) / len(scores)
     return RewardOutcome(reward, TrajectoryStatus.OK, {"turn_scores": scores})
+
+
+def verifiable_reward(argument_credit: float = 0.0) -> RewardFn:
+    """The built-in reward as a ``RewardFn`` with its ``judge.argument_credit`` (0 = the exact-call reward)."""
+    if not 0.0 <= argument_credit < 1.0:
+        raise ValueError(f"judge.argument_credit={argument_credit}: must be in [0, 1) (0 = paired calls only)")
+    if argument_credit == 0.0:
+        return toolworld_verifiable_reward
+    return partial(toolworld_verifiable_reward, argument_credit=argument_credit)

@@ -113,6 +113,7 @@ def test_experiment_rows_select_the_paper_recipe_and_their_row():
         ("eval.suites.nope.split=x", ["eval.suites.nope"]),
         ("train.fidelity_every=-1", ["train.fidelity_every"]),
         ("train.fidelity_tasks=0", ["train.fidelity_tasks"]),
+        ("judge.argument_credit=1.0", ["judge.argument_credit=1.0", "[0, 1)"]),
     ],
 )
 def test_bad_values_fail_naming_the_key(override, expected):
@@ -120,6 +121,12 @@ def test_bad_values_fail_naming_the_key(override, expected):
         compose([override])
     for text in expected:
         assert text in str(err.value)
+
+
+def test_argument_credit_belongs_to_the_verifiable_reward():
+    assert compose(["judge.argument_credit=0.5"]).judge.argument_credit == 0.5
+    with pytest.raises(ConfigError, match=r"judge.argument_credit=0.5 .* not of judge=rule; set judge=verifiable"):
+        compose(["judge=rule", "judge.argument_credit=0.5"])
 
 
 def copy_conf(tmp_path: Path) -> Path:

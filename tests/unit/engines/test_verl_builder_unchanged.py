@@ -5,8 +5,9 @@ overrides that ``build_overrides`` produced before it took the typed config (gen
 frozen; the simulator env vars unset). The agent-loop settings (``+envace.*``) now list the rollout budget's
 fields first (``LoopSettings`` subclasses ``RolloutBudget``), so that block is compared as a set; every other
 override, and the order of all of them outside that block, must be the same. One value was changed in the
-fixture on purpose since: the grpo cases' ``+envace.baseline`` is ``trajectory_mean`` (standard GRPO); and two
-settings were added: ``+envace.max_tool_response_length`` / ``tool_response_truncate_side`` (null / middle).
+fixture on purpose since: the grpo cases' ``+envace.baseline`` is ``trajectory_mean`` (standard GRPO); and three
+settings were added: ``+envace.max_tool_response_length`` / ``tool_response_truncate_side`` (null / middle) and
+``+envace.argument_credit`` (0.0, the verifiable reward's near-miss credit).
 """
 
 from __future__ import annotations

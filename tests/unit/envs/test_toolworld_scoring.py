@@ -37,7 +37,7 @@ from envace.envs.toolworld import (
     to_cm2_row,
     transcripts_from_turns,
 )
-from envace.envs.toolworld.reward import toolworld_verifiable_reward
+from envace.envs.toolworld.reward import toolworld_verifiable_reward, verifiable_reward
 from envace.judges.reward import checklist_reward_fn
 from envace.judges.rule import RuleJudge
 
@@ -337,6 +337,84 @@ def test_reward_bound_ids_come_from_earlier_steps_only() -> None:
     same_step = Trajectory("t", 0, turns=(Turn("", (create, invite), ({"event_id": "evt_9"}, {})), reply))
     assert toolworld_verifiable_reward(spec, later).reward == 1.0
     assert toolworld_verifiable_reward(spec, same_step).reward == 0.5  # add_attendee is not paired
+
+
+def _one_turn_spec(gold_calls: list[ToolCall], bindings: dict | None = None) -> EpisodeSpec:
+    steps = tuple(GoldStep((call,), ({"ok": True},)) for call in gold_calls)
+    return EpisodeSpec(
+        task_id="t",
+        system_prompt="",
+        user_turns=("Move the money.",),
+        tools=(),
+        gold=(steps,),
+        meta={"bindings": bindings or {}},
+    )
+
+
+def _calls(*calls: ToolCall) -> Trajectory:
+    turns = tuple(Turn("", (call,), ({"ok": True},)) for call in calls)
+    return Trajectory("t", 0, turns=(*turns, Turn("done", user_turn=0)))
+
+
+def test_argument_credit_pays_a_share_of_a_near_miss_call() -> None:
+    """judge.argument_credit: an unpaired gold call earns the weight times the share of arguments its closest
+    made call got right; 0 keeps the exact-call reward; a near miss never earns a full call."""
+    gold = ToolCall("transfer", {"from_id": "acc_1", "to_id": "acc_2", "amount": 2650}, "call_1")
+    spec = _one_turn_spec([gold])
+    two_of_three = _calls(ToolCall("transfer", {"from_id": "acc_1", "to_id": "acc_2", "amount": 270}))
+    wrong_tool = _calls(ToolCall("deposit", {"from_id": "acc_1", "to_id": "acc_2", "amount": 2650}))
+    extra_arg = _calls(ToolCall("transfer", {**gold.arguments, "memo": "x"}))
+    exact = _calls(ToolCall("transfer", dict(gold.arguments)))
+    assert toolworld_verifiable_reward(spec, two_of_three).reward == 0.0
+    assert toolworld_verifiable_reward(spec, two_of_three, argument_credit=0.5).reward == pytest.approx(0.5 * 2 / 3)
+    assert verifiable_reward(0.5)(spec, two_of_three).reward == pytest.approx(1 / 3)
+    assert toolworld_verifiable_reward(spec, wrong_tool, argument_credit=0.5).reward == 0.0
+    assert toolworld_verifiable_reward(spec, extra_arg, argument_credit=0.9).reward == pytest.approx(0.9 * 3 / 4)
+    assert toolworld_verifiable_reward(spec, exact, argument_credit=0.5).reward == 1.0
+    # a later exact call replaces the near miss's credit; the extra call still costs (2 made, 1 gold)
+    retried = _calls(two_of_three.turns[0].tool_calls[0], exact.turns[0].tool_calls[0])
+    assert toolworld_verifiable_reward(spec, retried, argument_credit=0.5).reward == 0.5
+    assert verifiable_reward(0.0) is toolworld_verifiable_reward
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="judge.argument_credit"):
+            verifiable_reward(bad)
+
+
+def test_a_near_miss_credits_one_gold_call_and_bound_arguments_follow_the_responses() -> None:
+    deposits = [
+        ToolCall("deposit", {"account_id": "acc_1", "amount": 10}, "call_1"),
+        ToolCall("deposit", {"account_id": "acc_2", "amount": 20}, "call_2"),
+    ]
+    half_of_each = _calls(ToolCall("deposit", {"account_id": "acc_1", "amount": 20}))
+    # one made call, two gold calls it half-matches: it credits the first only -> 0.5 * 0.5 / 2 gold calls
+    reward = toolworld_verifiable_reward(_one_turn_spec(deposits), half_of_each, argument_credit=0.5).reward
+    assert reward == pytest.approx(0.125)
+    # a bound argument must hold the id the corresponding earlier response returned, not the gold literal
+    create = ToolCall("create_event", {"title": "x"}, "call_1")
+    invite = ToolCall("add_attendee", {"event_id": "evt_1", "name": "Ann"}, "call_2")
+    spec = EpisodeSpec(
+        task_id="t",
+        system_prompt="",
+        user_turns=("Book it and invite Ann.",),
+        tools=(),
+        gold=((GoldStep((create,), ({"event_id": "evt_1"},)), GoldStep((invite,), ({},))),),
+        meta={"bindings": {"call_2": {"event_id": {"call": "call_1", "path": ["event_id"]}}}},
+    )
+
+    def invited(event_id: str) -> Trajectory:
+        made = ToolCall("add_attendee", {"event_id": event_id, "name": "Bob"})
+        turns = (
+            Turn("", (ToolCall("create_event", {"title": "x"}),), ({"event_id": "evt_9"},)),
+            Turn("", (made,), ({},)),
+            Turn("done", user_turn=0),
+        )
+        return Trajectory("t", 0, turns=turns)
+
+    # create pairs (1 of 2 calls); the invite's right id (evt_9, its own response's) earns half its arguments
+    assert toolworld_verifiable_reward(spec, invited("evt_9"), argument_credit=0.5).reward == pytest.approx(
+        (1 + 0.5 * 0.5) / 2
+    )
+    assert toolworld_verifiable_reward(spec, invited("evt_1"), argument_credit=0.5).reward == 0.5
 
 
 # ---- the answer part of both training rewards follows the trajectory's own responses --------------
