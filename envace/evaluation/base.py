@@ -72,14 +72,6 @@ def with_trials(tasks: Sequence[Task], trials: int) -> list[Task]:
     return [replace(t, meta={**t.meta, "trial": k}) for k in range(trials) for t in tasks]
 
 
-def act_seed_tag(task: Task) -> str:
-    """The ACT loop's seed tag of ``task``'s episode: ``act``, plus the trial for trials after the first
-    (``with_trials``), so that repeated trials of a sampled evaluation draw different episodes while trial 0
-    keeps the seeds of a single-trial run."""
-    trial = int(task.meta.get("trial", 0) or 0)
-    return "act" if trial == 0 else f"act/trial{trial}"
-
-
 class BenchmarkAdapter(ABC):
     """One benchmark, seen by evaluation and rehearsal. Subclasses set ``name``."""
 
@@ -155,10 +147,7 @@ class EnvironmentAdapter(BenchmarkAdapter):
         ledger = ledger if ledger is not None else GenerationLedger()
         responder = ExecutorResponder(self.env.make_executor(task))
         ledger.count_real_execution()
-        dialogue = Dialogue(task.task_id, task.system_prompt, tuple(task.tools), tuple(task.user_turns))
-        loop = yield from run_act_loop(
-            dialogue, responder, self.config, ledger, seed_tag=act_seed_tag(task), turn_hook=turn_hook
-        )
+        loop = yield from run_act_loop(Dialogue.of_task(task), responder, self.config, ledger, turn_hook=turn_hook)
         record = EpisodeRecord.unscored(
             self.name,
             task,

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from envace.core.env import Executor
+from envace.core.env import Executor, Task
 from envace.core.prompts import DEFAULT_ROLE_PROMPTS, Message, RolePrompts, act_messages, act_observation_messages
 from envace.core.records import Termination, ToolCall, Turn, tool_schema_name
 from envace.core.rehearse_context import Answered, Event, Said
@@ -58,6 +58,9 @@ class Dialogue:
     ``first_turn_index`` / ``history``: start in the middle of a conversation (turn-scope rehearsal):
     ``history`` are the messages after the system message that precede user turn ``first_turn_index``,
     ``history_events`` the same conversation as REHEARSE-context events (``envace.core.rehearse_context``).
+    ``trial``: the repetition of a task in a multi-trial evaluation (``envace.evaluation.base.with_trials``);
+    ``run_act_loop`` seeds trials after the first differently, so they draw different episodes while trial 0
+    keeps a single-trial run's seeds. ``of_task`` sets it from the task, so adapters cannot forget it.
     """
 
     task_id: str
@@ -67,6 +70,19 @@ class Dialogue:
     first_turn_index: int = 0
     history: tuple[Message, ...] = ()
     history_events: tuple[Event, ...] = ()
+    trial: int = 0
+
+    @classmethod
+    def of_task(cls, task: Task, **changes: Any) -> Dialogue:
+        """The dialogue of ``task`` (its id, instructions, tools, user turns and trial), with ``changes``."""
+        base = cls(
+            task.task_id,
+            task.system_prompt,
+            tuple(task.tools),
+            tuple(task.user_turns),
+            trial=int(task.meta.get("trial", 0) or 0),
+        )
+        return replace(base, **changes)
 
     @property
     def tool_names(self) -> tuple[str, ...]:
@@ -293,6 +309,8 @@ def run_act_loop(
     turn_hook: TurnHook | None = None,
 ) -> Program[LoopResult]:
     """Play every user turn of ``dialogue`` (see the module docstring for the rules)."""
+    if dialogue.trial:
+        seed_tag = f"{seed_tag}/trial{dialogue.trial}"
     if not dialogue.user_turns:
         raise ValueError(f"task {dialogue.task_id!r} has no user turns; nothing to play")
     system = act_messages(config.role_prompts, dialogue.system_prompt, dialogue.user_turns[0])[0]

@@ -28,7 +28,7 @@ from envace.reporting.intervals import wilson
 from envace.reporting.science_stats import gain_vs_base
 from envace.stages.common import backends_precision, base_backend, baseline_kind, data_seed, trained_backend
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
-from envace.stages.suites import eval_suite, make_adapter
+from envace.stages.suites import eval_suite, make_adapter, suite_tasks
 from envace.tracking.traces import trace_episodes
 from envace.utils.io import atomic_dir, read_jsonl, write_json, write_jsonl
 from envace.utils.malloc import trim_heap
@@ -150,15 +150,13 @@ def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     adapters = {label: make_adapter(cfg, suite, rehearser) for label, (_, rehearser) in models.items()}
     probe = adapters["policy"]
 
-    tasks = with_trials(probe.tasks(suite.split, limit=suite.limit, seed=data_seed(cfg)), suite.trials)
+    tasks = with_trials(
+        suite_tasks(
+            cfg, suite, probe, who="evaluate", fix=f"set eval.suites.{benchmark}.split to a subset that exists"
+        ),
+        suite.trials,
+    )
     skipped = dict(getattr(probe, "skipped", {}))  # parts of the split that cannot run here, with the reason
-    if not tasks:
-        raise ValueError(
-            f"evaluate: benchmark {benchmark} has no runnable tasks in split {suite.split!r}"
-            + (f" (skipped: {skipped})" if skipped else "")
-            + "; set eval.suites."
-            f"{benchmark}.split to a subset that exists"
-        )
     # the oracle plays on an adapter of its own (no shared state with the evaluated models)
     gold = gold_probe(cfg, make_adapter(cfg, suite, models["policy"][1]), tasks, suite.gold_fidelity_tasks)
     out = Path(cfg.paths.evaluation) / benchmark

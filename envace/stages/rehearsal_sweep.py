@@ -40,9 +40,9 @@ from envace.inference.preflight import preflight
 from envace.rehearsal import RehearsalSettings, run_rehearsal_sweep
 from envace.rehearsal.oracle import ORACLE_REHEARSER
 from envace.reporting.sweep_layout import keyed_cells
-from envace.stages.common import backends_precision, base_backend, data_seed, trained_backend
+from envace.stages.common import backends_precision, base_backend, trained_backend
 from envace.stages.runner import NULL_TRACKER, Tracker, configure_torch, stage_main
-from envace.stages.suites import eval_suite, make_adapter
+from envace.stages.suites import eval_suite, make_adapter, suite_tasks
 from envace.tracking.traces import trace_episodes
 from envace.utils.io import atomic_dir, write_json, write_jsonl
 
@@ -137,12 +137,13 @@ def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
             (tmp / benchmark).mkdir(parents=True, exist_ok=True)
             suite = eval_suite(cfg, benchmark, "rehearsal")
             adapter = make_adapter(cfg, suite)
-            tasks = adapter.tasks(suite.split, limit=suite.limit, seed=data_seed(cfg))
-            if not tasks:
-                raise ValueError(
-                    f"rehearsal_sweep: {benchmark} has no runnable tasks in split {suite.split!r}; "
-                    f"set eval.suites.{benchmark}.split or rehearsal.split"
-                )
+            tasks = suite_tasks(
+                cfg,
+                suite,
+                adapter,
+                who="rehearsal_sweep",
+                fix=f"set eval.suites.{benchmark}.split or rehearsal.split",
+            )
             cells = run_rehearsal_sweep(
                 adapter,
                 actor,

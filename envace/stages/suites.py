@@ -183,6 +183,20 @@ def make_adapter(cfg: Config, suite: Suite, rehearser: Any = None) -> Any:
     return get_benchmark(suite.benchmark, **BENCHMARK_KWARGS[suite.benchmark](cfg, suite, rehearser))
 
 
+def suite_tasks(cfg: Config, suite: Suite, adapter: Any, *, who: str, fix: str) -> list[Any]:
+    """The tasks ``adapter`` runs for ``suite`` (its split and limit, sampled with the data seed); an error
+    naming ``who`` asked, the split, what the adapter skipped and ``fix`` when there are none."""
+    tasks = adapter.tasks(suite.split, limit=suite.limit, seed=data_seed(cfg))
+    if not tasks:
+        skipped = dict(getattr(adapter, "skipped", {}))
+        raise ValueError(
+            f"{who}: {suite.benchmark} has no runnable tasks in split {suite.split!r}"
+            + (f" (skipped: {skipped})" if skipped else "")
+            + f"; {fix}"
+        )
+    return tasks
+
+
 def _toolworld_probe_set(cfg: Config, rows: list[dict[str, Any]]) -> Any:
     """The oracle's episodes (real responses) on ``train.fidelity_tasks`` of the validation ``rows``."""
     if not rows:
@@ -209,12 +223,13 @@ def _toolworld_validation_set(cfg: Config) -> ValidationSet:
     evaluation of the exported weights agree."""
     suite = replace(eval_suite(cfg, "toolworld"), split="val", n_tasks=int(cfg.train.val_tasks))
     adapter = make_adapter(cfg, suite)
-    tasks = adapter.tasks(suite.split, limit=suite.limit, seed=data_seed(cfg))
-    if not tasks:
-        raise ValueError(
-            f"train.val_every={cfg.train.val_every} needs validation tasks, but the tool world has none "
-            f"(data.n_val={cfg.data.n_val}); set data.n_val > 0 or train.val_every=0"
-        )
+    tasks = suite_tasks(
+        cfg,
+        suite,
+        adapter,
+        who=f"train.val_every={cfg.train.val_every}",
+        fix=f"set data.n_val > 0 (now {cfg.data.n_val}) or train.val_every=0",
+    )
     return ValidationSet(
         adapter,
         tuple(tasks),

@@ -11,10 +11,10 @@ is decided once per run (``decide_run_precision``): by the first process, record
 kept as ``precision_record`` (the train stage logs it), reused unprobed by a resumed process. With
 ``fidelity_every`` = k > 0 and a probe set, the REHEARSE model (the ``rehearse`` copy under ``per_role``,
 else the policy) is scored against real tool responses after the SFT warm-up (a history row with ``step``
-0), after every k-th step and after the last one (``make_probe`` / ``probe_at`` in
-``envace.engines.local.fidelity``; it leaves weights and RNG untouched). With ``val_every`` = k > 0 and a
-validation set, the ACT model plays the validation tasks on the real environment on the same schedule
-(``val/*`` metrics: ``envace.engines.local.validation``; also untouched). Variants
+0), after every k-th step and after the last one (``envace.engines.local.fidelity``). With ``val_every`` = k > 0
+and a validation set, the ACT model plays the validation tasks on the real environment on the same schedule
+(``val/*`` metrics: ``envace.engines.local.validation``). Both are ``ScheduledProbe`` s
+(``envace.engines.local.probing``: one schedule, weights and RNG left untouched). Variants
 (``envace.engines.base.VARIANTS``) decide which models exist and which roles train them:
 
 - ``envace``, ``frozen_act``, ``frozen_rehearse``: one shared policy plays both roles; its rows hold
@@ -56,9 +56,10 @@ from envace.engines.base import Engine, StepCallback, TrainResult, get_variant, 
 from envace.engines.local.batching import build_rows
 from envace.engines.local.checkpoint import RunCheckpoints
 from envace.engines.local.config import LocalEngineConfig
-from envace.engines.local.fidelity import make_probe, probe_at
+from envace.engines.local.fidelity import make_probe
 from envace.engines.local.lora import add_lora, merged_copy, unwrap
 from envace.engines.local.metrics import rollout_metrics, running_totals, sft_real_calls
+from envace.engines.local.probing import ScheduledProbe
 from envace.engines.local.rollout import RolloutRunner
 from envace.engines.local.rollout_records import ExecutorFactory, ResponseSource
 from envace.engines.local.sft import SFT_EXPORT, warm_up
@@ -68,7 +69,7 @@ from envace.engines.local.trainer import (
     compute_output_advantages,
     make_optimizer,
 )
-from envace.engines.local.validation import make_validation, validate_at
+from envace.engines.local.validation import make_validation
 from envace.envs.toolworld.reward import toolworld_verifiable_reward
 from envace.evaluation.probes import ProbeSet, ValidationSet
 from envace.judges.reward import required_items_gate
@@ -124,7 +125,7 @@ def _frozen(model: torch.nn.Module) -> torch.nn.Module:
 class LocalEngine(Engine):
     """Local role-wise GRPO trainer. ``reward_fn`` defaults to ``toolworld_verifiable_reward``;
     ``fidelity_probe_set`` (``envace.evaluation.oracle_probe_set``) is what ``fidelity_every`` probes;
-    ``validation_set`` (``envace.engines.local.validation.ValidationSet``) what ``val_every`` plays."""
+    ``validation_set`` (``envace.evaluation.probes.ValidationSet``) what ``val_every`` plays."""
 
     name = "local"
 
@@ -318,14 +319,16 @@ class LocalEngine(Engine):
         if history and not has_checkpoint:  # the warm-up ran here: its weights are the run's baseline
             self._export(cfg, SFT_EXPORT)
         self._make_slots(cfg)
-        probe = make_probe(cfg, self.fidelity_probe_set, self.precision)
-        validation = make_validation(cfg, self.validation_set, self.precision)
+        scheduled = (
+            ScheduledProbe(make_probe(cfg, self.fidelity_probe_set, self.precision), cfg.fidelity_every, "rehearse"),
+            ScheduledProbe(make_validation(cfg, self.validation_set, self.precision), cfg.val_every, "act"),
+        )
 
         def probes(step: int) -> dict[str, float]:  # the probes due after ``step`` updates (none: {})
-            return {
-                **probe_at(probe, cfg, step, self.models, self.tokenizer, self.formatter),
-                **validate_at(validation, cfg, step, self.models, self.tokenizer, self.formatter),
-            }
+            measured: dict[str, float] = {}
+            for probe in scheduled:
+                measured.update(probe.at(step, cfg.steps, self.models, self.tokenizer, self.formatter))
+            return measured
 
         ckpt_models = {**self.models, **self.frozen}  # what a GRPO checkpoint holds
         optimizers = {name: slot.optimizer for name, slot in self.slots.items()}

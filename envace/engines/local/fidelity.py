@@ -7,33 +7,23 @@ seeded with the run's seed (the same requests and seeds at every probe, so probe
 weights). Metrics: ``fidelity/{exact_match,field_f1,error_agreement,parse_failure_rate,n_calls}`` and
 ``time/fidelity`` (seconds).
 
-Schedule (``probe_due``) with ``every`` = k > 0: step 0 (after the SFT warm-up, before the first GRPO
-update), every step s with s % k == 0, and the last step. A probe at step s measures the weights after
-s updates — the probe of RL step s runs after that step's update, so it sits in step s's metrics.
-
-The probe leaves training untouched: the model is switched to eval mode and back, nothing needs
-gradients, and the global RNG states (torch, CUDA, python, numpy) are saved and restored around it,
-so a run with probes has bit-identical weights to one without (a test checks).
-
-The engine builds its probe with ``make_probe`` (None when ``fidelity_every`` is 0) and calls ``probe_at``
-after the SFT warm-up (step 0) and after every RL step; ``probe_at`` measures the REHEARSE model (the
-``rehearse`` copy when the roles have separate models, else the shared policy) only when ``probe_due``.
+The engine builds the probe with ``make_probe`` (None when ``fidelity_every`` is 0) and schedules it on the
+REHEARSE model every ``fidelity_every`` steps (``envace.engines.local.probing``: the schedule, and
+``untouched``, which keeps the measurement from changing training).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from envace.core.prompts import ChatFormatter
 from envace.core.rehearse_context import DEFAULT_CONTEXT_TOKENS
-from envace.engines.local.checkpoint import rng_state, set_rng_state
 from envace.engines.local.config import LocalEngineConfig
+from envace.engines.local.probing import untouched
 from envace.evaluation.fidelity import measure_fidelity
 from envace.evaluation.probes import ProbeSet
 from envace.inference import (
@@ -43,25 +33,6 @@ from envace.inference import (
 logger = logging.getLogger(__name__)
 
 FIDELITY_PREFIX = "fidelity/"
-
-
-def probe_due(step: int, every: int, total_steps: int) -> bool:
-    """Whether the probe runs after ``step`` updates (step 0 = before any GRPO update)."""
-    return every > 0 and (step == 0 or step % every == 0 or step == total_steps)
-
-
-@contextmanager
-def untouched(model: torch.nn.Module) -> Iterator[None]:
-    """Measure ``model`` without touching training: eval mode, no gradients, and the global RNG states
-    (torch, CUDA, python, numpy) saved and restored, so a run with probes trains bit-identical weights."""
-    saved_rng, was_training = rng_state(), model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)
-        set_rng_state(saved_rng)
 
 
 class FidelityProbe:
@@ -150,18 +121,3 @@ def make_probe(cfg: LocalEngineConfig, probe_set: ProbeSet | None, precision: st
         precision=precision,
         context_tokens=cfg.rollout.rehearse_context_tokens,
     )
-
-
-def probe_at(
-    probe: FidelityProbe | None,
-    cfg: LocalEngineConfig,
-    step: int,
-    models: Mapping[str, Any],
-    tokenizer: Any,
-    formatter: ChatFormatter,
-) -> dict[str, float]:
-    """``fidelity/*`` metrics of the REHEARSE model in ``models`` after ``step`` updates when a probe is due,
-    else {}."""
-    if probe is None or not probe_due(step, cfg.fidelity_every, cfg.steps):
-        return {}
-    return probe.measure(models.get("rehearse", models.get("policy")), tokenizer, formatter)

@@ -9,23 +9,22 @@ budgets). Every call goes to
 the task's real executor; the probe's calls are counted apart (``val/real_calls``) from training's.
 
 Metrics: ``val/success`` (strict success rate), ``val/score`` (mean checklist score), ``val/n``,
-``val/real_calls`` (real tool calls the probe made) and ``time/val`` (seconds). Schedule: as the fidelity
-probe's (``probe_due``): after the SFT warm-up (step 0), every ``val_every`` steps and after the last one.
-The probe leaves training untouched (``untouched``: eval mode, no gradients, RNG states restored).
+``val/real_calls`` (real tool calls the probe made) and ``time/val`` (seconds). The engine schedules it
+on the ACT model every ``val_every`` steps (``envace.engines.local.probing``, as the fidelity probe: step 0,
+every k steps, the last step), measured ``untouched`` (eval mode, no gradients, RNG states restored).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from envace.core.prompts import ChatFormatter
 from envace.engines.local.config import LocalEngineConfig
-from envace.engines.local.fidelity import probe_due, untouched
+from envace.engines.local.probing import untouched
 from envace.evaluation.probes import ValidationSet
 from envace.evaluation.runner import evaluate
 from envace.inference import (
@@ -88,21 +87,6 @@ def make_validation(
     if validation_set is None:
         raise ValueError(
             f"val_every={cfg.val_every} needs LocalEngine(validation_set=...) (an adapter and its validation "
-            "tasks: envace.engines.local.validation.ValidationSet); or set val_every=0"
+            "tasks: envace.evaluation.probes.ValidationSet); or set val_every=0"
         )
     return ValidationProbe(validation_set, precision=precision, progress=cfg.progress)
-
-
-def validate_at(
-    probe: ValidationProbe | None,
-    cfg: LocalEngineConfig,
-    step: int,
-    models: Mapping[str, Any],
-    tokenizer: Any,
-    formatter: ChatFormatter,
-) -> dict[str, float]:
-    """``val/*`` metrics of the ACT model (the ``act`` copy when the roles have separate models, else the
-    shared policy) after ``step`` updates when a probe is due, else {}."""
-    if probe is None or not probe_due(step, cfg.val_every, cfg.steps):
-        return {}
-    return probe.measure(models.get("act", models.get("policy")), tokenizer, formatter)

@@ -38,7 +38,7 @@ from envace.envs.finmcp.data import FinMCPSample, load_samples
 from envace.envs.finmcp.replay import ReplayConfig, ReplayExecutor, ReplayResponder, UnrecordedMode
 from envace.envs.finmcp.scoring import ToolCallScore, grouped_metrics, score_tool_names
 from envace.envs.finmcp.tools import infer_tool_schemas, load_tool_schemas
-from envace.evaluation.base import BenchmarkAdapter, act_seed_tag, sample_tasks
+from envace.evaluation.base import BenchmarkAdapter, sample_tasks
 from envace.evaluation.episode import ActLoopConfig, Dialogue, LoopResult, TurnHook, run_act_loop
 from envace.evaluation.programs import GenerationLedger, Program
 from envace.evaluation.records import EpisodeRecord
@@ -178,17 +178,14 @@ class FinMCPAdapter(BenchmarkAdapter):
         loops = []
         for turn, text in enumerate(task.user_turns):
             history = sample.history_before(turn)
-            dialogue = Dialogue(
-                task.task_id,
-                task.system_prompt,
-                task.tools,
-                (text,),
+            dialogue = Dialogue.of_task(
+                task,
+                user_turns=(text,),
                 first_turn_index=turn,
                 history=history,
                 history_events=tuple(events_from_messages(history)),
             )
-            tag = act_seed_tag(task)
-            loop = yield from run_act_loop(dialogue, responder, self.config, ledger, seed_tag=tag, turn_hook=turn_hook)
+            loop = yield from run_act_loop(dialogue, responder, self.config, ledger, turn_hook=turn_hook)
             loops.append(loop)
         return loops
 
@@ -211,11 +208,8 @@ class FinMCPAdapter(BenchmarkAdapter):
         if self.history == "gold":
             loops = yield from self._gold_mode(task, sample, responder, ledger, turn_hook)
         else:
-            dialogue = Dialogue(task.task_id, task.system_prompt, task.tools, task.user_turns)
-            tag = act_seed_tag(task)
-            loops = [
-                (yield from run_act_loop(dialogue, responder, self.config, ledger, seed_tag=tag, turn_hook=turn_hook))
-            ]
+            dialogue = Dialogue.of_task(task)
+            loops = [(yield from run_act_loop(dialogue, responder, self.config, ledger, turn_hook=turn_hook))]
         ends = [lp.termination for lp in loops if lp.termination is not Termination.FINAL_REPLY]
         record = EpisodeRecord(
             benchmark=self.name,

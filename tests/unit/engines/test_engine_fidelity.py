@@ -17,7 +17,8 @@ from envace.core.curves import CURVE_KEYS, training_curves
 from envace.core.prompts import ChatFormatter, compact_json
 from envace.core.wire import as_result_object, render_rehearsal
 from envace.engines.local import LocalEngine, LocalEngineConfig
-from envace.engines.local.fidelity import FidelityProbe, make_probe, probe_at, probe_due
+from envace.engines.local.fidelity import FidelityProbe, make_probe
+from envace.engines.local.probing import ScheduledProbe, probe_due
 from envace.envs.toolworld import ToolWorldEnv
 from envace.evaluation import ActLoopConfig, get_benchmark, oracle_probe_set
 from envace.models import ModelSpec, load_model_and_tokenizer
@@ -173,8 +174,8 @@ def test_probe_scores_the_model_through_the_backend_and_leaves_training_state_al
 def test_the_probe_measures_the_rehearse_model(models, probed):
     calls = []
     probe = SimpleNamespace(measure=lambda model, tok, fmt: calls.append(model) or {"fidelity/n_calls": 1.0})
-    cfg = LocalEngineConfig(steps=5, fidelity_every=2)
-    assert [s for s in range(6) if probe_at(probe, cfg, s, models, "tok", "fmt")] == [0, 2, 4, 5]
+    scheduled = ScheduledProbe(probe, 2, "rehearse")  # as the engine schedules fidelity_every=2
+    assert [s for s in range(6) if scheduled.at(s, 5, models, "tok", "fmt")] == [0, 2, 4, 5]
     assert calls == [probed] * 4
 
 

@@ -13,7 +13,8 @@ import torch
 
 from envace.core.prompts import ChatFormatter
 from envace.engines.local import LocalEngine, LocalEngineConfig
-from envace.engines.local.validation import ValidationProbe, make_validation, validate_at
+from envace.engines.local.probing import ScheduledProbe
+from envace.engines.local.validation import ValidationProbe, make_validation
 from envace.envs.toolworld import ToolWorldEnv
 from envace.evaluation import ActLoopConfig, ValidationSet, evaluate, get_benchmark
 from envace.inference.local import LocalHFBackend
@@ -26,10 +27,10 @@ torch.set_num_threads(1)
 def test_the_probe_plays_the_act_model_at_step_zero_every_k_and_the_last_step(models, played):
     calls = []
     probe = SimpleNamespace(measure=lambda model, tok, fmt: calls.append(model) or {"val/n": 1.0})
-    cfg = LocalEngineConfig(steps=7, val_every=3)
-    assert [s for s in range(8) if validate_at(probe, cfg, s, models, "tok", "fmt")] == [0, 3, 6, 7]
+    scheduled = ScheduledProbe(probe, 3, "act")  # as the engine schedules val_every=3
+    assert [s for s in range(8) if scheduled.at(s, 7, models, "tok", "fmt")] == [0, 3, 6, 7]
     assert calls == [played] * 4
-    assert validate_at(None, cfg, 0, models, "tok", "fmt") == {}
+    assert ScheduledProbe(None, 3, "act").at(0, 7, models, "tok", "fmt") == {}
 
 
 def test_val_every_without_a_validation_set_is_an_actionable_error():

@@ -287,3 +287,16 @@ def test_each_trial_samples_with_its_own_seeds_and_trial_zero_keeps_the_single_t
     assert n >= 1 and len(trials.seeds) == 3 * n
     per_trial = [tuple(trials.seeds[k * n : (k + 1) * n]) for k in range(3)]
     assert per_trial[0] == tuple(single.seeds) and len(set(trials.seeds)) == 3 * n
+
+
+def test_a_dialogue_of_a_task_carries_its_trial_through_changes():
+    """``Dialogue.of_task`` is how adapters build the ACT loop's dialogue: the trial comes with the task, so
+    an adapter that replaces the user turns (FinMCP's gold-history mode) still seeds each trial apart."""
+    from envace.evaluation import with_trials
+    from envace.evaluation.episode import Dialogue
+
+    task = with_trials(TASKS[:1], 3)[2]
+    dialogue = Dialogue.of_task(task, user_turns=("only this",), first_turn_index=1)
+    assert (dialogue.trial, dialogue.user_turns, dialogue.first_turn_index) == (2, ("only this",), 1)
+    assert (dialogue.task_id, dialogue.tools) == (task.task_id, tuple(task.tools))
+    assert Dialogue.of_task(TASKS[0]).trial == 0
