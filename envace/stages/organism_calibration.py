@@ -18,6 +18,7 @@ wall seconds per part, seconds per GRPO step, tokens per trajectory, the commit)
     python -m envace.stages.organism_calibration sft NAME [key=value ...]
     python -m envace.stages.organism_calibration gate NAME --seeds 0 1 2 3 4 --jobs 2 [key=value ...]
     python -m envace.stages.organism_calibration copy NAME   # teacher-forced digit accuracy of its SFT start
+    python -m envace.stages.organism_calibration budgets NAME  # gold output lengths vs the run's token budgets
     python -m envace.stages.organism_calibration table
 """
 
@@ -252,6 +253,25 @@ def table() -> None:
             f"{r['val']['digit']} | {r['val']['other']} | {r['commit']} |"
             for r in copies
         ]
+    budgets = [r for r in rows if r["kind"] == "budget_probe"]
+    if budgets:
+        lines += [
+            "",
+            "## Budgets (the longest gold output of each task, in the run's tokens, against its generation budgets)",
+            "",
+            "| run | budgets ACT / REHEARSE | split | tasks | longest ACT output: median, p90, max | tasks over "
+            "the ACT budget | tool responses | longest response: p99, max | responses over the REHEARSE "
+            "budget | commit |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in budgets:
+            for split, v in r["splits"].items():
+                lines.append(
+                    f"| {r['name']} | {r['act_budget']} / {r['rehearse_budget']} | {split} | {v['tasks']} | "
+                    f"{v['act_median']}, {v['act_p90']}, {v['act_max']} | {v['tasks_over_act_budget']} | "
+                    f"{v['responses']} | {v['response_p99']}, {v['response_max']} | "
+                    f"{v['responses_over_rehearse_budget']} | {r['commit']} |"
+                )
     probes = [r for r in rows if r["kind"] == "probe"]
     if probes:
         lines += ["", "## Probes", ""]
@@ -314,6 +334,66 @@ def copy_accuracy(name: str, n_tasks: int = 30) -> dict[str, Any]:
     return out
 
 
+def budget_fit(name: str) -> dict[str, Any]:
+    """How long the gold outputs of run ``name``'s tasks are in its tokenizer's tokens, against the run's
+    generation budgets: per task the longest gold ACT output (one step's calls in the wire format, or a final
+    answer; + 1 for the end token), per tool response its REHEARSE target (+ 1). A task with an ACT output
+    over the budget cannot be played as gold plays it (its calls are cut mid-call); the smaller of the
+    training and evaluation budgets is the one checked."""
+    import yaml
+    from transformers import AutoTokenizer
+
+    from envace.core.wire import as_result_object, render_rehearsal, render_tool_calls
+    from envace.data.specs import episode_spec_from_task
+    from envace.envs.toolworld import ToolWorldEnv, generate_tasks
+
+    run = ROOT / RUNS / name
+    params = yaml.safe_load((run / "params.yaml").read_text())
+    s = params["science"]
+    tokenizer = AutoTokenizer.from_pretrained(run / s["dir"] / "sft" / "final" / "policy")
+    act_budget = min(params["rollout"]["max_act_tokens"], params["eval"]["act_max_new_tokens"])
+    rehearse_budget = min(params["rollout"]["max_rehearse_tokens"], params["eval"]["rehearse_max_new_tokens"])
+    splits = generate_tasks(
+        seed=s["data_seed"],
+        n_train=s["n_train"],
+        n_val=s["n_val"],
+        n_test=s["n_test"],
+        held_out_domain=params["data"]["held_out_domain"],
+    )
+
+    def length(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1
+
+    def quantile(values: list[int], q: float) -> int:
+        return sorted(values)[min(len(values) - 1, int(q * len(values)))]
+
+    env = ToolWorldEnv()
+    out: dict[str, Any] = {"kind": "budget_probe", "name": name, "act_budget": act_budget}
+    out["rehearse_budget"] = rehearse_budget
+    out["splits"] = {}
+    for split in ("train", "val", "test"):
+        longest, responses = [], []
+        for task in splits[split]:
+            spec = episode_spec_from_task(task, env.make_executor(task))
+            outputs = [render_tool_calls(step.calls) for turn in spec.gold for step in turn]
+            longest.append(max(length(text) for text in [*outputs, *task.gold_answers]))
+            responses += [
+                length(render_rehearsal(as_result_object(r))) for t in spec.gold for st in t for r in st.responses
+            ]
+        out["splits"][split] = {
+            "tasks": len(longest),
+            "act_median": quantile(longest, 0.5),
+            "act_p90": quantile(longest, 0.9),
+            "act_max": max(longest),
+            "tasks_over_act_budget": sum(n > act_budget for n in longest),
+            "responses": len(responses),
+            "response_p99": quantile(responses, 0.99),
+            "response_max": max(responses),
+            "responses_over_rehearse_budget": sum(n > rehearse_budget for n in responses),
+        }
+    return out
+
+
 GATE_POINTS, GATE_SEEDS, GATE_OF = 10.0, 4, 5
 
 
@@ -340,7 +420,7 @@ def gate_verdicts(rows: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m envace.stages.organism_calibration", description=__doc__)
-    parser.add_argument("what", choices=["sft", "gate", "copy", "table"])
+    parser.add_argument("what", choices=["sft", "gate", "copy", "budgets", "table"])
     parser.add_argument("name", nargs="?")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--jobs", type=int, default=1, help="gate: seeds run at a time (one core each)")
@@ -355,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
         record(run_sft(args.name, list(args.overrides)))
     elif args.what == "copy":
         record(copy_accuracy(args.name))
+    elif args.what == "budgets":
+        record(budget_fit(args.name))
     else:
         overrides = list(args.overrides)
         sft = run_sft(args.name, overrides)  # once, before the seeds share its checkpoint

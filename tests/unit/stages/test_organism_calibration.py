@@ -35,3 +35,33 @@ def test_sft_loss_is_none_without_an_sft_epoch(tmp_path):
     path.write_text(json.dumps({"final/sft/loss": 0.12227}))
     assert sft_loss(path) == pytest.approx(0.1223)
     assert sft_loss(tmp_path / "missing.json") is None
+
+
+def test_budget_fit_counts_the_gold_outputs_a_budget_would_cut(tmp_path, monkeypatch):
+    """``budgets``: per task the longest gold ACT output in the run's tokens; the count over the budget must
+    shrink to 0 as the budget reaches the longest output, and the numbers follow the run's own params."""
+    import yaml
+
+    from envace.config.load import compose, to_plain
+    from envace.models.toolworld_lm import OrganismConfig, save_organism
+    from envace.stages import organism_calibration as oc
+    from envace.stages.organism import tokenizer_corpus
+
+    small = OrganismConfig(n_corpus_tasks=20, n_val=5, n_test=5, vocab_size=512)
+    params = to_plain(compose(["profile=organism", "science.n_train=6", "science.n_val=4", "science.n_test=4"]))
+    run = tmp_path / "data" / "organism" / "runs" / "r"
+    save_organism(small, tokenizer_corpus(small), run / params["science"]["dir"] / "sft" / "final" / "policy")
+
+    def fit(act_budget: int) -> dict:
+        params["rollout"]["max_act_tokens"] = params["eval"]["act_max_new_tokens"] = act_budget
+        (run / "params.yaml").write_text(yaml.safe_dump(params))
+        return oc.budget_fit("r")
+
+    monkeypatch.setattr(oc, "ROOT", tmp_path)
+    tight = fit(8)
+    assert [tight["splits"][s]["tasks"] for s in ("train", "val", "test")] == [6, 4, 4]
+    assert tight["act_budget"] == 8 and tight["splits"]["val"]["tasks_over_act_budget"] == 4
+    longest = max(v["act_max"] for v in tight["splits"].values())
+    roomy = fit(longest)
+    assert all(v["tasks_over_act_budget"] == 0 for v in roomy["splits"].values())
+    assert roomy["splits"]["val"]["act_median"] == tight["splits"]["val"]["act_median"] > 8
