@@ -189,8 +189,9 @@ class JudgeConfig:
     max_backoff_s: float = MISSING
     max_failure_rate: float = MISSING  # the run stops when more judge calls than this share of the window fail
     failure_window: int = MISSING  # judge calls (one checklist item at one step) in that sliding window
-    # verifiable only: a gold call no made call paired earns this weight times the share of arguments its
-    # closest made call got right (envace.envs.toolworld.reward); 0 = paired calls only, in [0, 1)
+    # verifiable only: a made call that paired with no gold call earns this weight times the share of
+    # arguments it got right against one gold call left unpaired, matched one to one, best first
+    # (envace.envs.toolworld.reward); 0 = paired calls only, in [0, 1)
     argument_credit: float = MISSING
 
 

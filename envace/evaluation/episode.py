@@ -75,18 +75,22 @@ class Dialogue:
     @classmethod
     def of_task(cls, task: Task, **changes: Any) -> Dialogue:
         """The dialogue of ``task`` (its id, instructions, tools, user turns and trial), with ``changes``."""
-        base = cls(
-            task.task_id,
-            task.system_prompt,
-            tuple(task.tools),
-            tuple(task.user_turns),
-            trial=int(task.meta.get("trial", 0) or 0),
-        )
+        base = cls(task.task_id, task.system_prompt, tuple(task.tools), tuple(task.user_turns), trial=trial_of(task))
         return replace(base, **changes)
 
     @property
     def tool_names(self) -> tuple[str, ...]:
         return tuple(tool_schema_name(t) for t in self.tools)
+
+
+def trial_of(task: Task) -> int:
+    """Which repetition of ``task`` this is in a multi-trial evaluation (``with_trials``; 0 = the first)."""
+    return int(task.meta.get("trial", 0) or 0)
+
+
+def trial_tag(tag: str, trial: int) -> str:
+    """A seed tag for trial ``trial``: ``tag`` itself for the first (a single-trial run's seeds), else tagged."""
+    return tag if trial == 0 else f"{tag}/trial{trial}"
 
 
 @dataclass(frozen=True)
@@ -309,8 +313,7 @@ def run_act_loop(
     turn_hook: TurnHook | None = None,
 ) -> Program[LoopResult]:
     """Play every user turn of ``dialogue`` (see the module docstring for the rules)."""
-    if dialogue.trial:
-        seed_tag = f"{seed_tag}/trial{dialogue.trial}"
+    seed_tag = trial_tag(seed_tag, dialogue.trial)
     if not dialogue.user_turns:
         raise ValueError(f"task {dialogue.task_id!r} has no user turns; nothing to play")
     system = act_messages(config.role_prompts, dialogue.system_prompt, dialogue.user_turns[0])[0]

@@ -365,13 +365,15 @@ def budget_fit(name: str) -> dict[str, Any]:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1
 
     def quantile(values: list[int], q: float) -> int:
-        return sorted(values)[min(len(values) - 1, int(q * len(values)))]
+        return sorted(values)[min(len(values) - 1, int(q * len(values)))] if values else 0
 
     env = ToolWorldEnv()
     out: dict[str, Any] = {"kind": "budget_probe", "name": name, "act_budget": act_budget}
     out["rehearse_budget"] = rehearse_budget
     out["splits"] = {}
     for split in ("train", "val", "test"):
+        if not splits[split]:
+            raise SystemExit(f"budgets {name}: its {split} split has no tasks (science.n_{split}=0)")
         longest, responses = [], []
         for task in splits[split]:
             spec = episode_spec_from_task(task, env.make_executor(task))
@@ -388,7 +390,7 @@ def budget_fit(name: str) -> dict[str, Any]:
             "tasks_over_act_budget": sum(n > act_budget for n in longest),
             "responses": len(responses),
             "response_p99": quantile(responses, 0.99),
-            "response_max": max(responses),
+            "response_max": max(responses, default=0),
             "responses_over_rehearse_budget": sum(n > rehearse_budget for n in responses),
         }
     return out

@@ -22,18 +22,27 @@ from envace.stages.suites import PROBE_SETS, VALIDATION_SETS
 from envace.tracking.store import default_tracking_uri
 
 CONFIG_KEYS = ("seed", "model", "data", "algo", "engine", "rollout", "train", "judge")
+# keys added after runs existed, left out of the hash at these defaults so that a run begun before the key
+# existed still finds its checkpoints when resumed with newer code
+HASH_NEUTRAL_DEFAULTS = {"judge": {"argument_credit": 0.0}}
 
 
 def config_hash(cfg: Config) -> str:
+    """The hash a run's checkpoints are keyed by: every value of ``CONFIG_KEYS`` (``HASH_NEUTRAL_DEFAULTS``
+    left out while they hold their default)."""
     plain = {key: flatten(getattr(cfg, key)) if key != "seed" else cfg.seed for key in CONFIG_KEYS}
+    for key, defaults in HASH_NEUTRAL_DEFAULTS.items():
+        for name, default in defaults.items():
+            if plain[key].get(name) == default:
+                del plain[key][name]
     return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _judge_reward(cfg: Config) -> Any:
-    settings = to_plain(
-        cfg.judge
-    )  # every judge.* key but these is a judge setting (envace.judges.base.LLM_SETTING_NAMES)
-    settings.pop("argument_credit")  # the verifiable reward's (checked to be 0 for the other judges)
+    # every judge.* key but argument_credit (the verifiable reward's, checked to be 0 for the other judges)
+    # is a judge setting (envace.judges.base.LLM_SETTING_NAMES)
+    settings = to_plain(cfg.judge)
+    settings.pop("argument_credit")
     return checklist_reward_fn(get_judge(settings.pop("name"), **settings))
 
 

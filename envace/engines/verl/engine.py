@@ -89,7 +89,7 @@ class VerlEngine(Engine):
 
     def __init__(self, reward_fn: Any = None, executor_factory: Any = None, **_: Any) -> None:
         if reward_fn is not None or executor_factory is not None:
-            logger.info(
+            logger.debug(
                 "verl engine: rewards and executors are rebuilt inside the Ray workers from the config "
                 "(judge.name, data.source); the in-process ones passed to the engine are not used"
             )

@@ -4,12 +4,13 @@ a response, so an imagined world that is consistent scores as gold does."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import partial
 
 from envace.core.answers import answer_target, mentions, turn_answer_bindings
 from envace.core.bindings import MISSING as BINDING_MISSING
-from envace.core.bindings import CallCorrespondence
-from envace.core.records import EpisodeSpec, Trajectory, TrajectoryStatus
+from envace.core.bindings import CallCorrespondence, json_equal
+from envace.core.records import EpisodeSpec, ToolCall, Trajectory, TrajectoryStatus
 from envace.core.reward import RewardFn, RewardOutcome
 
 
@@ -22,19 +23,25 @@ def _gold_calls_matched(
 
     Pairing follows ``envace.core.bindings.CallCorrespondence`` over the whole trajectory, in
     order: each made call takes the first still unpaired gold call of its user turn that it matches.
-    With ``argument_credit`` > 0, a made call that pairs with nothing is a near miss of the unpaired gold
-    call of its turn it is closest to (``argument_fraction``, the first on ties); a gold call that stays
-    unpaired earns ``argument_credit`` times the best fraction among its near misses (so a call with the
-    right tool and two of three arguments right earns ``argument_credit * 2/3``, never a full 1).
+    With ``argument_credit`` > 0, a made call that pairs with nothing (and is not a repeat of a call that
+    did) is a near miss: its ``argument_fraction`` against each gold call of its turn still unpaired at that
+    moment is noted. After the whole trajectory, near misses and the gold calls left unpaired are matched one
+    to one, highest fraction first (earlier calls first on ties), and each matched gold call earns
+    ``argument_credit`` times that fraction (so a call with the right tool and two of three arguments right
+    earns ``argument_credit * 2/3``, never a full 1). The result does not depend on the order of the calls
+    beyond what pairing itself does.
     """
     correspondence = CallCorrespondence(spec.meta.get("bindings") if spec.meta else None)
     remaining = {t: [c for step in steps for c in step.calls] for t, steps in enumerate(spec.gold)}
     matched: dict[int, float] = {}
     made: dict[int, int] = {}
-    near: dict[int, tuple[int, float]] = {}  # id(gold call) -> (user turn, best near-miss credit)
+    paired_calls: dict[int, list[ToolCall]] = {}  # user turn -> the made calls that paired
+    near: list[tuple[float, int, int, int]] = []  # (fraction, made call index, id(gold call), user turn)
+    n_calls = 0
     for turn in trajectory.turns:
         accepted = []
         for k, call in enumerate(turn.tool_calls):
+            n_calls += 1
             made[turn.user_turn] = made.get(turn.user_turn, 0) + 1
             candidates = remaining.get(turn.user_turn, [])
             for i, gold in enumerate(candidates):
@@ -43,19 +50,29 @@ def _gold_calls_matched(
                     correspondence.accept(pairs)
                     accepted.append((gold, turn.responses[k] if k < len(turn.responses) else BINDING_MISSING))
                     matched[turn.user_turn] = matched.get(turn.user_turn, 0) + 1
-                    near.pop(id(gold), None)
+                    paired_calls.setdefault(turn.user_turn, []).append(call)
                     del candidates[i]
                     break
             else:
-                if argument_credit > 0 and candidates:  # a near miss credits its one closest gold call
-                    gold = max(candidates, key=lambda g: correspondence.argument_fraction(g, call))
-                    credit = argument_credit * correspondence.argument_fraction(gold, call)
-                    if credit > near.get(id(gold), (0, 0.0))[1]:
-                        near[id(gold)] = (turn.user_turn, credit)
+                if argument_credit > 0 and not _repeats(call, paired_calls.get(turn.user_turn, ())):
+                    for gold in candidates:
+                        fraction = correspondence.argument_fraction(gold, call)
+                        if fraction > 0:
+                            near.append((fraction, n_calls, id(gold), turn.user_turn))
         correspondence.end_step(accepted)
-    for user_turn, credit in near.values():
-        matched[user_turn] = matched.get(user_turn, 0) + credit
+    unpaired = {id(gold) for golds in remaining.values() for gold in golds}
+    credited_calls: set[int] = set()
+    for fraction, index, gold_id, user_turn in sorted(near, key=lambda n: (-n[0], n[1])):
+        if gold_id in unpaired and index not in credited_calls:
+            unpaired.discard(gold_id)
+            credited_calls.add(index)
+            matched[user_turn] = matched.get(user_turn, 0) + argument_credit * fraction
     return matched, made, correspondence
+
+
+def _repeats(call: ToolCall, paired: Iterable[ToolCall]) -> bool:
+    """Whether ``call`` repeats a made call that already paired (same name and arguments)."""
+    return any(call.name == p.name and json_equal(call.arguments, p.arguments) for p in paired)
 
 
 def _answer_fraction(spec: EpisodeSpec, turn: int, reply: str, correspondence: CallCorrespondence) -> float:

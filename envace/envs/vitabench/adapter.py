@@ -41,7 +41,7 @@ from envace.envs.vitabench.judge import JudgeFailed, RubricJudge, RubricJudgeCon
 from envace.envs.vitabench.prompts import GREETING, agent_system_prompt, weekday
 from envace.envs.vitabench.schemas import read_reference_descriptions, tool_schemas
 from envace.evaluation.base import BenchmarkAdapter, sample_tasks
-from envace.evaluation.episode import ActLoopConfig, TurnHook
+from envace.evaluation.episode import ActLoopConfig, TurnHook, trial_of
 from envace.evaluation.programs import GenerationLedger, Program
 from envace.evaluation.records import EpisodeRecord
 from envace.inference.base import ChatBackend
@@ -187,6 +187,7 @@ class VitaBenchAdapter(BenchmarkAdapter):
             self.user_backend,
             self.loop,
             ledger,
+            trial=trial_of(task),
         )
         state = yield from conversation.run()
         verdict, error = self._judge(task, spec, state)

@@ -25,7 +25,7 @@ from envace.core.records import ToolCall, Turn
 from envace.core.seeds import derive_seed
 from envace.core.wire import parse_tool_calls
 from envace.envs.vitabench.prompts import STOP, flip_for_user, is_stop, user_system_prompt
-from envace.evaluation.episode import ActLoopConfig
+from envace.evaluation.episode import ActLoopConfig, trial_tag
 from envace.evaluation.programs import ACTOR, GenerationCall, GenerationLedger, GenerationReply, Program, generate_one
 from envace.inference.base import ChatBackend, ChatRequest
 
@@ -74,6 +74,7 @@ class VitaConversation:
         user: ChatBackend,
         config: VitaLoopConfig,
         ledger: GenerationLedger,
+        trial: int = 0,
     ) -> None:
         system = act_messages(config.act.role_prompts, system_prompt, "")[0]
         opening = {"role": "assistant", "content": greeting}
@@ -81,6 +82,7 @@ class VitaConversation:
         self.task_id, self.tools, self.executor, self.user = task_id, tools, executor, user
         self.user_system = user_system_prompt(persona, instructions, language)
         self.config, self.ledger = config, ledger
+        self.user_tag, self.act_tag = trial_tag("user", trial), trial_tag("act", trial)  # trials draw apart
 
     # ---- user side ----
     def user_says(self) -> str:
@@ -91,7 +93,7 @@ class VitaConversation:
                 messages=messages,
                 temperature=cfg.user_temperature,
                 max_new_tokens=cfg.user_max_new_tokens,
-                seed=derive_seed(cfg.act.seed, self.task_id, "user", st.user_turns, attempt),
+                seed=derive_seed(cfg.act.seed, self.task_id, self.user_tag, st.user_turns, attempt),
             )
             start = time.perf_counter()
             output = self.user.generate([request])[0]
@@ -113,7 +115,7 @@ class VitaConversation:
                 tools=self.tools,
                 temperature=act.temperature,
                 max_new_tokens=act.max_new_tokens,
-                seed=derive_seed(act.seed, self.task_id, "act", turn, step, attempt),
+                seed=derive_seed(act.seed, self.task_id, self.act_tag, turn, step, attempt),
             )
             output = yield from generate_one(GenerationCall(ACTOR, "act", request), self.ledger)
             st.generations += 1

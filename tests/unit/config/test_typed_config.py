@@ -43,3 +43,15 @@ def test_typed_config_reads_as_the_composed_one(overrides: list[str]) -> None:
 def test_enumerated_values_are_enum_members() -> None:
     typed = typed_config(compose(["engine=verl"]))
     assert typed.engine.name is EngineName.verl and to_plain(typed.engine)["name"] == "verl"
+
+
+def test_a_new_key_at_its_default_keeps_older_runs_checkpoint_hash(monkeypatch):
+    """judge.argument_credit came after runs existed: at 0 it is left out of the hash (a run begun before it
+    resumes), set it changes the hash (another run)."""
+    from envace.stages import train_setup
+
+    default = typed_config(compose([]))
+    keyed = config_hash(default)
+    assert config_hash(typed_config(compose(["judge.argument_credit=0.5"]))) != keyed
+    monkeypatch.setattr(train_setup, "HASH_NEUTRAL_DEFAULTS", {})
+    assert config_hash(default) != keyed  # so the default was indeed left out

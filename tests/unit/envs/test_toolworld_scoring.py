@@ -417,6 +417,30 @@ def test_a_near_miss_credits_one_gold_call_and_bound_arguments_follow_the_respon
     assert toolworld_verifiable_reward(spec, invited("evt_1"), argument_credit=0.5).reward == 0.5
 
 
+def test_near_miss_credit_does_not_depend_on_call_order_and_ignores_repeats() -> None:
+    deposits = [
+        ToolCall("deposit", {"account_id": "acc_1", "amount": 10}, "call_1"),
+        ToolCall("deposit", {"account_id": "acc_2", "amount": 20}, "call_2"),
+    ]
+    spec = _one_turn_spec(deposits)
+    near, right = (
+        ToolCall("deposit", {"account_id": "acc_2", "amount": 10}),
+        ToolCall("deposit", dict(deposits[0].arguments)),
+    )
+    first, second = (
+        toolworld_verifiable_reward(spec, _calls(*order), argument_credit=0.5).reward
+        for order in ((near, right), (right, near))
+    )
+    assert first == second == pytest.approx((1 + 0.5 * 0.5) / 2)  # the near miss credits the gold call left unpaired
+    transfers = [
+        ToolCall("transfer", {"from_id": "acc_1", "to_id": "acc_2", "amount": 5}, "call_1"),
+        ToolCall("transfer", {"from_id": "acc_1", "to_id": "acc_3", "amount": 7}, "call_2"),
+    ]
+    again = ToolCall("transfer", dict(transfers[0].arguments))
+    repeated = _calls(again, again)  # a repeat of a paired call is no attempt at the other transfer
+    assert toolworld_verifiable_reward(_one_turn_spec(transfers), repeated, argument_credit=0.5).reward == 0.5
+
+
 # ---- the answer part of both training rewards follows the trajectory's own responses --------------
 def _leaves(value: Any) -> list[Any]:
     if isinstance(value, dict):

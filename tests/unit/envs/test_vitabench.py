@@ -464,3 +464,25 @@ def test_subsets_and_unreproduced_tasks(tmp_path: Path) -> None:
     assert "ota" in hotel_task.meta["vita_task"].tool_domains
     with pytest.raises(ValueError, match="not loaded"):
         adapter.tasks("ota")
+
+
+def test_each_trial_draws_its_own_seeds_and_trial_zero_keeps_the_single_run_ones(endpoints) -> None:
+    from envace.evaluation import with_trials
+
+    class SeedRecorder(ScriptedAgent):
+        def __init__(self) -> None:
+            self.seeds: list[int] = []
+
+        def generate(self, requests: Sequence[ChatRequest]) -> list[ChatOutput]:
+            self.seeds += [r.seed for r in requests]
+            return super().generate(requests)
+
+    user_cfg, judge_cfg = endpoints(ScriptedUser(USER_LINES), ScriptedJudge())
+    adapter = VitaBenchAdapter(CHECKOUT, user_simulator=user_cfg, judge=judge_cfg, judge_config=FAST)
+    task = adapter.tasks("delivery")[0]
+    single, trials = SeedRecorder(), SeedRecorder()
+    evaluate(adapter, single, [task], progress=False)
+    evaluate(adapter, trials, with_trials([task], 2), progress=False)
+    n = len(single.seeds)
+    assert n >= 3 and len(trials.seeds) == 2 * n
+    assert trials.seeds[:n] == single.seeds and not set(trials.seeds[n:]) & set(single.seeds)

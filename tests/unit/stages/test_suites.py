@@ -11,13 +11,14 @@ from envace.stages.suites import VALIDATION_SETS, eval_suite, make_adapter, suit
 
 
 def test_suite_tasks_follow_the_split_limit_and_data_seed() -> None:
-    cfg = typed_config(compose(["data.n_test=12"]))
-    suite = replace(eval_suite(cfg, "toolworld"), split="test", n_tasks=5)
-    adapter = make_adapter(cfg, suite)
-    first = suite_tasks(cfg, suite, adapter, who="t", fix="f")
-    assert len(first) == 5 and [t.task_id for t in first] == [
-        t.task_id for t in suite_tasks(cfg, suite, adapter, who="t", fix="f")
-    ]
+    def picked(*overrides: str) -> list[str]:
+        cfg = typed_config(compose(["data.n_test=12", *overrides]))
+        suite = replace(eval_suite(cfg, "toolworld"), split="test", n_tasks=5)
+        return [t.task_id for t in suite_tasks(cfg, suite, make_adapter(cfg, suite), who="t", fix="f")]
+
+    first = picked()
+    assert len(first) == 5 and picked() == first and picked("seed=7") != first
+    assert picked("seed=7", "data.seed=0") == first  # the data seed, not the run seed, picks the tasks
 
 
 def test_an_empty_split_names_who_asked_the_split_and_the_fix() -> None:
