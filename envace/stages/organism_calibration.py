@@ -194,6 +194,11 @@ def recorded() -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def _table_head(title: str, columns: list[str]) -> list[str]:
+    """The lines that open a section of calibration.md: its heading and a markdown table's header."""
+    return ["", f"## {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
 def table() -> None:
     rows = recorded()
     (ROOT / OUT / "calibration.json").write_text(json.dumps(rows, indent=1) + "\n")
@@ -241,13 +246,10 @@ def table() -> None:
     lines += ["", *gate_verdicts(rows)]
     copies = [r for r in rows if r["kind"] == "copy_probe"]
     if copies:
-        lines += [
-            "",
-            "## Copying ids and numbers (teacher-forced argmax accuracy on gold ACT calls and answers)",
-            "",
-            "| run | tasks | train digit | train other | val digit | val other | commit |",
-            "|---|---|---|---|---|---|---|",
-        ]
+        lines += _table_head(
+            "Copying ids and numbers (teacher-forced argmax accuracy on gold ACT calls and answers)",
+            ["run", "tasks", "train digit", "train other", "val digit", "val other", "commit"],
+        )
         lines += [
             f"| {r['name']} | {r['n_tasks']} | {r['train']['digit']} | {r['train']['other']} | "
             f"{r['val']['digit']} | {r['val']['other']} | {r['commit']} |"
@@ -255,15 +257,21 @@ def table() -> None:
         ]
     budgets = [r for r in rows if r["kind"] == "budget_probe"]
     if budgets:
-        lines += [
-            "",
-            "## Budgets (the longest gold output of each task, in the run's tokens, against its generation budgets)",
-            "",
-            "| run | budgets ACT / REHEARSE | split | tasks | longest ACT output: median, p90, max | tasks over "
-            "the ACT budget | tool responses | longest response: p99, max | responses over the REHEARSE "
-            "budget | commit |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-        ]
+        lines += _table_head(
+            "Budgets (the longest gold output of each task, in the run's tokens, against its generation budgets)",
+            [
+                "run",
+                "budgets ACT / REHEARSE",
+                "split",
+                "tasks",
+                "longest ACT output: median, p90, max",
+                "tasks over the ACT budget",
+                "tool responses",
+                "longest response: p99, max",
+                "responses over the REHEARSE budget",
+                "commit",
+            ],
+        )
         for r in budgets:
             for split, v in r["splits"].items():
                 lines.append(
