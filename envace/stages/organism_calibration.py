@@ -292,23 +292,15 @@ def table() -> None:
     print("\n".join(lines))
 
 
-def copy_accuracy(name: str, n_tasks: int = 30) -> dict[str, Any]:
-    """Teacher-forced argmax accuracy of run ``name``'s SFT policy on the assistant tokens (calls and answers)
-    of gold ACT streams, digit tokens apart from the rest, on ``n_tasks`` training and validation tasks:
-    where the SFT'd start fails at copying ids and numbers from the context, and whether it over- or underfits."""
-    import torch
+def run_inputs(name: str) -> tuple[dict[str, Any], Path, dict[str, Any]]:
+    """Run ``name``'s params, its SFT policy directory and its tool-world splits (the run's data seed and sizes)."""
     import yaml
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from envace.envs.toolworld import generate_tasks
-    from envace.stages.organism import _renderer, task_texts
 
     run = ROOT / RUNS / name
     params = yaml.safe_load((run / "params.yaml").read_text())
     s = params["science"]
-    policy = run / s["dir"] / "sft" / "final" / "policy"
-    tokenizer = AutoTokenizer.from_pretrained(policy)
-    model = AutoModelForCausalLM.from_pretrained(policy).eval()
     splits = generate_tasks(
         seed=s["data_seed"],
         n_train=s["n_train"],
@@ -316,6 +308,21 @@ def copy_accuracy(name: str, n_tasks: int = 30) -> dict[str, Any]:
         n_test=s["n_test"],
         held_out_domain=params["data"]["held_out_domain"],
     )
+    return params, run / s["dir"] / "sft" / "final" / "policy", splits
+
+
+def copy_accuracy(name: str, n_tasks: int = 30) -> dict[str, Any]:
+    """Teacher-forced argmax accuracy of run ``name``'s SFT policy on the assistant tokens (calls and answers)
+    of gold ACT streams, digit tokens apart from the rest, on ``n_tasks`` training and validation tasks:
+    where the SFT'd start fails at copying ids and numbers from the context, and whether it over- or underfits."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from envace.stages.organism import _renderer, task_texts
+
+    _, policy, splits = run_inputs(name)
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    model = AutoModelForCausalLM.from_pretrained(policy).eval()
     start, end = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
     header = tokenizer("assistant\n", add_special_tokens=False)["input_ids"]
     out: dict[str, Any] = {"kind": "copy_probe", "name": name, "n_tasks": n_tasks}
@@ -348,26 +355,16 @@ def budget_fit(name: str) -> dict[str, Any]:
     answer; + 1 for the end token), per tool response its REHEARSE target (+ 1). A task with an ACT output
     over the budget cannot be played as gold plays it (its calls are cut mid-call); the smaller of the
     training and evaluation budgets is the one checked."""
-    import yaml
     from transformers import AutoTokenizer
 
     from envace.core.wire import as_result_object, render_rehearsal, render_tool_calls
     from envace.data.specs import episode_spec_from_task
-    from envace.envs.toolworld import ToolWorldEnv, generate_tasks
+    from envace.envs.toolworld import ToolWorldEnv
 
-    run = ROOT / RUNS / name
-    params = yaml.safe_load((run / "params.yaml").read_text())
-    s = params["science"]
-    tokenizer = AutoTokenizer.from_pretrained(run / s["dir"] / "sft" / "final" / "policy")
+    params, policy, splits = run_inputs(name)
+    tokenizer = AutoTokenizer.from_pretrained(policy)
     act_budget = min(params["rollout"]["max_act_tokens"], params["eval"]["act_max_new_tokens"])
     rehearse_budget = min(params["rollout"]["max_rehearse_tokens"], params["eval"]["rehearse_max_new_tokens"])
-    splits = generate_tasks(
-        seed=s["data_seed"],
-        n_train=s["n_train"],
-        n_val=s["n_val"],
-        n_test=s["n_test"],
-        held_out_domain=params["data"]["held_out_domain"],
-    )
 
     def length(text: str) -> int:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1
