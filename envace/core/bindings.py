@@ -110,17 +110,13 @@ class CallCorrespondence:
         args = made.arguments if isinstance(made.arguments, Mapping) else None
         if made.name != gold.name or args is None or set(args) != set(gold.arguments):
             return None
-        bound = self.bindings.get(str(gold.id), {}) if gold.id is not None else {}
         pairs: list[tuple[Any, Any]] = []
         for name, expected in gold.arguments.items():
-            actual = args[name]
-            source = bound.get(name)
-            response = self.source_response(str(source["call"])) if source else MISSING
-            target = expected if response is MISSING else lookup(response, source["path"])
-            if target is MISSING or not json_equal(actual, target):
+            right, bound = self._argument_matches(gold, name, args[name])
+            if not right:
                 return None
-            if source:
-                pairs.append((expected, actual))
+            if bound:
+                pairs.append((expected, args[name]))
         return pairs if self._consistent(pairs) else None
 
     def argument_fraction(self, gold: ToolCall, made: ToolCall) -> float:
@@ -136,18 +132,26 @@ class CallCorrespondence:
         names = set(args) | set(gold.arguments)
         if not names:
             return 0.0
-        bound = self.bindings.get(str(gold.id), {}) if gold.id is not None else {}
         right = 0
         for name, expected in gold.arguments.items():
             if name not in args:
                 continue
-            source = bound.get(name)
-            response = self.source_response(str(source["call"])) if source else MISSING
-            target = expected if response is MISSING else lookup(response, source["path"])
-            if target is MISSING or not json_equal(args[name], target):
-                continue
-            right += not source or self._consistent([(expected, args[name])])
+            ok, bound = self._argument_matches(gold, name, args[name])
+            right += ok and (not bound or self._consistent([(expected, args[name])]))
         return right / len(names)
+
+    def _argument_matches(self, gold: ToolCall, name: str, actual: Any) -> tuple[bool, bool]:
+        """(whether ``actual`` is right for ``gold``'s argument ``name``, whether that argument is bound).
+
+        A bound argument must equal the value at its path in the response of the made call that corresponds
+        to its source call; before any such call exists (or an unbound argument), the gold literal. The
+        renaming check across the trajectory is the caller's (``_consistent``).
+        """
+        bound = self.bindings.get(str(gold.id), {}) if gold.id is not None else {}
+        source = bound.get(name)
+        response = self.source_response(str(source["call"])) if source else MISSING
+        target = gold.arguments[name] if response is MISSING else lookup(response, source["path"])
+        return target is not MISSING and json_equal(actual, target), bool(source)
 
     def _consistent(self, pairs: list[tuple[Any, Any]]) -> bool:
         forward, backward = dict(self._forward), dict(self._backward)

@@ -153,6 +153,9 @@ class RehearsalContext:
     history: tuple[dict[str, Any], ...] = ()
     # the ``history`` conversation as envace.core.rehearse_context events: what REHEARSE conditions on
     events: tuple[Any, ...] = ()
+    # which repetition of the task this is in a multi-trial evaluation (0 = the first): the attempts',
+    # critiques' and summary's seeds follow it, so trials rehearse independently
+    trial: int = 0
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from envace.core.env import Environment, EpisodeResult, Executor, Task
 from envace.core.rehearsal import RehearsalContext
 from envace.core.seeds import derive_seed
-from envace.evaluation.episode import ActLoopConfig, Dialogue, ExecutorResponder, TurnHook, run_act_loop
+from envace.evaluation.episode import ActLoopConfig, Dialogue, ExecutorResponder, TurnHook, run_act_loop, trial_of
 from envace.evaluation.policies import OracleBackend
 from envace.evaluation.programs import ACTOR, GenerationLedger, Program, drive
 from envace.evaluation.records import EpisodeRecord
@@ -106,7 +106,9 @@ class BenchmarkAdapter(ABC):
 
     def rehearsal_context(self, task: Task) -> RehearsalContext:
         """The only view of ``task`` that private rehearsal gets."""
-        return RehearsalContext(task.task_id, task.system_prompt, tuple(task.tools), tuple(task.user_turns))
+        return RehearsalContext(
+            task.task_id, task.system_prompt, tuple(task.tools), tuple(task.user_turns), trial=trial_of(task)
+        )
 
     def run_episode(
         self, policy: ChatBackend, task: Task, *, turn_hook: TurnHook | None = None, max_batch: int | None = None

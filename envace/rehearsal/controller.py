@@ -38,7 +38,7 @@ from envace.core.rehearsal_prompts import (
 )
 from envace.core.rehearse_context import DEFAULT_CONTEXT_TOKENS
 from envace.core.seeds import derive_seed
-from envace.evaluation.episode import ActLoopConfig, Dialogue, TurnView, run_act_loop
+from envace.evaluation.episode import ActLoopConfig, Dialogue, TurnView, run_act_loop, trial_tag
 from envace.evaluation.programs import ACTOR, GenerationCall, GenerationLedger, Program, gather, generate_one
 from envace.inference.base import ChatRequest
 from envace.rehearsal.imagined import RehearserResponder
@@ -79,6 +79,11 @@ class RehearsalSettings:
     responders: Callable[[RehearsalContext], Any] | None = None  # one responder per attempt; None: REHEARSER seat
 
 
+def _seed_tag(context: RehearsalContext) -> str:
+    """The task part of a rehearsal seed: the task id, tagged with the trial after the first."""
+    return trial_tag(context.task_id, context.trial)
+
+
 def _attempt(
     context: RehearsalContext,
     index: int,
@@ -88,7 +93,7 @@ def _attempt(
 ) -> Program[AttemptRecord]:
     """One imagined ACT/REHEARSE trajectory followed by its self-critique."""
     cfg = settings.config
-    seed_parts = (cfg.seed, context.task_id, "attempt", context.first_turn_index, index)
+    seed_parts = (cfg.seed, _seed_tag(context), "attempt", context.first_turn_index, index)
     responder = (
         settings.responders(context)
         if settings.responders is not None
@@ -152,7 +157,7 @@ def _critique(
         messages=critique_messages(settings.prompts, context, attempt, cfg.transcript_value_chars),
         temperature=0.0,
         max_new_tokens=cfg.critique_max_new_tokens,
-        seed=derive_seed(cfg.seed, context.task_id, "critique", context.first_turn_index, attempt.index),
+        seed=derive_seed(cfg.seed, _seed_tag(context), "critique", context.first_turn_index, attempt.index),
     )
     output = yield from generate_one(GenerationCall(ACTOR, "critique", request), ledger)
     return attempt.with_critique(output.text, parse_critique(output.text))
@@ -171,7 +176,7 @@ def _summarise(
         messages=summary_messages(settings.prompts, context, attempts, cfg.memory, cfg.transcript_value_chars),
         temperature=0.0,
         max_new_tokens=cfg.summary_max_new_tokens,
-        seed=derive_seed(cfg.seed, context.task_id, "summary", context.first_turn_index),
+        seed=derive_seed(cfg.seed, _seed_tag(context), "summary", context.first_turn_index),
     )
     output = yield from generate_one(GenerationCall(ACTOR, "summary", request), ledger)
     text = extract_memory_text(output.text)

@@ -23,6 +23,7 @@ from typing import Any
 from envace.config.load import to_plain
 from envace.config.schema import Config
 from envace.evaluation import evaluate, measure_fidelity, oracle_probe_set, sample_tasks, with_trials
+from envace.evaluation.episode import trial_of
 from envace.inference.preflight import preflight
 from envace.reporting.intervals import wilson
 from envace.reporting.science_stats import gain_vs_base
@@ -62,7 +63,7 @@ def gold_probe(cfg: Config, adapter: Any, tasks: list[Any], n: int) -> Any:
     if not n:
         return None
     chosen = sample_tasks(
-        tasks, n, data_seed(cfg), where=lambda t: not t.meta.get("trial") and adapter.real_executor(t) is not None
+        tasks, n, data_seed(cfg), where=lambda t: trial_of(t) == 0 and adapter.real_executor(t) is not None
     )
     try:
         return oracle_probe_set(adapter, chosen)

@@ -60,7 +60,7 @@ from envace.envs.bfcl.results import result_entry
 from envace.envs.bfcl.scoring import bfcl_summary, check_entry
 from envace.envs.bfcl.upstream import bfcl
 from envace.evaluation.base import BenchmarkAdapter, sample_tasks
-from envace.evaluation.episode import TurnHook
+from envace.evaluation.episode import TurnHook, trial_of
 from envace.evaluation.programs import Failed, GenerationLedger, Program, gather
 from envace.evaluation.records import EpisodeRecord
 
@@ -229,7 +229,7 @@ class BfclAdapter(BenchmarkAdapter):
         """Play the prerequisite conversations every memory task needs (batched across scenarios)."""
         keys = sorted(
             {
-                (e.category, e.prompt["scenario"], int(t.meta.get("trial", 0)))
+                (e.category, e.prompt["scenario"], trial_of(t))
                 for t in tasks
                 if (e := entry_of(t)).spec.kind is CategoryKind.MEMORY
             }
@@ -249,7 +249,7 @@ class BfclAdapter(BenchmarkAdapter):
         start = time.perf_counter()
         ledger = ledger if ledger is not None else GenerationLedger()
         entry = entry_of(task)
-        trial = int(task.meta.get("trial", 0))
+        trial = trial_of(task)
         seed_tag = (task.task_id, trial)
         if entry.spec.kind in SINGLE_TURN_KINDS:
             ledger.count_real_execution()  # no executor: the one real answer
@@ -295,7 +295,7 @@ class BfclAdapter(BenchmarkAdapter):
         info = {
             "bfcl_category": entry.category,
             "bfcl_outputs": t.outputs,
-            "trial": int(task.meta.get("trial", 0)),
+            "trial": trial_of(task),
             "bfcl_result": result_entry(entry.id, entry.category, t.outputs),
             "bfcl_verdict": {"valid": verdict.valid, "error_type": verdict.error_type},
             **extra,

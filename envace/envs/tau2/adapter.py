@@ -27,7 +27,7 @@ from envace.envs.tau2.executor import EnvironmentProxy, Tau2Executor
 from envace.envs.tau2.oracle import Tau2Oracle
 from envace.envs.tau2.upstream import tau2
 from envace.evaluation.base import BenchmarkAdapter, sample_tasks
-from envace.evaluation.episode import TurnHook
+from envace.evaluation.episode import TurnHook, trial_of
 from envace.evaluation.programs import GenerationLedger, Program
 from envace.evaluation.records import EpisodeRecord
 
@@ -149,7 +149,7 @@ class Tau2Adapter(BenchmarkAdapter):
         reason = config.unavailable(task.domain)
         if reason:
             raise Tau2NotRunnable(reason)
-        inner, solo, trial = tau2_task_of(task), mode is Tau2Mode.SOLO, int(task.meta.get("trial", 0))
+        inner, solo, trial = tau2_task_of(task), mode is Tau2Mode.SOLO, trial_of(task)
         environment = data.make_environment(task.domain, solo)
         raw = Tau2Executor(environment)
         executor = self.executor_wrapper(raw) if self.executor_wrapper else raw
@@ -184,7 +184,7 @@ class Tau2Adapter(BenchmarkAdapter):
             "tau2_domain": task.domain,
             "tau2_task_id": simulation.task_id,
             "mode": task.meta["tau2_mode"],
-            "trial": int(task.meta.get("trial", 0)),
+            "trial": trial_of(task),
             "termination_reason": str(simulation.termination_reason.value),
             "customer_calls": raw.calls_made - agent_calls,
             "tau2_simulation": simulation.model_dump(mode="json"),

@@ -247,6 +247,25 @@ def test_parallel_attempts_are_independent_and_batched():
     }
 
 
+def test_each_trial_rehearses_with_its_own_seeds_and_trial_zero_keeps_the_single_trial_ones():
+    """With ``with_trials``, every trial's private attempts, critiques and summary draw their own seeds (the
+    trial is on the task's ``RehearsalContext``); trial 0 rehearses exactly as an evaluation without trials."""
+    from envace.evaluation import with_trials
+
+    def seeds(tasks):
+        adapter, _ = adapter_for(TASKS[:1])
+        actor, rehearser = ScriptedPolicy(TASKS), ScriptedRehearser()
+        evaluate_with_rehearsal(adapter, actor, rehearser, tasks, settings_for(2), progress=False)
+        return [r.seed for r in actor.requests], [r.seed for r in rehearser.requests]
+
+    single_act, single_rehearse = seeds(TASKS[:1])
+    trial_act, trial_rehearse = seeds(with_trials(TASKS[:1], 2))
+    n, m = len(single_act), len(single_rehearse)
+    assert n > 0 and m > 0 and (len(trial_act), len(trial_rehearse)) == (2 * n, 2 * m)
+    assert (trial_act[:n], trial_rehearse[:m]) == (single_act, single_rehearse)
+    assert not set(trial_act[:n]) & set(trial_act[n:]) and not set(trial_rehearse[:m]) & set(trial_rehearse[m:])
+
+
 def test_rehearser_seat_answers_every_imagined_call():
     adapter, _ = adapter_for(TASKS[:1])
     actor, rehearser = ScriptedPolicy(TASKS), ScriptedRehearser()
