@@ -17,11 +17,17 @@ from typing import Any
 import torch
 
 
-def noise_scale(grads: Sequence[torch.Tensor]) -> dict[str, Any]:
+def noise_scale(grads: Sequence[torch.Tensor], draws: tuple[int, int] | None = None) -> dict[str, Any]:
     """|G|^2 (``signal_sq_norm``), s2 (``noise_var``), the noise scale in steps, a jackknife standard error
-    of |G|^2 with a 95% upper bound and the noise scale's matching lower bound (defined even when the signal
+    of |G|^2 with a one-sided 95% upper bound and the noise scale's matching lower bound (defined even when the signal
     is not detected), and per m = 1, 2, 4, ... the mean cosine between means of disjoint sets of m steps,
-    measured and as the estimates predict it."""
+    measured and as the estimates predict it.
+
+    ``draws`` = (items per step, items in all): the steps drew their items (prompts) without replacement from
+    a finite set, as one epoch of the training data does. Two steps of one epoch then never share an item,
+    which makes their products smaller by up to (items per step) x s2 / (items in all - 1); that much is added
+    to the upper bound of |G|^2 (``draw_bias_max``), so the lower bound of the noise scale stays a bound.
+    None: the steps are independent (or share all their items: the fixed-prompt control)."""
     if len(grads) < 4:
         raise ValueError(f"noise_scale: {len(grads)} step gradients; need at least 4")
     g = torch.stack(grads).double()
@@ -31,20 +37,24 @@ def noise_scale(grads: Sequence[torch.Tensor]) -> dict[str, Any]:
     cross = (gram.sum() - gram.diagonal().sum()).item() / (n * (n - 1))
     signal = max(cross, 0.0)
     noise = sq - cross
-    # jackknife over steps: the standard error of the signal estimate, and from it a 95% upper bound on the
-    # signal, hence a lower bound on the noise scale that holds even when the signal is not detected
+    # jackknife over steps: the standard error of the signal estimate, and from it a one-sided 95% upper bound
+    # on the signal, hence a lower bound on the noise scale that holds even when the signal is not detected
+    # (s2, a mean of squared norms, is far better determined than |G|^2 and is taken as known)
     off = gram.sum(1) - gram.diagonal()  # per step: sum of its products with the other steps
     total = gram.sum() - gram.diagonal().sum()
     leave = [(total - 2 * off[i]).item() / ((n - 1) * (n - 2)) for i in range(n)]
     mean_leave = sum(leave) / n
     se = ((n - 1) / n * sum((x - mean_leave) ** 2 for x in leave)) ** 0.5
-    upper = cross + 1.96 * se
+    per, population = draws if draws is not None else (0, 2)
+    draw_bias = per * max(noise, 0.0) / (population - 1)
+    upper = cross + 1.645 * se + draw_bias
     out: dict[str, Any] = {
         "n_steps": n,
         "mean_sq_norm": sq,
         "signal_sq_norm": cross,
         "noise_var": noise,
         "signal_se": se,
+        "draw_bias_max": draw_bias,
         "signal_upper95": upper,
         "noise_scale_steps": (noise / signal) if signal > 0 else None,
         "noise_scale_steps_lower95": (noise / upper) if upper > 0 else None,
