@@ -136,13 +136,15 @@ def step_gradients(
         f"paths.plots={scratch}",
         *overrides,
     ]
-    if fixed:
-        per_step = int(load_params(Path("params.yaml"), probe).rollout.prompts_per_step)
-        if fixed != per_step:  # more prompts than a step takes would split them between the steps of an epoch
-            raise ValueError(f"--fixed-prompts {fixed}: must equal rollout.prompts_per_step ({per_step})")
-        prompts = Path(str(load_params(Path("params.yaml"), probe).paths.prompts))
-        probe.append(f"paths.prompts={fixed_prompts(prompts, scratch, fixed)}")
     cfg = typed_config(load_params(Path("params.yaml"), probe))
+    train_rows = len(train.training_rows(cfg))  # the finite set an epoch draws its prompts from
+    if fixed:
+        if fixed != cfg.rollout.prompts_per_step:  # more prompts than a step takes: steps of an epoch split them
+            raise ValueError(
+                f"--fixed-prompts {fixed}: must equal rollout.prompts_per_step ({cfg.rollout.prompts_per_step})"
+            )
+        probe.append(f"paths.prompts={fixed_prompts(Path(cfg.paths.prompts), scratch, fixed)}")
+        cfg = typed_config(load_params(Path("params.yaml"), probe))
     grads: list[torch.Tensor] = []
     original = torch.optim.AdamW.step
 
@@ -166,7 +168,6 @@ def step_gradients(
         shutil.rmtree(scratch, ignore_errors=True)
     seconds = time.perf_counter() - started
     commit, dirty = head_state(Path(__file__).resolve().parents[1])
-    train_rows = len(train.training_rows(cfg))  # the finite set an epoch draws its prompts from
     setting = {
         "commit": commit[:7] + ("+dirty" if dirty else ""),  # the code under envace/, conf/, ... (not scripts/)
         "run": str(run),
@@ -176,7 +177,7 @@ def step_gradients(
         "prompts_per_step": cfg.rollout.prompts_per_step,
         "samples_per_prompt": cfg.rollout.samples_per_prompt,
         "judge": cfg.judge.name,
-        "argument_credit": float(getattr(cfg.judge, "argument_credit", 0.0) or 0.0),
+        "argument_credit": float(cfg.judge.argument_credit),
         "overrides": overrides,
         "fixed_prompts": fixed,
         "train_rows": train_rows,
@@ -223,19 +224,15 @@ def main(argv: list[str] | None = None) -> int:
         if saved is not None:
             torch.save(torch.stack(grads), saved)
             setting["grads_file"] = str(saved)
-    per = setting["sft_batch_rows"] if setting["gradient"] == "sft" else setting["prompts_per_step"]
+    sft = setting["gradient"] == "sft"
+    per, unit = (setting["sft_batch_rows"], "gold streams") if sft else (setting["prompts_per_step"], "prompts")
     draws = None if setting.get("fixed_prompts") else (int(per), int(setting["train_rows"]))
     result = {**setting, **noise_scale(grads, draws)}
     out.write_text(json.dumps(result, indent=2) + "\n")
-    sft = setting["gradient"] == "sft"
-    per, unit = (setting["sft_batch_rows"], "gold streams") if sft else (setting["prompts_per_step"], "prompts")
     batch = f"{per} {unit}" + ("" if sft else f" x {setting['samples_per_prompt']}")
     scale = result["noise_scale_steps"]
     print(f"{len(grads)} step gradients of {batch} ({setting['parameters']:,} parameters, {setting['seconds']} s)")
-    print(
-        f"mean |g|^2 {result['mean_sq_norm']:.3e}  signal |G|^2 {result['signal_sq_norm']:.3e}  "
-        f"noise {result['noise_var']:.3e}"
-    )
+    print(f"mean |g|^2 {result['mean_sq_norm']:.3e}  noise s2 {result['noise_var']:.3e}")
     print(f"signal |G|^2 = {result['signal_sq_norm']:.3e} +- {result['signal_se']:.3e} (jackknife SE over steps)")
     if scale is None:
         print("signal not distinguishable from zero: no point estimate of the noise scale")
