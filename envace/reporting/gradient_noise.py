@@ -34,15 +34,15 @@ def noise_scale(grads: Sequence[torch.Tensor], draws: tuple[int, int] | None = N
     n = g.shape[0]
     gram = g @ g.T
     sq = gram.diagonal().mean().item()
-    cross = (gram.sum() - gram.diagonal().sum()).item() / (n * (n - 1))
+    off = gram.sum(1) - gram.diagonal()  # per step: sum of its products with the other steps
+    total = off.sum().item()  # every product of two different steps (each pair twice)
+    cross = total / (n * (n - 1))
     signal = max(cross, 0.0)
     noise = sq - cross
     # jackknife over steps: the standard error of the signal estimate, and from it a one-sided 95% upper bound
     # on the signal, hence a lower bound on the noise scale that holds even when the signal is not detected
     # (s2, a mean of squared norms, is far better determined than |G|^2 and is taken as known)
-    off = gram.sum(1) - gram.diagonal()  # per step: sum of its products with the other steps
-    total = gram.sum() - gram.diagonal().sum()
-    leave = [(total - 2 * off[i]).item() / ((n - 1) * (n - 2)) for i in range(n)]
+    leave = [(total - 2 * off[i].item()) / ((n - 1) * (n - 2)) for i in range(n)]
     mean_leave = sum(leave) / n
     se = ((n - 1) / n * sum((x - mean_leave) ** 2 for x in leave)) ** 0.5
     per, population = draws if draws is not None else (0, 2)
