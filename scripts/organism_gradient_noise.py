@@ -50,18 +50,28 @@ import torch
 from envace.reporting.gradient_noise import noise_scale
 
 
-def fixed_prompts(prompts: Path, scratch: Path, n: int) -> Path:
-    """A prompts folder like ``prompts`` whose kept training rows are only its first ``n`` (every step then
-    draws the same ``n`` prompts when the step has ``n``): the control where the signal is not zero."""
+def restricted_prompts(prompts: Path, scratch: Path, keep: list[str]) -> Path:
+    """A prompts folder like ``prompts`` whose kept training task ids are only ``keep`` (symlinks to the rest)."""
     out = scratch / "prompts"
     out.mkdir()
     for item in prompts.iterdir():
         if item.name != "kept_uuids.json":
             (out / item.name).symlink_to(item.resolve())
     kept = json.loads((prompts / "kept_uuids.json").read_text())
-    kept["train"] = kept["train"][:n]
+    kept["train"] = keep
     (out / "kept_uuids.json").write_text(json.dumps(kept))
     return out
+
+
+def domain_tasks(prepared: Path, domain: str) -> set[str]:
+    """The training task ids of one tool-world domain (from the prepared rows' ``toolworld.domain``)."""
+    ids = set()
+    with (prepared / "train.jsonl").open() as rows:
+        for line in rows:
+            row = json.loads(line)
+            if (row.get("toolworld") or {}).get("domain") == domain:
+                ids.add(row["uuid"])
+    return ids
 
 
 SETTING_KEYS = (
@@ -70,6 +80,7 @@ SETTING_KEYS = (
     "judge",
     "argument_credit",
     "fixed_prompts",
+    "domain",
     "gradient",
     "sft_batch_rows",
     "train_rows",
@@ -106,11 +117,12 @@ class _Enough(Exception):
 
 
 def step_gradients(
-    run: Path, steps: int, overrides: list[str], fixed: int = 0, sft: bool = False
+    run: Path, steps: int, overrides: list[str], fixed: int = 0, sft: bool = False, domain: str | None = None
 ) -> tuple[list[torch.Tensor], dict[str, Any]]:
     """Run ``steps`` training steps of the run's grpo cell from its start, recording and not applying each
-    step's gradient (``fixed`` > 0: on only the first ``fixed`` training prompts; ``sft``: the first ``steps``
-    optimiser steps of one SFT epoch on gold targets instead, from the same start)."""
+    step's gradient (``fixed`` > 0: on only the first ``fixed`` training prompts; ``domain``: on only that
+    domain's training tasks; ``sft``: the first ``steps`` optimiser steps of one SFT epoch on gold targets
+    instead, from the same start)."""
     from envace.config.load import load_params, typed_config
     from envace.reporting.provenance import head_state
     from envace.stages import science, train
@@ -137,14 +149,22 @@ def step_gradients(
         *overrides,
     ]
     cfg = typed_config(load_params(Path("params.yaml"), probe))
-    train_rows = len(train.training_rows(cfg))  # the finite set an epoch draws its prompts from
-    if fixed:
-        if fixed != cfg.rollout.prompts_per_step:  # more prompts than a step takes: steps of an epoch split them
-            raise ValueError(
-                f"--fixed-prompts {fixed}: must equal rollout.prompts_per_step ({cfg.rollout.prompts_per_step})"
-            )
-        probe.append(f"paths.prompts={fixed_prompts(Path(cfg.paths.prompts), scratch, fixed)}")
+    if fixed or domain:
+        kept = json.loads((Path(cfg.paths.prompts) / "kept_uuids.json").read_text())["train"]
+        if domain:
+            own = domain_tasks(Path(cfg.paths.prepared), domain)
+            kept = [task for task in kept if task in own]
+            if not kept:
+                raise ValueError(f"--domain {domain}: no training task of that domain in {cfg.paths.prepared}")
+        if fixed:
+            if fixed != cfg.rollout.prompts_per_step:  # more prompts than a step takes: steps of an epoch split them
+                raise ValueError(
+                    f"--fixed-prompts {fixed}: must equal rollout.prompts_per_step ({cfg.rollout.prompts_per_step})"
+                )
+            kept = kept[:fixed]
+        probe.append(f"paths.prompts={restricted_prompts(Path(cfg.paths.prompts), scratch, kept)}")
         cfg = typed_config(load_params(Path("params.yaml"), probe))
+    train_rows = len(train.training_rows(cfg))  # the finite set an epoch draws its prompts from
     grads: list[torch.Tensor] = []
     original = torch.optim.AdamW.step
 
@@ -180,6 +200,7 @@ def step_gradients(
         "argument_credit": float(cfg.judge.argument_credit),
         "overrides": overrides,
         "fixed_prompts": fixed,
+        "domain": domain,
         "train_rows": train_rows,
         "gradient": "sft" if sft else "grpo",
         "sft_batch_rows": cfg.train.sft_batch_streams if sft else None,
@@ -196,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fixed-prompts", type=int, default=0, help="train on only the first N prompts (the control; default: all)"
     )
+    parser.add_argument("--domain", default=None, help="train on only this tool-world domain's tasks (e.g. bank)")
     parser.add_argument("--sft", action="store_true", help="SFT gradients on gold targets instead (the reference)")
     parser.add_argument("--out", type=Path, default=None, help="JSON output (default: RUN/gradient_noise.json)")
     parser.add_argument("--grads", type=Path, default=None, help="also save the step gradients (torch.save) here")
@@ -209,8 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.pool:
-        if args.out is None or args.run is not None or args.sft or args.fixed_prompts or overrides:
-            parser.error("--pool: give --out, and no --run, --sft, --fixed-prompts or overrides (they ran already)")
+        if args.out is None or args.run is not None or args.sft or args.fixed_prompts or args.domain or overrides:
+            parser.error(
+                "--pool: give --out, and no --run, --sft, --fixed-prompts, --domain or overrides (they ran already)"
+            )
         grads, setting = pooled(args.pool, parser)
         out = args.out.resolve()
     else:
@@ -220,7 +244,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--steps {args.steps}: need at least 4 steps to estimate the noise")
         out = (args.out or args.run / "gradient_noise.json").resolve()
         saved = args.grads.resolve() if args.grads is not None else None  # before the run directory is the cwd
-        grads, setting = step_gradients(args.run.resolve(), args.steps, overrides, args.fixed_prompts, args.sft)
+        grads, setting = step_gradients(
+            args.run.resolve(), args.steps, overrides, args.fixed_prompts, args.sft, args.domain
+        )
         if saved is not None:
             torch.save(torch.stack(grads), saved)
             setting["grads_file"] = str(saved)

@@ -71,3 +71,22 @@ def noise_scale(grads: Sequence[torch.Tensor], draws: tuple[int, int] | None = N
         )
         m *= 2
     return out
+
+
+def update_direction(steps: torch.Tensor, kind: str = "mean") -> torch.Tensor:
+    """The direction of one update built from all of ``steps`` (steps x parameters: recorded step gradients of
+    one policy), scaled to a root-mean-square of 1 per parameter: ``mean``, their mean (one large-batch SGD
+    step); ``adam``, their mean over the root of their mean square, per parameter (the step Adam takes when its
+    moments are estimated from all of them). ``scripts/organism_gradient_step.py`` moves a policy along it."""
+    if steps.dim() != 2 or steps.shape[0] < 1:
+        raise ValueError(f"update_direction: expected a (steps x parameters) tensor, got shape {tuple(steps.shape)}")
+    if kind not in ("mean", "adam"):
+        raise ValueError(f"update_direction: kind {kind!r} is not 'mean' or 'adam'")
+    steps = steps.double()
+    direction = steps.mean(0)
+    if kind == "adam":
+        direction = direction / (steps.pow(2).mean(0).sqrt() + 1e-12)
+    rms = direction.pow(2).mean().sqrt()
+    if not float(rms) > 0:
+        raise ValueError("update_direction: the mean gradient is zero; there is no direction to move along")
+    return (direction / rms).float()

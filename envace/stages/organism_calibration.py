@@ -19,6 +19,7 @@ wall seconds per part, seconds per GRPO step, tokens per trajectory, the commit)
     python -m envace.stages.organism_calibration gate NAME --seeds 0 1 2 3 4 --jobs 2 [key=value ...]
     python -m envace.stages.organism_calibration copy NAME   # teacher-forced digit accuracy of its SFT start
     python -m envace.stages.organism_calibration budgets NAME  # gold output lengths vs the run's token budgets
+    python -m envace.stages.organism_calibration domains NAME  # validation success per domain of its evaluations
     python -m envace.stages.organism_calibration table
 """
 
@@ -60,7 +61,7 @@ def commit() -> str:
     return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def _env() -> dict[str, str]:
+def stage_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT)
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -93,7 +94,7 @@ def part(run: Path, args: list[str], done: Path, log: str) -> float:
     started = time.perf_counter()
     with open(run / f"{log}.log", "w") as out:
         proc = subprocess.run(
-            [sys.executable, "-m", "envace.stages.science", *args], cwd=run, env=_env(), stdout=out, stderr=out
+            [sys.executable, "-m", "envace.stages.science", *args], cwd=run, env=stage_env(), stdout=out, stderr=out
         )
     if proc.returncode:
         raise RuntimeError(f"science {' '.join(args)} failed in {run} (exit {proc.returncode}); see {run}/{log}.log")
@@ -107,7 +108,18 @@ def outcome(metrics_dir: Path) -> dict[str, Any]:
     tasks = json.loads((metrics_dir / "tasks.json").read_text())["policy"]
     n, k = len(tasks), sum(bool(t["success"]) for t in tasks)
     lo, hi = wilson(k, n)
-    return {"n": n, "successes": k, "success": k / n if n else 0.0, "ci95": [round(lo, 4), round(hi, 4)]}
+    by_domain: dict[str, list[int]] = {}  # domain -> [successes, tasks]: where a start fails
+    for t in tasks:
+        counts = by_domain.setdefault(str(t.get("domain")), [0, 0])
+        counts[0] += bool(t["success"])
+        counts[1] += 1
+    return {
+        "n": n,
+        "successes": k,
+        "success": k / n if n else 0.0,
+        "ci95": [round(lo, 4), round(hi, 4)],
+        "by_domain": dict(sorted(by_domain.items())),
+    }
 
 
 def step_stats(metrics_dir: Path) -> dict[str, Any]:
@@ -255,6 +267,14 @@ def table() -> None:
             f"{r['val']['digit']} | {r['val']['other']} | {r['commit']} |"
             for r in copies
         ]
+    per_domain = [r for r in rows if r["kind"] == "domain_probe"]
+    if per_domain:
+        domains = sorted({d for r in per_domain for counts in r["parts"].values() for d in counts})
+        lines += _table_head("Validation success per domain (successes / tasks)", ["run", "part", *domains, "commit"])
+        for r in per_domain:
+            for part, counts in r["parts"].items():
+                cells = [f"{counts[d][0]}/{counts[d][1]}" if d in counts else "" for d in domains]
+                lines.append(f"| {r['name']} | {part} | {' | '.join(cells)} | {r['commit']} |")
     budgets = [r for r in rows if r["kind"] == "budget_probe"]
     if budgets:
         lines += _table_head(
@@ -401,6 +421,17 @@ def budget_fit(name: str) -> dict[str, Any]:
     return out
 
 
+def domain_success(name: str) -> dict[str, Any]:
+    """Validation success per tool-world domain of run ``name``: its SFT start and each gate cell it has (the
+    tasks.json every evaluation writes): whether a start's failures are spread evenly or sit in some domains."""
+    m = ROOT / RUNS / name / METRICS
+    parts = {"sft": m / "sft"} | {d.name: d for d in sorted((m / "cells").glob("*")) if d.is_dir()}
+    found = {part: outcome(path)["by_domain"] for part, path in parts.items() if (path / "tasks.json").exists()}
+    if not found:
+        raise SystemExit(f"domains {name}: no evaluated part under {m} (run `sft {name}` or `gate {name}` first)")
+    return {"kind": "domain_probe", "name": name, "parts": found}
+
+
 GATE_POINTS, GATE_SEEDS, GATE_OF = 10.0, 4, 5
 
 
@@ -427,7 +458,7 @@ def gate_verdicts(rows: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m envace.stages.organism_calibration", description=__doc__)
-    parser.add_argument("what", choices=["sft", "gate", "copy", "budgets", "table"])
+    parser.add_argument("what", choices=["sft", "gate", "copy", "budgets", "domains", "table"])
     parser.add_argument("name", nargs="?")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--jobs", type=int, default=1, help="gate: seeds run at a time (one core each)")
@@ -444,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
         record(copy_accuracy(args.name))
     elif args.what == "budgets":
         record(budget_fit(args.name))
+    elif args.what == "domains":
+        record(domain_success(args.name))
     else:
         overrides = list(args.overrides)
         sft = run_sft(args.name, overrides)  # once, before the seeds share its checkpoint

@@ -66,3 +66,19 @@ def test_drawing_without_replacement_widens_the_bound_by_its_largest_bias():
     assert epoch["signal_upper95"] == pytest.approx(free["signal_upper95"] + epoch["draw_bias_max"])
     assert epoch["noise_scale_steps_lower95"] < free["noise_scale_steps_lower95"]
     assert epoch["signal_sq_norm"] == free["signal_sq_norm"] and epoch["noise_var"] == free["noise_var"]
+
+
+def test_update_direction_is_the_mean_or_adams_step_at_rms_one():
+    from envace.reporting.gradient_noise import update_direction
+
+    steps = torch.tensor([[1.0, 2.0, 0.0, -4.0], [3.0, -2.0, 0.0, -4.0]])
+    mean = update_direction(steps, "mean")  # mean (2, 0, 0, -4), rms sqrt(5)
+    assert torch.allclose(mean, torch.tensor([2.0, 0.0, 0.0, -4.0]) / 5**0.5)
+    adam = update_direction(steps, "adam")  # mean / sqrt(mean square): (2/sqrt(5), 0, 0, -1)
+    raw = torch.tensor([2 / 5**0.5, 0.0, 0.0, -1.0])
+    assert torch.allclose(adam, raw / raw.pow(2).mean().sqrt())
+    assert float(adam.pow(2).mean()) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="mean gradient is zero"):
+        update_direction(torch.tensor([[1.0, -1.0], [-1.0, 1.0]]))
+    with pytest.raises(ValueError, match="not 'mean' or 'adam'"):
+        update_direction(steps, "sgd")

@@ -65,3 +65,37 @@ def test_budget_fit_counts_the_gold_outputs_a_budget_would_cut(tmp_path, monkeyp
     roomy = fit(longest)
     assert all(v["tasks_over_act_budget"] == 0 for v in roomy["splits"].values())
     assert roomy["splits"]["val"]["act_median"] == tight["splits"]["val"]["act_median"] > 8
+
+
+def _tasks(path, rows):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "tasks.json").write_text(json.dumps({"policy": rows}))
+
+
+def test_outcome_counts_successes_per_domain(tmp_path):
+    from envace.stages.organism_calibration import outcome
+
+    rows = [
+        {"domain": "bank", "success": True},
+        {"domain": "bank", "success": False},
+        {"domain": "calendar", "success": False},
+        {"domain": "shop", "success": True},
+    ]
+    _tasks(tmp_path, rows)
+    got = outcome(tmp_path)
+    assert (got["n"], got["successes"]) == (4, 2)
+    assert got["by_domain"] == {"bank": [1, 2], "calendar": [0, 1], "shop": [1, 1]}
+
+
+def test_domain_success_reads_the_start_and_every_gate_cell(tmp_path, monkeypatch):
+    from envace.stages import organism_calibration as oc
+
+    monkeypatch.setattr(oc, "ROOT", tmp_path)
+    metrics = tmp_path / oc.RUNS / "r" / oc.METRICS
+    _tasks(metrics / "sft", [{"domain": "bank", "success": False}])
+    _tasks(metrics / "cells" / "grpo-seed0", [{"domain": "bank", "success": True}])
+    (metrics / "cells" / "grpo-seed1").mkdir(parents=True)  # a cell still training: no tasks.json yet
+    row = oc.domain_success("r")
+    assert row["parts"] == {"sft": {"bank": [0, 1]}, "grpo-seed0": {"bank": [1, 1]}}
+    with pytest.raises(SystemExit, match="no evaluated part"):
+        oc.domain_success("missing")
