@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from envace.reporting.gradient_noise import update_direction  # noqa: E402
+from envace.reporting.provenance import head_state  # noqa: E402
 from envace.stages.organism_calibration import outcome, stage_env  # noqa: E402
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         directions["flipped"] = chosen * signs
     if "random" in args.controls:
         directions["random"] = torch.randn(chosen.numel(), generator=generator)
+    commit, dirty = head_state(ROOT)
     out = args.out.resolve()
     log = out.with_suffix(".log")
     rows = []
@@ -154,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             out.write_text(
                 json.dumps(
                     {
+                        "commit": commit[:7] + ("+dirty" if dirty else ""),
                         "run": str(run),
                         "start": str(start),
                         "grads": [str(g) for g in args.grads],
