@@ -272,7 +272,8 @@ def table() -> None:
         domains = sorted({d for r in per_domain for counts in r["parts"].values() for d in counts})
         lines += _table_head("Validation success per domain (successes / tasks)", ["run", "part", *domains, "commit"])
         for r in per_domain:
-            for part, counts in r["parts"].items():
+            for part in sorted(r["parts"], key=lambda name: (name != "sft", name)):  # the start first
+                counts = r["parts"][part]
                 cells = [f"{counts[d][0]}/{counts[d][1]}" if d in counts else "" for d in domains]
                 lines.append(f"| {r['name']} | {part} | {' | '.join(cells)} | {r['commit']} |")
     budgets = [r for r in rows if r["kind"] == "budget_probe"]
