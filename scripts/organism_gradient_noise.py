@@ -21,10 +21,12 @@ fresh samples) of one random vector with mean G and per-step noise of total vari
 - the measured cosine between the means of two disjoint sets of m steps, for m = 1, 2, 4, ..., which the
   estimates predict as |G|^2 / (|G|^2 + s2 / m).
 
-``--fixed-prompts N`` is a control: every step draws the same N prompts (only fresh samples), so the mean
-gradient includes what is specific to those prompts, which updates can fit (the fixed-prompt reward does
-rise). ``--sft`` is a reference: the gold-target (SFT) gradient at the same start, over the first ``--steps``
-optimiser steps of an SFT epoch (a batch is ``train.sft_batch_streams`` gold streams).
+``--domain D`` draws every step's prompts from one tool-world domain's training tasks only (how much a
+narrower task distribution shares). ``--fixed-prompts N`` is a control: every step draws the same N prompts
+(only fresh samples), so the mean gradient includes what is specific to those prompts, which updates can fit
+(the fixed-prompt reward does rise). ``--sft`` is a reference: the gold-target (SFT) gradient at the same
+start, over the first ``--steps`` optimiser steps of an SFT epoch (a batch is ``train.sft_batch_streams`` gold
+streams).
 
 Every gradient is kept in memory as one float32 vector per step (steps x parameters x 4 bytes): meant for
 the organism (1.5M parameters), not for SmolLM2.

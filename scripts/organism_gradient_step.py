@@ -120,9 +120,10 @@ def main(argv: list[str] | None = None) -> int:
 
     run = args.run.resolve()
     params = yaml.safe_load((run / "params.yaml").read_text())
-    start = Path(params["model"]["path"])
-    if not start.is_absolute():
-        start = run / start
+    # the start every grpo cell of the run trains from (science.part_overrides), where the probe recorded
+    start = run / params["science"]["dir"] / "sft" / "final" / "policy"
+    if not (start / "config.json").is_file():
+        raise SystemExit(f"--run {run}: no SFT start at {start}; run its `organism_calibration sft` part first")
     chosen, steps = step_direction([g.resolve() for g in args.grads], args.direction)
     generator = torch.Generator().manual_seed(args.seed)
     directions = {args.direction: chosen}

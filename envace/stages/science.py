@@ -162,6 +162,9 @@ def part_overrides(cfg: DictConfig, part: str, variant: str | None = None, seed:
                 "train.steps=0",
                 f"train.sft_epochs={s.sft_epochs}",
                 "train.fidelity_every=0",
+                # no validation probe: sft_eval measures the start, and a probe row after the warm-up would
+                # become the run's final metrics in place of the warm-up's (final/sft/loss lost)
+                "train.val_every=0",
                 f"engine.num_threads={s.sft_threads}",
                 f"paths.checkpoints={s.dir}/sft",
                 *_into(s, "sft"),

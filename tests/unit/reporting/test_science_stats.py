@@ -103,6 +103,16 @@ def test_cells_share_data_and_start_but_not_outputs():
     assert "eval.compare_base=true" in sft_eval and f"paths.checkpoints={s.dir}/sft" in sft_eval
 
 
+def test_the_sft_part_runs_no_validation_probe_so_its_final_metrics_are_the_warm_ups():
+    # the organism profile probes validation every 25 steps; in an SFT-only run (train.steps=0) that probe's
+    # step-0 row would be the last history row, i.e. the run's final metrics, in place of final/sft/loss
+    cfg = compose(["profile=organism"])
+    assert int(cfg.train.val_every) > 0
+    (sft,) = part_overrides(cfg, "sft")
+    assert "train.steps=0" in sft
+    assert compose(["profile=organism", *sft]).train.val_every == 0
+
+
 def test_testtime_grid_is_whole_for_the_first_seed_only():
     cfg = compose(["profile=cpu"])
     (first,) = part_overrides(cfg, "testtime", "envace", 0)
