@@ -4,7 +4,7 @@ Usage (in a run directory of ``python -m envace.stages.organism_calibration gate
 ``scripts/organism_gradient_noise.py --grads FILE`` at that run's start):
 
     python scripts/organism_gradient_step.py --run data/organism/runs/NAME --grads a.pt [b.pt ...] \\
-        --sizes 0 3e-4 1e-3 3e-3 [--controls random negative] [--split val] --out step.json
+        --sizes 0 3e-4 1e-3 3e-3 [--direction adam] [--controls flipped negative random] [--split val] --out step.json
 
 The saved step gradients g_1..g_S (each one GRPO step of P prompts x K samples, recorded and not applied)
 are averaged: their mean is one update of S x P x K trajectories, as a large-batch run would take, and the
@@ -14,8 +14,9 @@ root-mean-square of 1 per parameter, and the start moves by ``size`` along it: t
 (``size`` is the RMS change of a parameter). Each moved policy is evaluated greedily on the run's
 ``--split`` tasks in the real environment by the ordinary evaluation stage (``science sft_eval``, without the
 base comparison), exactly as the gate evaluates; size 0 re-evaluates the start (it must match the gate's SFT
-row). Controls at every size: ``random``, a Gaussian direction of the same RMS (seeded), which shows what a
-step of that size does by itself; ``negative``, the opposite of the mean, which a real signal makes worse.
+row). Controls at every size (seeded): ``flipped`` (the default), d with random signs, the same change per
+parameter in a random direction, which shows what a step of that shape does by itself; ``random``, a Gaussian
+direction of the same RMS; ``negative``, -d, which a real signal makes worse.
 
 Writes one row per (direction, size): successes, n, a 95% Wilson interval, success per domain; and prints
 a table. Selecting the best size on the same split that reports it flatters it: confirm a chosen size on
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -63,16 +65,14 @@ def moved_policy(start: Path, direction: torch.Tensor | None, size: float, out: 
     model = AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32)
     params = [p for p in model.parameters() if p.requires_grad]  # the optimiser's order (trainer.make_optimizer)
     if direction is not None:
-        if sum(p.numel() for p in params) != direction.numel():
+        flat = parameters_to_vector(params)
+        if flat.numel() != direction.numel():
             raise SystemExit(
                 f"the gradients have {direction.numel():,} entries, the start {start} has "
-                f"{sum(p.numel() for p in params):,} trainable parameters: they were recorded at another model"
+                f"{flat.numel():,} trainable parameters: they were recorded at another model"
             )
         with torch.no_grad():
-            offset = 0
-            for p in params:
-                p -= size * direction[offset : offset + p.numel()].view_as(p)
-                offset += p.numel()
+            vector_to_parameters(flat - size * direction, params)
     policy = out / "policy"
     model.save_pretrained(policy)
     for name in TOKENIZER_FILES:
