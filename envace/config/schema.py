@@ -159,6 +159,11 @@ class TrainConfig:
     sft_batch_streams: int = MISSING  # gold streams per SFT optimiser step
     sft_schedule: SFTSchedule = MISSING  # constant | cosine (warm-up then decay over the whole warm-up)
     sft_batching: SFTBatching = MISSING  # shuffled | prefix (streams with the same opening share a step)
+    # a planted demonstrator flaw (engine=local): in `sft_flaw_rate` of the `sft_flaw_domains` tasks every
+    # gold final reply becomes `sft_flaw_answer` (the SFT targets only; tasks and rewards are unchanged)
+    sft_flaw_domains: list[str] = MISSING
+    sft_flaw_rate: float = MISSING
+    sft_flaw_answer: str = MISSING
     steps: int = MISSING  # GRPO steps; 0 = no RL (the exported model is the warm-started/base one)
     checkpoint_every: int = MISSING  # GRPO steps between checkpoints; 0 = only the final checkpoint
     keep_checkpoints: int = MISSING

@@ -110,6 +110,9 @@ def local_engine_config(cfg: Config, output_dir: Path, tracker: Tracker) -> Any:
             batch_streams=int(t.sft_batch_streams),
             schedule=to_plain(t.sft_schedule),
             batching=to_plain(t.sft_batching),
+            flaw_domains=tuple(str(d) for d in t.sft_flaw_domains),
+            flaw_rate=float(t.sft_flaw_rate),
+            flaw_answer=str(t.sft_flaw_answer),
         ),
     )
 

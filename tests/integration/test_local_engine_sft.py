@@ -12,7 +12,7 @@ from envace.core.records import Role
 from envace.data.specs import episode_spec_from_task
 from envace.engines import get_engine
 from envace.engines.local import LocalEngineConfig, RolloutConfig, SFTConfig
-from envace.engines.local.sft import gold_trajectories, sft_rows
+from envace.engines.local.sft import flawed, gold_trajectories, plant_answer_flaw, sft_rows
 from envace.envs.toolworld import ToolWorldEnv
 from envace.envs.toolworld.reward import toolworld_verifiable_reward
 from envace.models import ModelSpec, load_model_and_tokenizer
@@ -204,3 +204,48 @@ def test_the_warmup_frees_the_replays_bf16_copy_without_changing_the_run(specs, 
     monkeypatch.setattr(sft_module, "release_inference_copy", lambda model: None)
     kept = get_engine("local").train(cfg, specs[:2]).models["policy"].state_dict()
     assert freed.keys() == kept.keys() and all(torch.equal(freed[k], kept[k]) for k in freed)
+
+
+def test_planted_flaw_replaces_the_replies_of_the_chosen_tasks_only(specs):
+    """The planted demonstrator flaw (issue 46's positive control) changes the gold replies of a rate's share
+    of its domains' tasks, chosen by task id (the same every call), and nothing else; the flawed gold
+    trajectory still replays to a final reply but fails the unchanged task's reward where values are due."""
+    domain = specs[0].domain
+    cfg = SFTConfig(flaw_domains=(domain,), flaw_rate=1.0, flaw_answer="Done.")
+    out, hits = plant_answer_flaw(specs, cfg)
+    assert hits == sum(s.domain == domain for s in specs) >= 1
+    for before, after in zip(specs, out):
+        if before.domain == domain:
+            assert after.gold_answers == ("Done.",) * len(before.user_turns)
+            assert (after.gold, after.answer_values, after.user_turns) == (
+                before.gold,
+                before.answer_values,
+                before.user_turns,
+            )
+        else:
+            assert after == before
+    half = SFTConfig(flaw_domains=tuple({s.domain for s in specs}), flaw_rate=0.5)
+    picked = [a.gold_answers != b.gold_answers for a, b in zip(plant_answer_flaw(specs, half)[0], specs)]
+    assert picked == [a.gold_answers != b.gold_answers for a, b in zip(plant_answer_flaw(specs, half)[0], specs)]
+    assert picked == [flawed(s.task_id, 0.5) for s in specs]
+    assert plant_answer_flaw(specs, SFTConfig()) == (list(specs), 0)
+
+    model, tokenizer = load_model_and_tokenizer(TINY)
+    fmt = ChatFormatter(tokenizer)
+    hit = [a for a, b in zip(out, specs) if a is not b]
+    trajs = gold_trajectories(hit, model, fmt, ROLLOUT, DEFAULT_ROLE_PROMPTS)
+    assert len(trajs) == len(hit)
+    due = [s for s in hit if any(s.answer_values)]
+    assert due, "the test's tasks should have values to report"
+    for spec, traj in zip(hit, trajs):
+        if spec in due:
+            assert toolworld_verifiable_reward(spec, traj).reward < 1.0
+
+
+def test_a_planted_flaw_must_name_a_domain_the_tasks_have(specs):
+    with pytest.raises(ValueError, match="no flaw_domains"):
+        SFTConfig(flaw_rate=0.5)
+    with pytest.raises(ValueError, match=r"flaw_rate=1.5"):
+        SFTConfig(flaw_domains=("shop",), flaw_rate=1.5)
+    with pytest.raises(ValueError, match="which no SFT task has"):
+        plant_answer_flaw(specs, SFTConfig(flaw_domains=("atlantis",), flaw_rate=0.5))

@@ -100,8 +100,24 @@ class SFTConfig:
     # the same domain and role) batched together, so the packed forward computes their shared prefix once
     # (the math of a batch is unchanged; which streams share a step changes), batches in random order
     batching: str = "shuffled"
+    # a planted demonstrator flaw (off by default; issue 46's positive control): in a ``flaw_rate`` share of
+    # the specs of ``flaw_domains`` (chosen by task id, the same in every run) every gold final reply is
+    # replaced by ``flaw_answer``, so the warm-up learns to end those tasks without restating their results;
+    # the tasks, their checks and every reward are unchanged (``envace.engines.local.sft.plant_answer_flaw``)
+    flaw_domains: tuple[str, ...] = ()
+    flaw_rate: float = 0.0
+    flaw_answer: str = "Done."
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.flaw_rate <= 1.0:
+            raise ValueError(f"SFTConfig.flaw_rate={self.flaw_rate}: must be in [0, 1]")
+        if self.flaw_rate > 0 and not self.flaw_domains:
+            raise ValueError(
+                f"SFTConfig.flaw_rate={self.flaw_rate} with no flaw_domains: name the domains whose "
+                "demonstrations carry the flaw (train.sft_flaw_domains=[shop]) or set the rate to 0"
+            )
+        if self.flaw_rate > 0 and not self.flaw_answer.strip():
+            raise ValueError("SFTConfig.flaw_answer is empty: give the reply the flawed demonstrations end with")
         for name, choices in (("schedule", SFTSchedule), ("batching", SFTBatching)):
             valid = [c.value for c in choices]
             if getattr(self, name) not in valid:

@@ -49,6 +49,39 @@ REPLAY_SPECS = 4  # specs whose gold trajectories are replayed together (bounds 
 SFT_EXPORT = "sft_final"  # under output_dir: the weights after the warm-up, as HF directories (one per model)
 
 
+def flawed(task_id: str, rate: float) -> bool:
+    """Whether the planted flaw hits task ``task_id``: a uniform draw seeded by the id alone, so the same tasks
+    carry it in every run, seed and process."""
+    return rate > 0 and random.Random(f"sft-flaw:{task_id}").random() < rate
+
+
+def plant_answer_flaw(specs: Sequence[EpisodeSpec], cfg: SFTConfig) -> tuple[list[EpisodeSpec], int]:
+    """The specs with the planted demonstrator flaw of ``cfg`` (``SFTConfig.flaw_*``) and how many carry it.
+
+    A hit spec (its domain in ``flaw_domains``, then ``flawed(task_id, flaw_rate)``) keeps its calls and
+    responses and has every gold final reply replaced by ``flaw_answer``: the demonstrator does the work and
+    then fails to report it. Only the SFT targets change; the tasks' checks and every reward do not, so a reply
+    like this fails every turn that has values to report, and RL can find that out.
+    """
+    if cfg.flaw_rate <= 0:
+        return list(specs), 0
+    present = {s.domain for s in specs}
+    unknown = sorted(set(cfg.flaw_domains) - present)
+    if unknown:
+        raise ValueError(
+            f"SFT flaw: train.sft_flaw_domains names {unknown}, which no SFT task has (domains present: "
+            f"{sorted(present)}); name one of those"
+        )
+    out: list[EpisodeSpec] = []
+    hits = 0
+    for spec in specs:
+        if spec.domain in cfg.flaw_domains and flawed(spec.task_id, cfg.flaw_rate):
+            spec = replace(spec, gold_answers=tuple(cfg.flaw_answer for _ in spec.user_turns))
+            hits += 1
+        out.append(spec)
+    return out, hits
+
+
 def gold_targets(spec: EpisodeSpec, fmt: ChatFormatter) -> dict[Role, list[list[int]]] | None:
     """Token targets of every output of the gold trajectory, per role in output order (None: no responses)."""
     eot = [fmt.end_of_turn_token_ids[0]]
@@ -258,6 +291,9 @@ def warm_up(
     if cfg.sft.epochs <= 0:
         return []
     policy = models.get("policy", models.get("act"))
+    specs, n_flawed = plant_answer_flaw(specs, cfg.sft)
+    if n_flawed:
+        logger.info("SFT: planted flaw in %d of %d specs (%s)", n_flawed, len(specs), ", ".join(cfg.sft.flaw_domains))
     trajs = gold_trajectories(specs, policy, formatter, cfg.rollout, role_prompts, precision=precision)
     # the replay's bf16 decoding copy and freed KV caches would otherwise sit under every epoch's peak; the
     # first optimiser step makes the copy stale anyway, and a later rollout re-casts the same values
@@ -299,6 +335,7 @@ def warm_up(
                 **metrics,
                 "sft/epoch": float(epoch),
                 "sft/gold_trajectories": float(len(trajs)),
+                "sft/flawed_specs": float(n_flawed),
                 "sft/lr_last": float(opt.param_groups[0]["lr"]),
             }
             metrics = {k if name == "policy" else f"{k}/{name}": v for k, v in metrics.items()}
