@@ -20,6 +20,7 @@ wall seconds per part, seconds per GRPO step, tokens per trajectory, the commit)
     python -m envace.stages.organism_calibration copy NAME   # teacher-forced digit accuracy of its SFT start
     python -m envace.stages.organism_calibration budgets NAME  # gold output lengths vs the run's token budgets
     python -m envace.stages.organism_calibration domains NAME  # validation success per domain of its evaluations
+    python -m envace.stages.organism_calibration test NAME --seeds 0 1 2 3 4  # trained cells vs start on TEST
     python -m envace.stages.organism_calibration table
 """
 
@@ -256,6 +257,35 @@ def table() -> None:
             f"{' '.join(f'{step}:{v:.2f}' for step, v in t.get('val_curve', []))} | {r['commit']} |"
         )
     lines += ["", *gate_verdicts(rows)]
+    tests = [r for r in rows if r["kind"] == "gate_test"]
+    if tests:
+        lines += _table_head(
+            "The gate on the test split (trained seeds vs their SFT start, paired on the same tasks; "
+            "95% seeds x tasks bootstrap interval; passes when the interval of all tasks is above 0)",
+            [
+                "run",
+                "seeds",
+                "subset",
+                "tasks",
+                "start",
+                "trained (seed mean)",
+                "difference",
+                "95% CI",
+                "passed",
+                "commit",
+            ],
+        )
+        for r in tests:
+            for sub, d in r["trained_minus_start"].items():
+                if not d["n_tasks"]:
+                    continue
+                lo, hi = d["ci95"]
+                lines.append(
+                    f"| {r['name']} | {' '.join(map(str, r['seeds']))} | {sub} | {d['n_tasks']} | "
+                    f"{d['start']:.3f} | {d['trained']:.3f} | {100 * d['diff']:+.1f} | "
+                    f"[{100 * lo:+.1f}, {100 * hi:+.1f}] | "
+                    f"{r['passed'] if sub == 'all' else ''} | {r['commit']} |"
+                )
     copies = [r for r in rows if r["kind"] == "copy_probe"]
     if copies:
         lines += _table_head(
@@ -433,6 +463,68 @@ def domain_success(name: str) -> dict[str, Any]:
     return {"kind": "domain_probe", "name": name, "parts": found}
 
 
+TEST_BOOT = 10_000  # bootstrap replicates of the test comparison
+
+
+def test_policy(run: Path, checkpoints: Path, part_name: str) -> Path:
+    """Greedy real-environment evaluation of ``checkpoints/policy`` on the TEST split (the gate's evaluation,
+    other tasks), its metrics under the run's ``metrics/test/<part_name>``; skipped when done."""
+    metrics = run / METRICS / "test" / part_name
+    args = [
+        "sft_eval",
+        "eval.split=test",
+        *VAL_EVAL[1:],
+        f"paths.checkpoints={checkpoints}",
+        f"paths.evaluation={run / 'data' / 'test_eval' / part_name}",
+        f"paths.metrics={metrics}",
+        f"paths.plots={metrics}",
+    ]
+    part(run, args, metrics / "tasks.json", f"test_{part_name}")
+    return metrics
+
+
+def gate_test(name: str, seeds: list[int]) -> dict[str, Any]:
+    """The gate's second condition: the trained cells of ``seeds`` against their SFT start on the test split
+    (in-domain tasks and the held-out domain), paired on the same tasks, with the seeds x tasks bootstrap
+    interval of the science report (``envace.reporting.science_stats.paired_difference``)."""
+    import yaml
+
+    from envace.reporting.science_stats import SUBSETS, outcomes_of, paired_difference
+
+    run = ROOT / RUNS / name
+    params = yaml.safe_load((run / "params.yaml").read_text())
+    data_dir = run / params["science"]["dir"]
+    cells = {s: data_dir / "cells" / f"grpo-seed{s}" / "checkpoints" / "final" for s in seeds}
+    missing = [s for s, c in cells.items() if not (c / "policy" / "config.json").is_file()]
+    if missing:
+        raise SystemExit(f"test {name}: seeds {missing} have no trained policy; run `gate {name} --seeds ...` first")
+    start = test_policy(run, data_dir / "sft" / "final", "sft")
+    trained = {s: test_policy(run, c, f"grpo-seed{s}") for s, c in cells.items()}
+
+    def rows(m: Path) -> list[dict[str, Any]]:
+        return json.loads((m / "tasks.json").read_text())["policy"]
+
+    a = outcomes_of([rows(m) for m in trained.values()], " (trained)")
+    b = outcomes_of([rows(start)], " (start)")
+    compare = {
+        sub: {
+            "start": b.subset(sub).mean,
+            "trained": a.subset(sub).mean,
+            **paired_difference(a.subset(sub), b.subset(sub), TEST_BOOT),
+        }
+        for sub in SUBSETS
+    }
+    return {
+        "kind": "gate_test",
+        "name": name,
+        "seeds": seeds,
+        "test_sft": outcome(start),
+        "test_after": {s: outcome(m) for s, m in trained.items()},
+        "trained_minus_start": compare,
+        "passed": compare["all"]["ci95"] is not None and compare["all"]["ci95"][0] > 0,
+    }
+
+
 GATE_POINTS, GATE_SEEDS, GATE_OF = 10.0, 4, 5
 
 
@@ -459,7 +551,7 @@ def gate_verdicts(rows: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m envace.stages.organism_calibration", description=__doc__)
-    parser.add_argument("what", choices=["sft", "gate", "copy", "budgets", "domains", "table"])
+    parser.add_argument("what", choices=["sft", "gate", "test", "copy", "budgets", "domains", "table"])
     parser.add_argument("name", nargs="?")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--jobs", type=int, default=1, help="gate: seeds run at a time (one core each)")
@@ -478,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:
         record(budget_fit(args.name))
     elif args.what == "domains":
         record(domain_success(args.name))
+    elif args.what == "test":
+        record(gate_test(args.name, list(args.seeds)))
     else:
         overrides = list(args.overrides)
         sft = run_sft(args.name, overrides)  # once, before the seeds share its checkpoint

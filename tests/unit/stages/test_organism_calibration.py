@@ -99,3 +99,45 @@ def test_domain_success_reads_the_start_and_every_gate_cell(tmp_path, monkeypatc
     assert row["parts"] == {"sft": {"bank": [0, 1]}, "grpo-seed0": {"bank": [1, 1]}}
     with pytest.raises(SystemExit, match="no evaluated part"):
         oc.domain_success("missing")
+
+
+def test_gate_test_pairs_every_trained_seed_with_the_start_on_the_test_tasks(tmp_path, monkeypatch):
+    """`test NAME`: the trained cells against their start on the test split, paired per task; evaluations
+    already done are read, not re-run, and a seed without a trained policy is named."""
+    from envace.stages import organism_calibration as oc
+
+    monkeypatch.setattr(oc, "ROOT", tmp_path)
+    run = tmp_path / oc.RUNS / "r"
+    run.mkdir(parents=True)
+    (run / "params.yaml").write_text("science:\n  dir: data/sci\n")
+    with pytest.raises(SystemExit, match=r"seeds \[0, 1\] have no trained policy"):
+        oc.gate_test("r", [0, 1])
+    for seed in (0, 1):
+        policy = run / "data/sci/cells" / f"grpo-seed{seed}" / "checkpoints/final/policy"
+        policy.mkdir(parents=True)
+        (policy / "config.json").write_text("{}")
+
+    def rows(successes):
+        return [
+            {"task_id": f"t{i}", "domain": "todo" if i >= 8 else "shop", "success": ok, "held_out": i >= 8}
+            | ({"held_out_kind": "domain"} if i >= 8 else {})
+            for i, ok in enumerate(successes)
+        ]
+
+    test = run / oc.METRICS / "test"
+    _tasks(test / "sft", rows([False] * 10))
+    _tasks(test / "grpo-seed0", rows([True] * 6 + [False] * 4))
+    _tasks(test / "grpo-seed1", rows([True] * 4 + [False] * 6))
+    got = oc.gate_test("r", [0, 1])
+    assert got["test_sft"]["successes"] == 0
+    assert [got["test_after"][s]["successes"] for s in (0, 1)] == [6, 4]
+    every = got["trained_minus_start"]
+    assert every["all"]["diff"] == pytest.approx(0.5) and every["all"]["trained"] == pytest.approx(0.5)
+    assert every["in_domain"]["diff"] == pytest.approx(5 / 8) and every["in_domain"]["n_tasks"] == 8
+    assert every["held_out_domain"]["diff"] == 0 and every["held_out_domain"]["n_tasks"] == 2
+    assert got["passed"] is True and every["all"]["ci95"][0] > 0
+    (tmp_path / oc.OUT).mkdir(parents=True)
+    (tmp_path / oc.ROWS).write_text(json.dumps({**got, "commit": "abc"}) + "\n")
+    oc.table()
+    text = (tmp_path / oc.OUT / "calibration.md").read_text()
+    assert "| r | 0 1 | all | 10 | 0.000 | 0.500 | +50.0 |" in text
