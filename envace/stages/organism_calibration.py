@@ -467,7 +467,7 @@ TEST_BOOT = 10_000  # bootstrap replicates of the test comparison
 
 
 def test_policy(run: Path, checkpoints: Path, part_name: str) -> Path:
-    """Greedy real-environment evaluation of ``checkpoints/policy`` on the TEST split (the gate's evaluation,
+    """Greedy real-environment evaluation of ``checkpoints``'s final policy on the TEST split (the gate's evaluation,
     other tasks), its metrics under the run's ``metrics/test/<part_name>``; skipped when done."""
     metrics = run / METRICS / "test" / part_name
     args = [
@@ -494,11 +494,12 @@ def gate_test(name: str, seeds: list[int]) -> dict[str, Any]:
     run = ROOT / RUNS / name
     params = yaml.safe_load((run / "params.yaml").read_text())
     data_dir = run / params["science"]["dir"]
-    cells = {s: data_dir / "cells" / f"grpo-seed{s}" / "checkpoints" / "final" for s in seeds}
-    missing = [s for s, c in cells.items() if not (c / "policy" / "config.json").is_file()]
+    # checkpoint directories (manifest.json + final/policy), as the evaluation stage reads them
+    cells = {s: data_dir / "cells" / f"grpo-seed{s}" / "checkpoints" for s in seeds}
+    missing = [s for s, c in cells.items() if not (c / "final" / "policy" / "config.json").is_file()]
     if missing:
         raise SystemExit(f"test {name}: seeds {missing} have no trained policy; run `gate {name} --seeds ...` first")
-    start = test_policy(run, data_dir / "sft" / "final", "sft")
+    start = test_policy(run, data_dir / "sft", "sft")
     trained = {s: test_policy(run, c, f"grpo-seed{s}") for s, c in cells.items()}
 
     def rows(m: Path) -> list[dict[str, Any]]:
