@@ -173,17 +173,20 @@ def sft_loss(path: Path) -> float | None:
     return None if loss is None or math.isnan(float(loss)) else round(float(loss), 4)  # None: no SFT epoch ran
 
 
-def run_gate(name: str, seed: int, overrides: list[str], sft: dict[str, Any]) -> dict[str, Any]:
-    """GRPO cell of ``seed`` from run ``name``'s SFT start (``sft``: that start's ``run_sft`` row, whose run
-    directory and params are already prepared: seeds may run side by side, none composes the config)."""
+def run_gate(name: str, seed: int, overrides: list[str], sft: dict[str, Any], variant: str = "grpo") -> dict[str, Any]:
+    """The ``variant`` cell (grpo: the positive control) of ``seed`` from run ``name``'s SFT start (``sft``: that
+    start's ``run_sft`` row, whose run directory and params are already prepared: seeds may run side by side,
+    none composes the config). Another variant keeps the run's settings and switches only its algo group."""
     run = ROOT / RUNS / name
-    cell = run / METRICS / "cells" / f"grpo-seed{seed}"
-    args = ["--variant", "grpo", "--seed", str(seed), "cell", *VAL_EVAL]
-    seconds = part(run, args, cell / "tasks.json", f"gate{seed}")
+    cell = run / METRICS / "cells" / f"{variant}-seed{seed}"
+    args = ["--variant", variant, "--seed", str(seed), "cell", *VAL_EVAL]
+    log = f"gate{seed}" if variant == "grpo" else f"gate-{variant}{seed}"
+    seconds = part(run, args, cell / "tasks.json", log)
     after = outcome(cell)
     return {
         "kind": "gate",
         "name": name,
+        "variant": variant,
         "seed": seed,
         "overrides": overrides,
         "val_sft": sft["val"],
@@ -249,8 +252,11 @@ def table() -> None:
         if r["kind"] != "gate":
             continue
         t = r.get("train", {})
+        variant = r.get("variant", "grpo")
+        seed = r["seed"] if variant == "grpo" else f"{variant} {r['seed']}"  # another variant: named with its seed
         lines.append(
-            f"| {r['name']} | {r['seed']} | `{' '.join(r['overrides'])}` | {r['val_sft']['success']:.3f} | "
+            f"| {r['name']} | {seed} | "
+            f"`{' '.join(r['overrides'])}` | {r['val_sft']['success']:.3f} | "
             f"{r['val_after']['success']:.3f} (n={r['val_after']['n']}) | {r['delta_points']:+.1f} | "
             f"{t.get('steps', '')} | {t.get('s_per_step_median', '')} | "
             f"{t.get('reward_first', '')}->{t.get('reward_last', '')} | "
@@ -533,7 +539,7 @@ def gate_verdicts(rows: list[dict[str, Any]]) -> list[str]:
     """One line per run with gate seeds: how many gained >= 10 points, and whether the gate holds."""
     by_run: dict[str, dict[int, float]] = {}
     for r in rows:
-        if r["kind"] == "gate":
+        if r["kind"] == "gate" and r.get("variant", "grpo") == "grpo":  # the positive control is grpo's
             by_run.setdefault(r["name"], {})[int(r["seed"])] = float(r["delta_points"])
     out = []
     for name, deltas in by_run.items():
@@ -556,6 +562,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", nargs="?")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--jobs", type=int, default=1, help="gate: seeds run at a time (one core each)")
+    parser.add_argument(
+        "--variant", default="grpo", help="gate: the cell's variant (grpo, the positive control; or envace, ...)"
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     if args.what == "table":
@@ -580,7 +589,9 @@ def main(argv: list[str] | None = None) -> int:
             record(sft)
         failed = []
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            futures = {pool.submit(run_gate, args.name, seed, overrides, sft): seed for seed in args.seeds}
+            futures = {
+                pool.submit(run_gate, args.name, seed, overrides, sft, args.variant): seed for seed in args.seeds
+            }
             for future in as_completed(futures):  # each seed recorded as it ends; one failing stops none
                 try:
                     record(future.result())

@@ -20,6 +20,11 @@ def test_gate_holds_only_with_four_of_five_seeds_gaining_ten_points():
     assert gate_verdicts(_gate("a", [-5, 0]))[0].endswith("does not hold")
     assert gate_verdicts(_gate("a", [12]))[0].endswith("undecided")
     assert "deltas +0.0, +0.0, +1.0" in gate_verdicts(_gate("b", [0, 0, 1, 3, 2]))[0]
+    # another variant's cells of the same run are not the positive control: they never decide the gate
+    rows = _gate("c", [12, 12, 12, 12]) + [{**r, "variant": "envace"} for r in _gate("c", [0, 0, 0, 0, 0])]
+    assert gate_verdicts(rows) == [
+        "- gate c: 4 of 4 seeds gained >= 10 points (deltas +12.0, +12.0, +12.0, +12.0): undecided"
+    ]
 
 
 def test_wilson_interval_of_18_in_100():
