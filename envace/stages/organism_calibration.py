@@ -102,7 +102,9 @@ def part(run: Path, args: list[str], done: Path, log: str) -> float:
     return time.perf_counter() - started
 
 
-VAL_EVAL = ["eval.split=val", "eval.compare_base=false", "eval.fidelity=false", "eval.gold_fidelity_tasks=0"]
+# the gate's evaluation of one policy (no base comparison, no fidelity probes), on a split
+EVAL_ONLY = ["eval.compare_base=false", "eval.fidelity=false", "eval.gold_fidelity_tasks=0"]
+VAL_EVAL = ["eval.split=val", *EVAL_ONLY]
 
 
 def outcome(metrics_dir: Path) -> dict[str, Any]:
@@ -479,7 +481,7 @@ def test_policy(run: Path, checkpoints: Path, part_name: str) -> Path:
     args = [
         "sft_eval",
         "eval.split=test",
-        *VAL_EVAL[1:],
+        *EVAL_ONLY,
         f"paths.checkpoints={checkpoints}",
         f"paths.evaluation={run / 'data' / 'test_eval' / part_name}",
         f"paths.metrics={metrics}",
