@@ -322,6 +322,12 @@ class ScienceConfig:
     gold_fidelity_tasks: int = MISSING
     sft_threads: int = MISSING
     testtime_variant: str = MISSING  # one of variants
+    # copy the testtime_variant cells' trained weights into their git-tracked metrics directory (a small model:
+    # the test-time stages then run on a fresh clone without re-training the cell); off: they read the cell's
+    # export under ``dir``, which only the machine that trained it has
+    publish_policy: bool = MISSING
+    # the files of the model the SFT part starts from, hashed as its dependency (model.path is only a string)
+    model_files: str = MISSING
     testtime_n_attempts_grid: List[int] = MISSING
     testtime_modes: List[RehearsalMode] = MISSING
     testtime_max_n_by_mode: Dict[str, int] = MISSING
