@@ -298,6 +298,15 @@ class PrimaryFamilyConfig:
 
 
 @dataclass
+class PositiveControlConfig:
+    """The gate the science report checks on the matrix's own cells (envace.reporting.science.positive_control)."""
+
+    variant: str = MISSING  # the cells that must learn (grpo: the real environment)
+    min_gain_points: float = MISSING  # validation success gain, last probe minus step 0, in points
+    min_seeds: int = MISSING  # seeds that must reach it
+
+
+@dataclass
 class ScienceConfig:
     """The science matrix (``make science``, envace.stages.science): one SFT warm-up shared by every cell,
     then variant x seed cells (GRPO steps from that checkpoint + evaluation on the same test tasks), a
@@ -335,6 +344,7 @@ class ScienceConfig:
     testtime_other_seeds_n_attempts_grid: List[int] = MISSING
     bootstrap_resamples: int = MISSING
     primary: PrimaryFamilyConfig = field(default_factory=PrimaryFamilyConfig)
+    positive_control: PositiveControlConfig = field(default_factory=PositiveControlConfig)
 
 
 @dataclass

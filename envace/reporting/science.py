@@ -69,6 +69,11 @@ CLAIMS = (
     ("Training the REHEARSE role beats standard GRPO (ACT only, real responses)", ("envace-grpo",), "τ² 36.7 vs 31.2"),
     ("One shared policy beats two separate role models", ("envace-per_role",), "τ² 36.7 vs 35.5"),
     (
+        "Self-rehearsal beats training on a frozen simulator's responses",
+        ("envace-grpo_simulator",),
+        "not compared in the paper",
+    ),
+    (
         "Test-time rehearsal helps with the trained rehearser, more than with the base",
         ("/parallel/n2/trained-vs-n0", "/parallel/n2/trained-vs-base"),
         "parallel N=2: +4.2 trained vs +0.1 base",
@@ -123,7 +128,9 @@ def science_json(summary: Mapping[str, Any], cfg: DictConfig) -> dict[str, Any]:
     }
     out["testtime_comparisons"] = agg["testtime"]
     s = cfg.science
+    out["positive_control"] = summary["positive_control"]
     out["design"] = {
+        "model": str(cfg.model.name),
         "variants": to_plain(s.variants),
         "seeds": to_plain(s.seeds),
         "n_train": int(s.n_train),
@@ -198,12 +205,59 @@ def markdown(frame: pd.DataFrame) -> str:
     return frame.to_markdown(index=False) if not frame.empty else "_(nothing measured)_"
 
 
+def validation_gain(steps_csv: Path) -> dict[str, Any] | None:
+    """A cell's real-environment validation success at its first and last probe (``val/success`` of
+    ``train_steps.csv``; step 0 is the start) and the gain in points; None without two probes."""
+    if not steps_csv.is_file():
+        return None
+    frame = pd.read_csv(steps_csv)
+    if "val/success" not in frame.columns:
+        return None
+    probes = frame[["step", "val/success"]].dropna()
+    if len(probes) < 2:
+        return None
+    first, last = probes.iloc[0], probes.iloc[-1]
+    return {
+        "steps": [int(first["step"]), int(last["step"])],
+        "start": float(first["val/success"]),
+        "end": float(last["val/success"]),
+        "gain_points": round(100 * (float(last["val/success"]) - float(first["val/success"])), 2),
+    }
+
+
+def positive_control(summary: Mapping[str, Any], gate: Mapping[str, Any]) -> dict[str, Any]:
+    """The gate of issue 46 on the matrix's own cells of ``gate.variant`` (grpo on the real environment): a
+    validation gain of at least ``min_gain_points`` in at least ``min_seeds`` seeds, and on the test split the
+    variant minus the SFT start with its paired 95% interval above 0. ``passed`` is None while either half
+    is unmeasured (no such cells, no validation curve, or no ``sft_base``)."""
+    variant = str(gate["variant"])
+    cells = sorted((c for c in summary["cells"].values() if c["variant"] == variant), key=lambda c: int(c["seed"]))
+    gains = {int(c["seed"]): validation_gain(Path(c["dir"]) / "train_steps.csv") for c in cells}
+    measured = {seed: g for seed, g in gains.items() if g is not None}
+    enough = [seed for seed, g in measured.items() if g["gain_points"] >= float(gate["min_gain_points"])]
+    test = summary["aggregate"]["differences"].get(f"{variant}-sft_base", {}).get("all")
+    validation_ok = len(enough) >= int(gate["min_seeds"]) if measured else None
+    test_ok = None if test is None or test.get("ci95") is None else bool(test["ci95"][0] > 0)
+    return {
+        "variant": variant,
+        "min_gain_points": float(gate["min_gain_points"]),
+        "min_seeds": int(gate["min_seeds"]),
+        "validation": {str(seed): g for seed, g in measured.items()},
+        "seeds_with_gain": len(enough),
+        "validation_passed": validation_ok,
+        "test_minus_start": None if test is None else {k: test[k] for k in ("diff", "ci95", "n_tasks") if k in test},
+        "test_passed": test_ok,
+        "passed": None if validation_ok is None or test_ok is None else bool(validation_ok and test_ok),
+    }
+
+
 def aggregate(cfg: DictConfig) -> dict[str, Any]:
     """Write ``science.json`` and ``science.reports`` from the per-part files under ``science.metrics``."""
     s = cfg.science
     root = Path(s.metrics)
     variants = [str(v) for v in to_plain(s.variants)]
     summary = summarize(root, variants, int(s.bootstrap_resamples))
+    summary["positive_control"] = positive_control(summary, to_plain(s.positive_control))
     agg = summary["aggregate"]
     agg["primary"] = primary_family(summary, s, int(s.bootstrap_resamples))
     result = science_json(summary, cfg)
@@ -231,7 +285,7 @@ def aggregate(cfg: DictConfig) -> dict[str, Any]:
             if fig is not None:
                 save_figure(fig, tmp / name)
                 drawn.append(name)
-        (tmp / "science.md").write_text(report_text(cfg, tables, drawn, agg))
+        (tmp / "science.md").write_text(report_text(cfg, tables, drawn, agg, summary["positive_control"]))
     write_metrics(Path(s.json), result, HEADLINE)
     logger.info(
         "science: %d cells, %d test-time cells -> %s, %s",
@@ -243,7 +297,42 @@ def aggregate(cfg: DictConfig) -> dict[str, Any]:
     return result
 
 
-def report_text(cfg: DictConfig, tables: Mapping[str, pd.DataFrame], figures: list[str], agg: Mapping[str, Any]) -> str:
+def gate_text(positive: Mapping[str, Any]) -> str:
+    """The positive control's paragraph: per seed validation gains, the test difference, the verdict."""
+    v = positive["variant"]
+    head = (
+        f"Does `{v}` on the real environment learn from this start? The gate: a validation gain of at least "
+        f"{positive['min_gain_points']:g} points (last probe minus step 0) in at least {positive['min_seeds']} "
+        "seeds, and on the test split a paired 95% interval of "
+        f"{v} − SFT start above 0. Until it holds, no variant difference here is a finding."
+    )
+    if not positive["validation"]:
+        return head + f" **Not measured**: no `{v}` cell with a validation curve (`science.val_every`)."
+    gains = ", ".join(
+        f"seed {seed}: {100 * g['start']:.0f}% → {100 * g['end']:.0f}% ({g['gain_points']:+.0f})"
+        for seed, g in positive["validation"].items()
+    )
+    test = positive["test_minus_start"]
+    test_text = (
+        "not measured"
+        if test is None or test.get("ci95") is None
+        else f"{100 * test['diff']:+.1f} points [{100 * test['ci95'][0]:+.1f}, {100 * test['ci95'][1]:+.1f}] "
+        f"on {test['n_tasks']} tasks"
+    )
+    verdict = {True: "**holds**", False: "**does not hold**", None: "**not decided** (a half is unmeasured)"}
+    return (
+        f"{head}\n\nValidation: {gains} ({positive['seeds_with_gain']} seeds reach the gain). "
+        f"Test: {v} − SFT start = {test_text}. The gate {verdict[positive['passed']]}."
+    )
+
+
+def report_text(
+    cfg: DictConfig,
+    tables: Mapping[str, pd.DataFrame],
+    figures: list[str],
+    agg: Mapping[str, Any],
+    positive: Mapping[str, Any],
+) -> str:
     s = cfg.science
     parts = [
         "# Science run: does EnvACE learn on the tool world?",
@@ -263,9 +352,17 @@ def report_text(cfg: DictConfig, tables: Mapping[str, pd.DataFrame], figures: li
         "code; the paper's "
         f'numbers appear only in the column "{reference.REFERENCE_COLUMN}" ({reference.SOURCE})',
         "",
+        "## The paper's claims at this scale",
+        "",
+        *claims_reading(agg),
+        "",
         "## Calibration: the starting point",
         "",
         markdown(tables["science_calibration"]),
+        "",
+        "## The positive control (the gate)",
+        "",
+        gate_text(positive),
         "",
         "## Main comparison and ablation (test split)",
         "",
@@ -313,14 +410,12 @@ def report_text(cfg: DictConfig, tables: Mapping[str, pd.DataFrame], figures: li
         "",
         *[f"![{name}]({name})" for name in figures],
         "",
-        "## Reading: the paper's four claims at this scale",
+        "## What this shows and does not",
         "",
-        *claims_reading(agg),
-        "",
-        "What this shows and does not: a 135M-parameter model, a few GRPO steps per cell and tens of test tasks "
-        'can detect only large effects; "not supported" means the primary\'s test did not reach α with these '
-        "seeds and tasks, not that the effect is absent. The paper's numbers come from an 8B model trained for "
-        "470 steps on CM2 and evaluated on other benchmarks; they are a reference for direction, not a target "
+        f"{cfg.model.name}, {s.steps} GRPO steps per cell, {len(to_plain(s.seeds))} seeds and {s.n_test} test "
+        'tasks detect only effects of their size; "not supported" means the primary\'s test did not reach α with '
+        "these seeds and tasks, not that the effect is absent. The paper's numbers come from an 8B model trained "
+        "for 470 steps on CM2 and evaluated on other benchmarks; they are a reference for direction, not a target "
         "for these values.",
         "",
     ]

@@ -148,10 +148,15 @@ def test_aggregate_writes_science_json_and_the_report(tmp_path, split):
             "science.variants=[envace,grpo]",
             "science.seeds=[0,1]",
             "science.bootstrap_resamples=300",
+            "science.positive_control.min_seeds=1",
         ]
     )
     m = tmp_path / "m"
     base = [1] * 4 + [0] * 36
+    for seed, end in ((0, 0.25), (1, 0.15)):  # the gate's validation half: +15 and +5 points
+        csv = m / "cells" / f"grpo-seed{seed}" / "train_steps.csv"
+        csv.parent.mkdir(parents=True, exist_ok=True)
+        csv.write_text(f"step,val/success,reward/mean\n0,0.1,0.2\n1,,0.3\n2,{end},0.4\n")
     _write(m / "sft" / "tasks.json", {"policy": rows(base, 5), "base": rows([0] * 40, 5)})
     _write(m / "sft" / "evaluate_toolworld.json", {"policy": {"success_rate": 0.1, "n_tasks": 40}})
     for variant, gained in (("envace", 10), ("grpo", 4)):
@@ -208,6 +213,26 @@ def test_aggregate_writes_science_json_and_the_report(tmp_path, split):
     assert "| envace − grpo " in exploratory_md.split("## World-model")[0]
     assert "verdict" not in exploratory_md.split("## World-model")[0]
     assert {p.name for p in (tmp_path / "report").glob("*.png")} >= {"science_main.png", "science_testtime.png"}
+    # the gate on the matrix's own grpo cells: seed 0 gains +15 (>= 10 in >= 1 seed), but grpo - SFT start on
+    # the test split (+1.25 points) has an interval covering 0, so it does not hold
+    gate = out["positive_control"]
+    assert gate["validation"]["0"]["gain_points"] == pytest.approx(15) and gate["seeds_with_gain"] == 1
+    assert gate["validation_passed"] is True and gate["test_passed"] is False and gate["passed"] is False
+    assert gate["test_minus_start"]["diff"] == pytest.approx(4.5 / 40 - 0.1)
+    assert out["design"]["model"] == cfg.model.name
+    # science.md opens with the claims, then the calibration and the gate
+    assert report.index("## The paper's claims") < report.index("## Calibration") < report.index("## The positive")
+    assert "seed 0: 10% → 25% (+15)" in report and "The gate **does not hold**" in report
+    assert "Self-rehearsal beats training on a frozen simulator's responses" in report
+
+
+def test_the_gate_is_undecided_without_a_validation_curve():
+    from envace.reporting.science import gate_text, positive_control
+
+    summary = {"cells": {}, "aggregate": {"differences": {}}}
+    gate = positive_control(summary, {"variant": "grpo", "min_gain_points": 10, "min_seeds": 4})
+    assert gate["passed"] is None and gate["validation_passed"] is None and gate["test_passed"] is None
+    assert "**Not measured**" in gate_text(gate)
 
 
 def test_the_base_half_may_not_repeat_a_cell_of_the_trained_half(tmp_path):
