@@ -4,6 +4,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PROFILE ?= cpu
+# `make science` runs the model organism's matrix (issue 46) unless PROFILE is given on the command line
+# (`make science PROFILE=cpu`: the SmolLM2 plumbing matrix; PROFILE=smoke: the DAG in minutes)
+SCIENCE_PROFILE ?= $(if $(filter command line,$(origin PROFILE)),$(PROFILE),organism)
 OVERRIDES ?=
 ARGS ?=
 VARIANTS ?= grpo envace per_role
@@ -31,7 +34,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 .PHONY: help install lint test test-e2e pipeline params ablation scale serve stop ui plots readme-plots serve-model science science-testtime
 
 # variables whose $(NAME) in a target's `## ...` text `make help` shows expanded (their values now)
-HELP_VARS := VENV PY PROFILE OVERRIDES ARGS VARIANTS HOME_VARIANT MODELS PREFECT_PORT MLFLOW_PORT PREFECT_API_URL SERVE_MODEL MODEL_PORT SCIENCE_JOBS
+HELP_VARS := VENV PY PROFILE SCIENCE_PROFILE OVERRIDES ARGS VARIANTS HOME_VARIANT MODELS PREFECT_PORT MLFLOW_PORT PREFECT_API_URL SERVE_MODEL MODEL_PORT SCIENCE_JOBS
 
 help: ## list the targets
 	@awk -v vars='$(foreach v,$(HELP_VARS),$(v)=$($(v))|)' 'BEGIN {FS = ":.*## "; \
@@ -79,18 +82,18 @@ pipeline: install ## install, then `dvc repro` on the $(PROFILE) profile; prints
 science_stages = dvc stage list science/dvc.yaml --name-only | grep -E '$(1)'
 science_phase = $(call science_stages,$(1)) | xargs -r -P $(SCIENCE_JOBS) -n 1 dvc repro --single-item
 
-science: install ## the science matrix: data, one shared SFT, then SFT eval + variant x seed cells ($(SCIENCE_JOBS) at a time), aggregate -> science/report/science.md
-	$(PY) -m envace.config profile=$(PROFILE) $(OVERRIDES)
+science: install ## the science matrix on $(SCIENCE_PROFILE): data, SFT (the organism: its committed start), then SFT eval + variant x seed cells ($(SCIENCE_JOBS) at a time), aggregate; resumable, one line per finished part
+	$(PY) -m envace.config profile=$(SCIENCE_PROFILE) $(OVERRIDES)
 	dvc repro science/dvc.yaml:sft
 	$(call science_phase,:(sft_eval|cell@))
 	dvc repro --single-item science/dvc.yaml:aggregate
-	@echo "Science report: $(CURDIR)/science/report/science.md   (science/science.json; per-cell files in science/metrics/)"
+	@$(PY) -c 'import yaml; s = yaml.safe_load(open("params.yaml"))["science"]; print("Science report: " + s["reports"] + "/science.md   (" + s["json"] + "; per-part files in " + s["metrics"] + "/)")'
 
 science-testtime: install ## test-time sweep on the science cells ($(SCIENCE_JOBS) at a time; after `make science`), then the aggregate
-	$(PY) -m envace.config profile=$(PROFILE) $(OVERRIDES)
+	$(PY) -m envace.config profile=$(SCIENCE_PROFILE) $(OVERRIDES)
 	$(call science_phase,:testtime(_base$$|@))
 	dvc repro --single-item science/dvc.yaml:aggregate
-	@echo "Science report: $(CURDIR)/science/report/science.md"
+	@$(PY) -c 'import yaml; s = yaml.safe_load(open("params.yaml"))["science"]; print("Science report: " + s["reports"] + "/science.md")'
 
 # exp_sweep(group, values, home): one `dvc exp run -S profile=$(PROFILE) -S group=value` per value, in
 # the workspace, named $(PROFILE)-value (an older experiment of that name is removed first; unchanged
