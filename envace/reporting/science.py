@@ -225,18 +225,21 @@ def validation_gain(steps_csv: Path) -> dict[str, Any] | None:
     }
 
 
-def positive_control(summary: Mapping[str, Any], gate: Mapping[str, Any]) -> dict[str, Any]:
+def positive_control(summary: Mapping[str, Any], gate: Mapping[str, Any], n_seeds: int) -> dict[str, Any]:
     """The gate of issue 46 on the matrix's own cells of ``gate.variant`` (grpo on the real environment): a
-    validation gain of at least ``min_gain_points`` in at least ``min_seeds`` seeds, and on the test split the
-    variant minus the SFT start with its paired 95% interval above 0. ``passed`` is None while either half
-    is unmeasured (no such cells, no validation curve, or no ``sft_base``)."""
+    validation gain of at least ``min_gain_points`` in at least ``min_seeds`` of the design's ``n_seeds``
+    seeds, and on the test split the variant minus the SFT start with its paired 95% interval above 0.
+    A half is None while undecided: the validation half until ``min_seeds`` seeds have the gain or too few
+    seeds are left to reach it (a matrix part-way through), the test half without cells or ``sft_base``;
+    ``passed`` is None while either half is."""
     variant = str(gate["variant"])
     cells = sorted((c for c in summary["cells"].values() if c["variant"] == variant), key=lambda c: int(c["seed"]))
     gains = {int(c["seed"]): validation_gain(Path(c["dir"]) / "train_steps.csv") for c in cells}
     measured = {seed: g for seed, g in gains.items() if g is not None}
     enough = [seed for seed, g in measured.items() if g["gain_points"] >= float(gate["min_gain_points"])]
     test = summary["aggregate"]["differences"].get(f"{variant}-sft_base", {}).get("all")
-    validation_ok = len(enough) >= int(gate["min_seeds"]) if measured else None
+    need, short = int(gate["min_seeds"]), len(measured) - len(enough)
+    validation_ok = True if len(enough) >= need else False if n_seeds - short < need else None
     test_ok = None if test is None or test.get("ci95") is None else bool(test["ci95"][0] > 0)
     return {
         "variant": variant,
@@ -244,6 +247,7 @@ def positive_control(summary: Mapping[str, Any], gate: Mapping[str, Any]) -> dic
         "min_seeds": int(gate["min_seeds"]),
         "validation": {str(seed): g for seed, g in measured.items()},
         "seeds_with_gain": len(enough),
+        "seeds_measured": len(measured),
         "validation_passed": validation_ok,
         "test_minus_start": None if test is None else {k: test[k] for k in ("diff", "ci95", "n_tasks") if k in test},
         "test_passed": test_ok,
@@ -257,7 +261,7 @@ def aggregate(cfg: DictConfig) -> dict[str, Any]:
     root = Path(s.metrics)
     variants = [str(v) for v in to_plain(s.variants)]
     summary = summarize(root, variants, int(s.bootstrap_resamples))
-    summary["positive_control"] = positive_control(summary, to_plain(s.positive_control))
+    summary["positive_control"] = positive_control(summary, to_plain(s.positive_control), len(to_plain(s.seeds)))
     agg = summary["aggregate"]
     agg["primary"] = primary_family(summary, s, int(s.bootstrap_resamples))
     result = science_json(summary, cfg)
@@ -321,7 +325,8 @@ def gate_text(positive: Mapping[str, Any]) -> str:
     )
     verdict = {True: "**holds**", False: "**does not hold**", None: "**not decided** (a half is unmeasured)"}
     return (
-        f"{head}\n\nValidation: {gains} ({positive['seeds_with_gain']} seeds reach the gain). "
+        f"{head}\n\nValidation: {gains} ({positive['seeds_with_gain']} of {positive['seeds_measured']} seeds "
+        "measured reach the gain). "
         f"Test: {v} − SFT start = {test_text}. The gate {verdict[positive['passed']]}."
     )
 

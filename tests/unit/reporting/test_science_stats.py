@@ -230,9 +230,33 @@ def test_the_gate_is_undecided_without_a_validation_curve():
     from envace.reporting.science import gate_text, positive_control
 
     summary = {"cells": {}, "aggregate": {"differences": {}}}
-    gate = positive_control(summary, {"variant": "grpo", "min_gain_points": 10, "min_seeds": 4})
+    gate = positive_control(summary, {"variant": "grpo", "min_gain_points": 10, "min_seeds": 4}, 5)
     assert gate["passed"] is None and gate["validation_passed"] is None and gate["test_passed"] is None
     assert "**Not measured**" in gate_text(gate)
+
+
+@pytest.mark.parametrize(
+    ("gains", "expected"),
+    [
+        ([12, 15, 11, 10], True),  # 4 of 5 reached: holds whatever the fifth does
+        ([12, 15, 3], None),  # part-way: two more seeds could still reach 4
+        ([12, 2, 3], False),  # two short already: at most 3 of 5 can reach it
+        ([12, 15, 11, 10, 3], True),
+    ],
+)
+def test_the_validation_half_is_decided_only_when_the_remaining_seeds_cannot_change_it(tmp_path, gains, expected):
+    from envace.reporting.science import positive_control
+
+    cells = {}
+    for seed, gain in enumerate(gains):
+        d = tmp_path / f"grpo-seed{seed}"
+        d.mkdir()
+        (d / "train_steps.csv").write_text(f"step,val/success\n0,0.2\n60,{0.2 + gain / 100}\n")
+        cells[f"grpo/seed{seed}"] = {"variant": "grpo", "seed": seed, "dir": str(d)}
+    summary = {"cells": cells, "aggregate": {"differences": {}}}
+    gate = positive_control(summary, {"variant": "grpo", "min_gain_points": 10, "min_seeds": 4}, 5)
+    assert gate["validation_passed"] is expected and gate["seeds_measured"] == len(gains)
+    assert gate["passed"] is None  # no test half without sft_base
 
 
 def test_the_base_half_may_not_repeat_a_cell_of_the_trained_half(tmp_path):
