@@ -235,6 +235,7 @@ def timings(root: Path) -> pd.DataFrame:
                 "part": f"{path.parent.relative_to(root)}/{t['part']}",
                 "minutes": round(sum(t["seconds"].values()) / 60, 1),
                 "threads": t.get("threads"),
+                "peak MiB": t.get("peak_rss_mb"),  # envace.stages.science_matrix records it
                 "cpu": t.get("cpu"),
             }
         )

@@ -584,3 +584,13 @@ def test_the_efficiency_figure_plots_seed_mean_validation_success_against_real_c
     assert list(grpo.get_xdata()) == [100, 190] and list(grpo.get_ydata()) == pytest.approx([0.2, 0.35])
     assert efficiency_figure({"grpo": [pd.DataFrame({"step": [1], "reward/mean": [0.3]})]}) is None
     assert CURVES[0][0] == "val/success"  # the training-curves figure opens with the validation curve
+
+
+def test_the_cost_table_carries_each_parts_peak_memory(tmp_path):
+    from envace.reporting.science_tables import timings
+
+    _write(tmp_path / "cells/grpo-seed0/timing_cell.json", {"part": "cell", "seconds": {"train": 600, "evaluate": 60}})
+    _write(tmp_path / "sft/timing_sft.json", {"part": "sft", "seconds": {"train": 30}, "peak_rss_mb": 812.5})
+    frame = timings(tmp_path).set_index("part")
+    assert frame.loc["cells/grpo-seed0/cell", "minutes"] == 11.0
+    assert frame.loc["sft/sft", "peak MiB"] == 812.5 and frame["peak MiB"].isna().sum() == 1  # older files: none
