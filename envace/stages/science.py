@@ -352,14 +352,19 @@ def run_part(part: str, variant: str | None, seed: int | None, extra: list[str])
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+PartRunner = Callable[[str, str | None, int | None, list[str]], str | None]
+
+
+def cli(prog: str, doc: str, run: PartRunner, argv: list[str] | None) -> int:
+    """The command line of a science part, shared by this module and ``science_matrix``: ``run(part,
+    variant, seed, overrides)`` does the work; a line it returns is printed when the part ends."""
     parser = argparse.ArgumentParser(
-        prog="python -m envace.stages.science",
-        description=__doc__.split("\n\n")[0],
+        prog=prog,
+        description=doc.split("\n\n")[0],
         epilog="Trailing key=value arguments override params.yaml for every stage run.",
     )
     parser.add_argument("part", choices=PARTS)
-    parser.add_argument("--variant", default=None, help="cell: the algo.name of the cell")
+    parser.add_argument("--variant", default=None, help="cell: the algo option of the cell")
     parser.add_argument(
         "--seed", type=int, default=None, help="cell/testtime: the training seed of the cell (testtime_base: the first)"
     )
@@ -373,10 +378,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv is None and args.part in TRAINING_PARTS:
             restart_on_allocator()
-        run_part(args.part, args.variant, args.seed, list(args.overrides))
+        line = run(args.part, args.variant, args.seed, list(args.overrides))
     except (Exception, KeyboardInterrupt) as exc:
         return _failure(f"science {args.part}", exc)
+    if line:
+        print(line, flush=True)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli("python -m envace.stages.science", __doc__, run_part, argv)
 
 
 if __name__ == "__main__":

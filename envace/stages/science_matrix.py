@@ -20,11 +20,9 @@ Every part adds ``peak_rss_mb`` (the process's peak resident memory) to its ``ti
 
 from __future__ import annotations
 
-import argparse
 import logging
 import resource
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -34,9 +32,7 @@ from envace.config.load import PARAMS_FILE, load_params, to_plain
 from envace.reporting.science_stats import BASE_REHEARSER_DIR
 from envace.stages import science
 from envace.stages.common import MANIFEST
-from envace.stages.runner import EXIT_USAGE, _failure, configure_logging, restart_on_allocator
 from envace.utils.io import read_json, write_json
-from envace.utils.telemetry import telemetry_off
 
 logger = logging.getLogger(__name__)
 
@@ -143,31 +139,7 @@ def run(part: str, variant: str | None, seed: int | None, extra: list[str]) -> s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m envace.stages.science_matrix",
-        description=__doc__.split("\n\n")[0],
-        epilog="Trailing key=value arguments override params.yaml for every stage run.",
-    )
-    parser.add_argument("part", choices=science.PARTS)
-    parser.add_argument("--variant", default=None, help="cell: the algo option of the cell")
-    parser.add_argument(
-        "--seed", type=int, default=None, help="cell/testtime: the training seed of the cell (testtime_base: the first)"
-    )
-    parser.add_argument("overrides", nargs="*", metavar="key=value")
-    try:
-        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    except SystemExit as done:
-        return done.code if isinstance(done.code, int) else EXIT_USAGE
-    telemetry_off()
-    configure_logging()
-    try:
-        if argv is None and args.part in science.TRAINING_PARTS:
-            restart_on_allocator()
-        line = run(args.part, args.variant, args.seed, list(args.overrides))
-    except (Exception, KeyboardInterrupt) as exc:
-        return _failure(f"science {args.part}", exc)
-    print(line, flush=True)
-    return 0
+    return science.cli("python -m envace.stages.science_matrix", __doc__, run, argv)
 
 
 if __name__ == "__main__":
