@@ -65,6 +65,11 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def part_seconds(timing: Path) -> float:
+    """The seconds a science part's timing file records (the sum over the stages it ran)."""
+    return float(sum(json.loads(timing.read_text())["seconds"].values()))
+
+
 def publish(policy: Path, out: Path) -> list[str]:
     """Copy the policy directory ``policy`` to ``out`` (replacing it); the files copied."""
     if not (policy / "config.json").is_file():
@@ -80,11 +85,16 @@ def build(params: Path = PARAMS) -> dict[str, Any]:
     overrides = [str(o) for o in block["overrides"]]
     run = cal.prepare(str(block["run"]), overrides)
     metrics = run / cal.METRICS
-    seconds = {
+    wall = {
         "data": cal.part(run, ["data"], metrics / "data", "data"),
         "sft": cal.part(run, ["sft"], metrics / "sft" / "train.json", "sft"),
         "val": cal.part(run, ["sft_eval", *cal.VAL_EVAL], metrics / "sft" / "tasks.json", "sft_eval"),
     }
+    # what each part cost when it ran, from its timing file: a build that finds a part already done in the
+    # run directory (a resumed or repeated build) reuses it in 0 s and must not record that as its cost
+    timings = {"data": metrics / "data" / "timing_data.json", "sft": metrics / "sft" / "timing_sft.json"}
+    timings["val"] = metrics / "sft" / "timing_sft_eval.json"
+    seconds = {k: part_seconds(path) if path.is_file() else wall[k] for k, path in timings.items()}
     science_dir = OmegaConf.load(run / "params.yaml").science.dir
     out = cal.ROOT / str(block["out"])
     files = publish(run / science_dir / "sft" / "final" / "policy", out)
@@ -98,6 +108,7 @@ def build(params: Path = PARAMS) -> dict[str, Any]:
         "sft_flawed_specs": json.loads((metrics / "sft" / "train.json").read_text()).get("final/sft/flawed_specs"),
         "precision": sft_details.get("precision"),
         "seconds": {k: round(v, 1) for k, v in seconds.items()},
+        "reused_parts": sorted(k for k, v in wall.items() if v == 0.0),
         "cpu": cpu_model(),
         "files": files,
         "weights_sha256": {f: sha256(out / f) for f in weights},

@@ -16,8 +16,14 @@ from envace.config.load import compose
 from envace.stages.science import part_overrides
 
 ROOT = Path(__file__).resolve().parents[3]
-GROUPS = ("train", "engine", "eval", "model")
-PARTS = {"sft": (None, None), "sft_eval": (None, None), "cell": ("envace", 0)}
+# part: (variant, seed) for part_overrides, and the groups its stage lists key by key
+PARTS = {
+    "sft": (None, None, ("train", "engine")),
+    "sft_eval": (None, None, ("eval",)),
+    "cell": ("envace", 0, ("train", "engine", "eval")),
+    "testtime_base": ("envace", 0, ("rehearsal",)),
+    "testtime": ("envace", 1, ("rehearsal",)),
+}
 
 
 def _stage_params(stage: str) -> list[str]:
@@ -29,13 +35,12 @@ def _stage_params(stage: str) -> list[str]:
 @pytest.mark.parametrize("part", sorted(PARTS))
 def test_group_keys_are_those_the_part_does_not_set(profile: str, part: str) -> None:
     cfg = compose([f"profile={profile}"])
-    variant, seed = PARTS[part]
+    variant, seed, groups = PARTS[part]
     overridden = {o.split("=", 1)[0] for run in part_overrides(cfg, part, variant, seed) for o in run}
     listed = _stage_params(part)
-    for group in GROUPS:
+    for group in groups:
+        assert group not in listed, f"science/dvc.yaml stage {part!r} lists the whole {group} group"
         by_key = {p for p in listed if p.startswith(group + ".")}
-        if group in listed or not by_key:
-            continue  # the whole group, or none of it
         expected = {f"{group}.{k}" for k in cfg[group]} - overridden
         assert by_key == expected, (
             f"science/dvc.yaml stage {part!r}: its {group}.* params should be every {group} key the part "
@@ -48,3 +53,6 @@ def test_cell_does_not_depend_on_what_it_overrides() -> None:
     for key in ("train.steps", "engine.num_threads", "eval.n_tasks", "train", "engine", "eval"):
         assert key not in listed
     assert {"train.checkpoint_every", "engine.precision", "eval.temperature"} <= listed
+    testtime = set(_stage_params("testtime"))
+    assert "rehearsal" not in testtime and "rehearsal.n_tasks" not in testtime
+    assert "rehearsal.summarizer" in testtime
