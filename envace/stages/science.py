@@ -20,7 +20,8 @@ matrix's data, checkpoints and metrics in their own places (``science.*`` in con
   the shared baseline; each mode's N capped by ``testtime_max_n_by_mode``), N in
   ``testtime_other_seeds_n_attempts_grid`` (parallel) for the others;
 - ``testtime_base``: the first seed's grid with the ``base`` rehearser (the SFT checkpoint, the policy
-  before RL) at every N > 0 — a stage of its own so that two workers share that seed's grid; its files go
+  before RL) and the ``oracle`` one (a sandboxed copy of the real environment, the upper bound) at every
+  N > 0 — a stage of its own so that two workers share that seed's grid; its files go
   to ``<science.metrics>/base_rehearser/testtime/<cell>/`` and the aggregate folds them into the seed's
   sweep (same tasks, same N=0);
 - ``aggregate``: ``metrics/science.json`` and ``reports/science*`` (envace.reporting.science), with the
@@ -214,7 +215,9 @@ def part_overrides(cfg: DictConfig, part: str, variant: str | None = None, seed:
         if part == "testtime_base":
             if not first:
                 raise ValueError(f"science testtime_base: runs on the first seed ({s.seeds[0]}), not {seed}")
-            attempts, rehearser, into = base_attempts(s), "base", f"{BASE_REHEARSER_DIR}/testtime/{name}"
+            # the SFT start answering (the rehearser before RL) and the oracle (a sandboxed real environment:
+            # the upper bound of what rehearsal can give), at the same N and tasks as the trained rehearser
+            attempts, rehearser, into = base_attempts(s), "base,oracle", f"{BASE_REHEARSER_DIR}/testtime/{name}"
             rehearsal_dir = f"{s.dir}/testtime_base/{name}"
         else:
             attempts = to_plain(s.testtime_n_attempts_grid if first else s.testtime_other_seeds_n_attempts_grid)

@@ -19,6 +19,7 @@ from envace.config.load import (
     ConfigError,
     compose,
     flatten,
+    group_options,
     group_switch,
     load_params,
     to_plain,
@@ -179,9 +180,19 @@ def test_no_yaml_11_boolean_keys(profile):
     assert not [k for k in _keys(plain) if k.rsplit(".", 1)[-1].lower() in booleans]
 
 
-def test_committed_params_yaml_is_the_default_composition(tmp_path, repo_root):
-    """`dvc repro` reads params.yaml: it must equal what `make params` writes from conf/."""
-    fresh = write_params([], root=tmp_path, conf_dir=repo_root / "conf")
+def _main_profile(repo_root: Path) -> str:
+    """The Makefile's default PROFILE (the main job's profile)."""
+    found = re.search(r"^PROFILE \?= (\S+)$", (repo_root / "Makefile").read_text(), re.MULTILINE)
+    assert found, "Makefile: no `PROFILE ?= <profile>` line"
+    return found.group(1)
+
+
+def test_committed_params_yaml_is_the_main_profile_composition(tmp_path, repo_root):
+    """`dvc repro` reads params.yaml: it must equal what `make params` writes from conf/ for the main job's
+    profile (the Makefile's PROFILE), so a plain `dvc repro` runs what `make pipeline` runs."""
+    profile = _main_profile(repo_root)
+    assert profile in group_options("profile", repo_root / "conf")
+    fresh = write_params([f"profile={profile}"], root=tmp_path, conf_dir=repo_root / "conf")
     assert fresh.read_text() == (repo_root / "params.yaml").read_text(), "run `make params` and commit params.yaml"
 
 

@@ -119,7 +119,7 @@ def test_testtime_grid_is_whole_for_the_first_seed_only():
     (other,) = part_overrides(cfg, "testtime", "envace", 1)
     (base,) = part_overrides(cfg, "testtime_base", "envace", 0)  # the first seed's base-rehearser half
     assert "rehearsal.rehearsers=[trained]" in first and "rehearsal.modes=[parallel,sequential]" in first
-    assert "rehearsal.rehearsers=[base]" in base and "rehearsal.modes=[parallel,sequential]" in base
+    assert "rehearsal.rehearsers=[base,oracle]" in base and "rehearsal.modes=[parallel,sequential]" in base
     assert f"rehearsal.n_attempts_grid=[{','.join(map(str, cfg.science.testtime_n_attempts_grid))}]" in first
     assert "rehearsal.rehearsers=[trained]" in other and "rehearsal.n_attempts_grid=[0,2]" in other
     assert np.all([f"rehearsal.n_tasks={cfg.science.testtime_n_tasks}" in o for o in (first, other)])
@@ -279,7 +279,7 @@ def test_the_base_half_is_the_first_seeds_grid_without_n0():
         ]
     )
     (overrides,) = part_overrides(cfg, "testtime_base", "envace", 3)
-    assert "rehearsal.rehearsers=[base]" in overrides and "rehearsal.n_attempts_grid=[1,4]" in overrides
+    assert "rehearsal.rehearsers=[base,oracle]" in overrides and "rehearsal.n_attempts_grid=[1,4]" in overrides
     s = cfg.science
     assert f"paths.metrics={s.metrics}/base_rehearser/testtime/envace-seed3" in overrides
     assert f"paths.rehearsal={s.dir}/testtime_base/envace-seed3" in overrides

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from envace.config.load import compose, to_plain
 from envace.stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -47,9 +48,12 @@ def test_declared_params_exist_and_paths_come_from_params(name):
 def test_evaluate_runs_once_per_benchmark():
     assert DVC["evaluate"]["foreach"] == "${eval.benchmarks}"
     assert "eval.benchmark=${item}" in DVC["evaluate"]["do"]["cmd"]
-    # the committed params.yaml is the cpu profile: the tool world, a BFCL-v4 subset and τ² telecom solo
-    assert PARAMS["eval"]["benchmarks"] == ["toolworld", "bfcl", "tau2"]
-    assert PARAMS["eval"]["suites"]["tau2"]["split"] == "telecom"
+    # the committed params.yaml is the organism's: the tool world alone; the cpu profile (SmolLM2) adds a
+    # BFCL-v4 subset and τ² telecom solo
+    assert PARAMS["profile"] == "organism" and PARAMS["eval"]["benchmarks"] == ["toolworld"]
+    cpu = to_plain(compose(["profile=cpu"]))
+    assert cpu["eval"]["benchmarks"] == ["toolworld", "bfcl", "tau2"]
+    assert cpu["eval"]["suites"]["tau2"]["split"] == "telecom"
 
 
 def test_every_dvc_stage_has_a_prefect_task():
