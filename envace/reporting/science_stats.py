@@ -16,6 +16,7 @@ declared primary comparisons are tested, with a correction for their number (env
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -242,12 +243,24 @@ def _sweep_cells(directory: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+def sft_warmed_up(root: Path) -> bool:
+    """Whether the matrix's SFT part ran a warm-up (``root/sft/train.json`` records its last epoch's loss).
+    Without one (the organism: every cell starts from a committed SFT model, ``science.model_files``) the SFT
+    eval's ``base`` is that same model, not an untrained one, so no "untrained base" is reported. A matrix
+    whose SFT part left no train.json is taken as warmed up (the layout before that file)."""
+    path = root / "sft" / "train.json"
+    if not path.exists():
+        return True
+    loss = read_json(path).get("final/sft/loss")
+    return loss is not None and not math.isnan(float(loss))
+
+
 def summarize(root: Path, variants: Sequence[str], n_boot: int) -> dict[str, Any]:
     """Everything ``science.json`` holds (see envace.reporting.science for the layout)."""
     cells = load_cells(root)
     sft = read_json(root / "sft" / "tasks.json")
     base = {"sft_base": outcomes_of([sft["policy"]], " of the SFT checkpoint")}
-    if "base" in sft:
+    if "base" in sft and sft_warmed_up(root):
         base["untrained_base"] = outcomes_of([sft["base"]], " of the untrained base")
     groups = {v: o for v in variants if (o := variant_outcomes(cells, v)) is not None}
     groups.update(base)

@@ -13,7 +13,7 @@ import pandas as pd
 
 from envace.reporting import reference
 from envace.reporting.metrics_files import read_metrics
-from envace.reporting.science_stats import SUBSETS
+from envace.reporting.science_stats import SUBSETS, sft_warmed_up
 from envace.utils.io import read_json
 
 
@@ -151,7 +151,8 @@ def fidelity_table(root: Path, cells: Mapping[str, Any]) -> pd.DataFrame:
     rows = []
     path = root / "sft" / "evaluate_toolworld.json"
     sft = read_json(path) if path.exists() else {}
-    models = [("untrained_base", sft.get("base", {})), ("sft_base", sft.get("policy", {}))]
+    models = [("untrained_base", sft.get("base", {}))] if sft_warmed_up(root) else []
+    models += [("sft_base", sft.get("policy", {}))]
     models += [(key, cell["evaluate"].get("policy", {})) for key, cell in sorted(cells.items())]
     for name, m in models:
         fid = m.get("fidelity_gold")
@@ -211,7 +212,7 @@ def calibration_table(root: Path) -> pd.DataFrame:
     m = read_metrics(path)
     rows = []
     for label, name in (("base", "untrained base"), ("policy", "SFT'd base (every cell's start)")):
-        r = m.get(label)
+        r = m.get(label) if label != "base" or sft_warmed_up(root) else None  # no warm-up: base is the start
         if not r:
             continue
         row = {

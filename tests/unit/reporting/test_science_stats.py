@@ -594,3 +594,27 @@ def test_the_cost_table_carries_each_parts_peak_memory(tmp_path):
     frame = timings(tmp_path).set_index("part")
     assert frame.loc["cells/grpo-seed0/cell", "minutes"] == 11.0
     assert frame.loc["sft/sft", "peak MiB"] == 812.5 and frame["peak MiB"].isna().sum() == 1  # older files: none
+
+
+def test_a_matrix_without_a_warm_up_reports_no_untrained_base(tmp_path):
+    """The organism's SFT part copies a committed SFT model (no epochs), so its eval's ``base`` is that same
+    model: reporting it as "untrained" would put the start's own score on the untrained row."""
+    from envace.reporting.science_stats import summarize
+    from envace.reporting.science_tables import calibration_table, fidelity_table
+
+    start = rows([1] * 10 + [0] * 30, 5)
+    fid = {"fidelity_gold": {"n": 9, "exact_match": 0.5, "field_f1": 0.6, "error_agreement": 1.0}}
+    _write(tmp_path / "sft" / "tasks.json", {"policy": start, "base": start})
+    evaluate = {
+        "policy": {"success_rate": 0.25, "n_tasks": 40, **fid},
+        "base": {"success_rate": 0.25, "n_tasks": 40, **fid},
+    }
+    _write(tmp_path / "sft" / "evaluate_toolworld.json", evaluate)
+    _write(tmp_path / "sft" / "train.json", {"n_train_rows": 2000, "steps_done": 0})
+    out = summarize(tmp_path, ["envace"], 100)
+    assert "untrained_base" not in out["groups"] and "sft_base" in out["groups"]
+    assert list(calibration_table(tmp_path)["model"]) == ["SFT'd base (every cell's start)"]
+    assert list(fidelity_table(tmp_path, {})["rehearser"]) == ["sft_base"]
+    _write(tmp_path / "sft" / "train.json", {"steps_done": 0, "final/sft/loss": 0.41})  # a warm-up ran
+    assert "untrained_base" in summarize(tmp_path, ["envace"], 100)["groups"]
+    assert len(calibration_table(tmp_path)) == 2 and len(fidelity_table(tmp_path, {})) == 2
