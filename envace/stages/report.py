@@ -102,6 +102,16 @@ def comparisons(cfg: Config, m: dict[str, Any], curves: pd.DataFrame):
     return ablation, scale, reward
 
 
+def baseline_label(cfg: Config, m: dict[str, Any]) -> str:
+    """What the trained policy is compared with, for the tables: ``SFT'd start`` (this run's warm-up) or
+    ``base``, which names the model directory when the configured model is one (the organism's committed SFT
+    start: "base" alone would read as an untrained model)."""
+    name = baseline_name(m)
+    if name == "base" and to_plain(cfg.model.kind) == "path" and cfg.model.path:
+        return f"base: {cfg.model.path}"
+    return name
+
+
 def efficiency_table(cfg: Config, m: dict[str, Any]) -> pd.DataFrame:
     """Sample efficiency: success on the first benchmark against the real environment calls each policy's
     training used — the SFT start (its warm-up's gold responses), this run's trained policy, and every
@@ -115,7 +125,7 @@ def efficiency_table(cfg: Config, m: dict[str, Any]) -> pd.DataFrame:
         and (evaluated.get("base") or {}).get("success_rate") is not None
     ):
         rows.append(
-            (f"start ({baseline_name(m)})", train["final/real_env/sft_calls"], evaluated["base"]["success_rate"])
+            (f"start ({baseline_label(cfg, m)})", train["final/real_env/sft_calls"], evaluated["base"]["success_rate"])
         )
     final_calls = train.get("final/real_env/calls_total")
     if (evaluated.get("policy") or {}).get("success_rate") is not None:
@@ -135,7 +145,7 @@ def run(cfg: Config, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     curves = merge_curves(curves_frame(m.get("train", {}).get("curves")), steps)
     ablation, scale, reward = comparisons(cfg, m, curves)
     labels = {
-        "base": f"{cfg.model.name} ({baseline_name(m)})",
+        "base": f"{cfg.model.name} ({baseline_label(cfg, m)})",
         "policy": f"{to_plain(cfg.algo.name)} ({cfg.model.name})",
     }
     tables = {

@@ -629,3 +629,15 @@ def test_gain_table_reads_each_evaluations_paired_difference_in_points():
     assert table[["gain_pp/ci_low", "gain_pp/ci_high"]].iloc[0].tolist() == pytest.approx([-5.0, 25.0])
     assert "10.0 [-5.0, 25.0] (n=30)" in render_markdown(table)
     assert baseline_name(m) == "SFT'd start" and baseline_name({"evaluate_x": {}}) == "base"
+
+
+def test_a_baseline_that_is_a_model_directory_is_named_in_the_labels():
+    """The organism's baseline is its committed SFT start (model.kind=path, no warm-up in the run): the
+    tables name that directory rather than "base", which would read as an untrained model."""
+    from envace.stages.report import baseline_label
+
+    base, sft = {"evaluate_toolworld": {"baseline": "base"}}, {"evaluate_toolworld": {"baseline": "sft"}}
+    organism = typed_config(compose(["profile=organism"]))
+    assert baseline_label(organism, base) == "base: science/organism/start"
+    assert baseline_label(organism, sft) == "SFT'd start"
+    assert baseline_label(typed_config(compose(["profile=smoke"])), base) == "base"
