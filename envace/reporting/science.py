@@ -331,6 +331,15 @@ def gate_text(positive: Mapping[str, Any]) -> str:
     )
 
 
+def start_text(cfg: DictConfig) -> str:
+    """How the cells' shared start was made: the matrix's own SFT warm-up, or (no epochs: the organism) the
+    committed SFT model the configured path names."""
+    s = cfg.science
+    if int(s.sft_epochs) > 0:
+        return f"One SFT warm-up ({s.sft_epochs} epochs on gold ACT/REHEARSE targets)"
+    return f"The SFT model at `{cfg.model.path}` (committed, with its record; no warm-up in this matrix)"
+
+
 def report_text(
     cfg: DictConfig,
     tables: Mapping[str, pd.DataFrame],
@@ -344,8 +353,8 @@ def report_text(
         "",
         f"Model {cfg.model.name} ({to_plain(cfg.model.kind)}); tool world with {s.n_train} training tasks and "
         f"{s.n_test} test "
-        f"tasks (data seed {s.data_seed}; held-out domain `{cfg.data.held_out_domain}` never trained on). One SFT "
-        f"warm-up ({s.sft_epochs} epochs on gold ACT/REHEARSE targets) is every cell's start; each cell then runs "
+        f"tasks (data seed {s.data_seed}; held-out domain `{cfg.data.held_out_domain}` never trained on). "
+        f"{start_text(cfg)} is every cell's start; each cell then runs "
         f"{s.steps} role-wise GRPO steps ({cfg.rollout.prompts_per_step} prompts × K={cfg.rollout.samples_per_prompt}) "
         f"with training seed k ∈ {to_plain(s.seeds)}. Trained on the verifiable tool-world reward "
         f"(judge `{to_plain(cfg.judge.name)}`); the headline metric is the strict success rate: a task succeeds when "

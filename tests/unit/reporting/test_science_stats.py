@@ -618,3 +618,10 @@ def test_a_matrix_without_a_warm_up_reports_no_untrained_base(tmp_path):
     _write(tmp_path / "sft" / "train.json", {"steps_done": 0, "final/sft/loss": 0.41})  # a warm-up ran
     assert "untrained_base" in summarize(tmp_path, ["envace"], 100)["groups"]
     assert len(calibration_table(tmp_path)) == 2 and len(fidelity_table(tmp_path, {})) == 2
+
+
+def test_the_report_names_the_committed_start_when_the_matrix_runs_no_warm_up():
+    from envace.reporting.science import start_text
+
+    assert start_text(compose(["profile=organism"])).startswith("The SFT model at `science/organism/start`")
+    assert start_text(compose(["profile=cpu"])).startswith("One SFT warm-up (")
