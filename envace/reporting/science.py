@@ -45,6 +45,7 @@ from envace.reporting.science_plots import (
     main_figure,
     testtime_figure,
 )
+from envace.reporting.science_provenance import part_states, provenance_summary, provenance_table
 from envace.reporting.science_stats import summarize
 from envace.reporting.science_tables import (
     calibration_table,
@@ -265,7 +266,10 @@ def aggregate(cfg: DictConfig) -> dict[str, Any]:
     agg = summary["aggregate"]
     agg["primary"] = primary_family(summary, s, int(s.bootstrap_resamples))
     result = science_json(summary, cfg)
+    parts = part_states(Path.cwd())  # the stages run at the repository root
+    result["provenance"] = provenance_summary(parts)
     tables = {
+        "science_provenance": provenance_table(parts),
         "science_main": main_table(agg, variants),
         "science_primary": primary_table(agg["primary"]),
         "science_differences": differences_table(agg),
@@ -369,6 +373,15 @@ def report_text(
         "## The paper's claims at this scale",
         "",
         *claims_reading(agg),
+        "",
+        "## Provenance",
+        "",
+        "Per part of the matrix with results: the commit(s) its stage runs recorded (`+dirty`: files outside "
+        "the part's dependencies had uncommitted changes) and whether its code and params still equal what "
+        "`science/dvc.lock` recorded for its run (envace.reporting.science_provenance). A current part's "
+        "numbers are what this commit's code produces.",
+        "",
+        markdown(tables["science_provenance"]),
         "",
         "## Calibration: the starting point",
         "",

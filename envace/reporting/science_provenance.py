@@ -1,0 +1,130 @@
+"""Where the science report's numbers came from: one row per part of the matrix that has results (a stage of
+``science/dvc.yaml`` whose outputs exist), with the commit(s) its stage runner recorded in the part's details
+files (``produced_by``) and whether the part's code and params still equal those ``science/dvc.lock``
+recorded for its run.
+
+The second check is DVC's own per-dependency comparison (the one ``dvc status`` makes), restricted, as in
+``envace.reporting.provenance``, to code (``envace/``) and params: a data dependency (the prepared tasks, the
+shared SFT checkpoint under ``science.dir``) is a by-product a fresh clone does not have, and the part that
+produced it has its own row. A part is **current** when none of its code or params differs, i.e. the commit
+it ran at and HEAD have the same stage dependencies; a recorded commit with ``code_dirty`` then only means that
+files outside its dependencies had uncommitted changes.
+
+DVC's repository lock is free while a stage's command runs (DVC releases it around the command), so the
+aggregate stage can make this check itself; anything DVC refuses is reported as ``unknown`` with its reason,
+never guessed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from envace.reporting.provenance import CODE_DIR
+
+DVCFILE = "science/dvc.yaml"
+CURRENT, STALE, UNKNOWN = "current", "stale", "unknown"
+
+
+@dataclass(frozen=True)
+class PartState:
+    stage: str
+    commits: tuple[str, ...]  # short hashes recorded by the part's stage runs, "+dirty" where code_dirty
+    state: str
+    detail: str = ""
+
+
+def recorded_commits(outs: Iterable[Path]) -> tuple[str, ...]:
+    """The ``produced_by`` commits of every details file under ``outs`` (files or directories), sorted."""
+    found: set[str] = set()
+    for out in outs:
+        files = [out] if out.is_file() else sorted(out.rglob("*.details.json")) if out.is_dir() else []
+        for path in files:
+            if not path.name.endswith(".details.json"):
+                continue
+            try:
+                record = json.loads(path.read_text()).get("produced_by") or {}
+            except (OSError, ValueError):
+                continue
+            if record.get("commit"):
+                found.add(str(record["commit"])[:7] + ("+dirty" if record.get("code_dirty") else ""))
+    return tuple(sorted(found))
+
+
+def _is_params(dep: Any) -> bool:
+    return type(dep).__name__ == "ParamsDependency"
+
+
+def _code_or_params(dep: Any) -> bool:
+    name = str(dep.def_path)
+    return _is_params(dep) or name == CODE_DIR or name.startswith(f"{CODE_DIR}/")
+
+
+def part_states(root: Path, dvcfile: str = DVCFILE, skip: tuple[str, ...] = ("aggregate",)) -> list[PartState]:
+    """One row per stage of ``dvcfile`` (but ``skip``) whose outputs exist under ``root``."""
+    try:
+        from dvc.repo import Repo
+
+        repo = Repo(str(root))
+    except Exception as exc:  # no DVC or not a DVC repository: say so in the table
+        return [PartState("(all)", (), UNKNOWN, f"DVC could not open {root}: {exc}")]
+    rows = []
+    wanted = (Path(root) / dvcfile).resolve()
+    try:
+        with repo.lock:
+            for stage in repo.index.stages:
+                if Path(str(stage.dvcfile.path)).resolve() != wanted or stage.name in skip:
+                    continue
+                address = f"{dvcfile}:{stage.name}"
+                outs = [Path(out.fs_path) for out in stage.outs]
+                if not any(p.exists() for p in outs):
+                    continue  # not run here yet
+                commits = recorded_commits(outs)
+                try:
+                    changed = [str(d.def_path) for d in stage.deps if _code_or_params(d) and d.changed()]
+                except Exception as exc:  # a lock entry DVC cannot read: unknown, with DVC's reason
+                    rows.append(PartState(address, commits, UNKNOWN, f"DVC: {type(exc).__name__}: {exc}"))
+                    continue
+                if changed and not any(d.hash_info for d in stage.deps if not _is_params(d)):
+                    why = f"no record in {dvcfile.replace('.yaml', '.lock')} (still running, or outputs from elsewhere)"
+                    rows.append(PartState(address, commits, STALE, why))
+                elif changed:
+                    why = f"changed since {dvcfile.replace('.yaml', '.lock')} recorded its run: {', '.join(changed)}"
+                    rows.append(PartState(address, commits, STALE, why))
+                else:
+                    rows.append(PartState(address, commits, CURRENT, "code and params equal its recorded run's"))
+    except Exception as exc:  # the repository lock itself, or the index
+        return [PartState("(all)", (), UNKNOWN, f"DVC: {type(exc).__name__}: {exc}")]
+    finally:
+        repo.close()
+    return rows
+
+
+def provenance_table(states: list[PartState]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {
+                "part (stage)": s.stage.split(":", 1)[-1],
+                "produced by commit": ", ".join(s.commits) or "—",
+                "state": "**STALE**" if s.state == STALE else s.state,
+                "detail": s.detail,
+            }
+            for s in states
+        ],
+        columns=["part (stage)", "produced by commit", "state", "detail"],
+    )
+
+
+def provenance_summary(states: list[PartState]) -> dict[str, Any]:
+    """For ``science.json``: how many parts are current, the stale ones by name."""
+    return {
+        "parts": len(states),
+        "current": sum(s.state == CURRENT for s in states),
+        "stale": [s.stage for s in states if s.state == STALE],
+        "unknown": [s.stage for s in states if s.state == UNKNOWN],
+        "commits": sorted({c for s in states for c in s.commits}),
+    }

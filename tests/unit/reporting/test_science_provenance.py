@@ -1,0 +1,103 @@
+"""The science report's provenance rows, from a real DVC repository: a part is current while its code and
+params equal what dvc.lock recorded for its run, stale after either changes, and absent until it has run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from envace.reporting.science_provenance import CURRENT, STALE, part_states, provenance_summary, provenance_table
+
+DVC = str(Path(sys.executable).with_name("dvc"))
+
+DVC_YAML = """\
+stages:
+  part:
+    cmd: python make_part.py
+    deps:
+      - envace/code.py
+      - data/input.txt
+    params:
+      - knob
+    outs:
+      - m:
+          cache: false
+  never_run:
+    cmd: echo never
+    deps:
+      - envace/code.py
+    outs:
+      - never.txt
+  aggregate:
+    cmd: echo aggregate
+    deps:
+      - m
+"""
+
+
+# the part's command: writes its metrics directory with a details file naming the producing commit
+MAKE_PART = """\
+import json, pathlib
+out = pathlib.Path("m")
+out.mkdir(exist_ok=True)
+(out / "x.details.json").write_text(json.dumps({"produced_by": {"commit": "abcdef1234", "code_dirty": False}}))
+"""
+
+
+def _run(args: list[str], cwd: Path) -> None:
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t"}
+    env.update({"GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `python` = this one
+    done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, f"{args}: {done.stdout}{done.stderr}"
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    _run(["git", "init", "-q"], tmp_path)
+    _run([DVC, "init", "-q"], tmp_path)
+    (tmp_path / "envace").mkdir()
+    (tmp_path / "envace" / "code.py").write_text("X = 1\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "input.txt").write_text("rows\n")
+    (tmp_path / "params.yaml").write_text("knob: 1\n")
+    (tmp_path / "dvc.yaml").write_text(DVC_YAML)
+    (tmp_path / "make_part.py").write_text(MAKE_PART)
+    _run([DVC, "repro", "-q", "part"], tmp_path)
+    return tmp_path
+
+
+def test_a_part_is_current_until_its_code_or_params_change(repo: Path) -> None:
+    (state,) = part_states(repo, "dvc.yaml")
+    assert (state.stage, state.state, state.commits) == ("dvc.yaml:part", CURRENT, ("abcdef1",))
+    (repo / "data" / "input.txt").write_text("other rows\n")  # a data dep: another run's by-product
+    assert part_states(repo, "dvc.yaml")[0].state == CURRENT
+    (repo / "envace" / "code.py").write_text("X = 2\n")
+    (state,) = part_states(repo, "dvc.yaml")
+    assert state.state == STALE and "envace/code.py" in state.detail
+    (repo / "envace" / "code.py").write_text("X = 1\n")
+    (repo / "params.yaml").write_text("knob: 2\n")
+    (state,) = part_states(repo, "dvc.yaml")
+    assert state.state == STALE and "params.yaml" in state.detail
+    summary = provenance_summary([state])
+    assert summary["stale"] == ["dvc.yaml:part"] and summary["current"] == 0 and summary["commits"] == ["abcdef1"]
+    table = provenance_table([state])
+    assert table.loc[0, "part (stage)"] == "part" and table.loc[0, "state"] == "**STALE**"
+
+
+def test_outside_a_dvc_repository_the_table_says_so(tmp_path: Path) -> None:
+    (state,) = part_states(tmp_path, "dvc.yaml")
+    assert state.state == "unknown" and "DVC could not open" in state.detail
+    assert json.dumps(provenance_summary([state]))  # serialisable for science.json
+
+
+def test_outputs_without_a_lock_record_are_stale(repo: Path) -> None:
+    """Outputs present but no dvc.lock entry (a part still running, or files copied from elsewhere)."""
+    (repo / "dvc.lock").unlink()
+    (state,) = part_states(repo, "dvc.yaml")
+    assert state.state == STALE and "no record in dvc.lock" in state.detail
