@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from envace.config.load import compose, typed_config
 from envace.reporting import metrics_files
@@ -107,7 +108,7 @@ def test_make_help_shows_expanded_values():
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "VENV", "PROFILE")}
     out = subprocess.run([make, "-s", "help"], cwd=ROOT, capture_output=True, text=True, check=True, env=env).stdout
     assert "$(" not in out
-    assert "(.venv)" in out and "on the cpu profile" in out and "127.0.0.1:4200" in out
+    assert "(.venv)" in out and "on the organism profile" in out and "127.0.0.1:4200" in out
     out = subprocess.run(
         [make, "-s", "help", "VENV=/opt/venv", "PROFILE=smoke"],
         cwd=ROOT,
@@ -138,7 +139,9 @@ def _flat_keys(tree) -> int:
 
 def test_metrics_files_key_budget():
     declared = _declared_metrics()
-    assert ROOT / "science" / "science.json" in {p for _, p in declared}
+    # the matrix of the committed params.yaml's profile (the organism's: science/organism/science.json)
+    science_json = ROOT / yaml.safe_load((ROOT / "params.yaml").read_text())["science"]["json"]
+    assert science_json in {p for _, p in declared}
     for stage, path in declared:
         assert path.exists(), f"{path} is declared as metrics by {stage.addressing} but is not committed"
         n = _flat_keys(json.loads(path.read_text()))
