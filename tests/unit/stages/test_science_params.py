@@ -7,6 +7,7 @@ list is worse: a change to it would leave a stale result marked up to date. Both
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,14 @@ def test_cell_does_not_depend_on_what_it_overrides() -> None:
     testtime = set(_stage_params("testtime"))
     assert "rehearsal" not in testtime and "rehearsal.n_tasks" not in testtime
     assert "rehearsal.summarizer" in testtime
+
+
+@pytest.mark.parametrize("profile", ["organism", "cpu", "smoke", "paper"])
+def test_the_aggregate_declares_the_details_file_the_writer_writes(profile: str) -> None:
+    from envace.reporting.metrics_files import details_path
+
+    s = compose([f"profile={profile}"]).science
+    stages = yaml.safe_load((ROOT / "science" / "dvc.yaml").read_text())["stages"]
+    outs = [next(iter(o)) if isinstance(o, dict) else o for o in stages["aggregate"]["outs"]]
+    declared = {Path(os.path.normpath(o.replace("${science.reports}", str(s.reports)))) for o in outs}
+    assert details_path(Path(str(s.json))) in declared
