@@ -47,6 +47,44 @@ def test_costly_parts_output_only_git_tracked_files(repo_root):
     assert "${science.model_files}" in stages["sft"]["deps"]
 
 
+def test_later_parts_depend_on_the_sft_model_not_its_manifest(repo_root):
+    """The SFT part's directory holds a manifest with the machine's precision record (its CPU model); a
+    fresh clone on another CPU re-runs that part, and a dependency on the whole directory would then make
+    every finished cell stale. The parts after it depend on the model directory alone."""
+    stages = yaml.safe_load((repo_root / "science/dvc.yaml").read_text())["stages"]
+    assert "${science.dir}/sft" in [path for path, _ in _outs(stages["sft"])]
+    for name in COSTLY:
+        on_sft = [d for d in stages[name]["deps"] if d.startswith("${science.dir}/sft")]
+        assert on_sft == ["${science.dir}/sft/final"], f"science/dvc.yaml:{name} depends on {on_sft}"
+
+
+class _Result:
+    artifacts = {"policy": "unused"}
+    baseline: dict = {}
+    steps_done = 0
+    final_metrics: dict = {}
+
+
+def test_export_keeps_the_machine_record_out_of_the_model_directory(tmp_path):
+    """What the later science parts hash (``final/``) must not vary with the machine that exported it: the
+    precision record (CPU model, bf16 support) goes to the manifest beside it, nowhere under ``final/``."""
+    from envace.runtime.precision import precision_record
+    from envace.stages.train import export_checkpoint
+    from envace.utils.machine import cpu_model
+
+    work = tmp_path / "work"
+    (work / "final/policy").mkdir(parents=True)
+    (work / "final/policy/model.safetensors").write_bytes(b"weights")
+    cfg = compose(["profile=smoke", f"paths.checkpoints={tmp_path / 'ckpt'}"])
+    record = precision_record("fp32", "fp32")
+    manifest = export_checkpoint(_Result(), work, cfg, "digest", record)
+    assert manifest["precision"]["cpu_model"] == cpu_model()
+    assert json.loads((tmp_path / "ckpt" / MANIFEST).read_text())["precision"] == record
+    machine = cpu_model().encode()
+    under_final = sorted((tmp_path / "ckpt/final").rglob("*"))
+    assert under_final and not [p for p in under_final if p.is_file() and machine in p.read_bytes()]
+
+
 def _export(root: Path, *, baseline: bool = False) -> Path:
     """A cell's export: a manifest naming one policy directory, plus optimiser state not to be published."""
     ckpt = root / "checkpoints"
