@@ -377,9 +377,11 @@ def report_text(
         "## Provenance",
         "",
         "Per part of the matrix with results: the commit(s) its stage runs recorded (`+dirty`: files outside "
-        "the part's dependencies had uncommitted changes) and whether its code and params still equal what "
-        "`science/dvc.lock` recorded for its run (envace.reporting.science_provenance). A current part's "
-        "numbers are what this commit's code produces.",
+        "the part's dependencies had uncommitted changes) and whether its code, params and data inputs still "
+        "equal what `science/dvc.lock` recorded for its run (envace.reporting.science_provenance). Data inputs "
+        "are by-products of earlier parts (prepared tasks, the SFT model, a cell's checkpoint): they are compared "
+        "where they exist on the machine that wrote this report and listed where they do not. A current part's "
+        "numbers are what this commit's code produces from those inputs.",
         "",
         markdown(tables["science_provenance"]),
         "",

@@ -1,14 +1,16 @@
 """Where the science report's numbers came from: one row per part of the matrix that has results (a stage of
 ``science/dvc.yaml`` whose outputs exist), with the commit(s) its stage runner recorded in the part's details
-files (``produced_by``) and whether the part's code and params still equal those ``science/dvc.lock``
-recorded for its run.
+files (``produced_by``) and whether the part's code, params and data inputs still equal those
+``science/dvc.lock`` recorded for its run.
 
-The second check is DVC's own per-dependency comparison (the one ``dvc status`` makes), restricted, as in
-``envace.reporting.provenance``, to code (``envace/``) and params: a data dependency (the prepared tasks, the
-shared SFT checkpoint under ``science.dir``) is a by-product a fresh clone does not have, and the part that
-produced it has its own row. A part is **current** when none of its code or params differs, i.e. the commit
-it ran at and HEAD have the same stage dependencies; a recorded commit with ``code_dirty`` then only means that
-files outside its dependencies had uncommitted changes.
+The second check is DVC's own per-dependency comparison (the one ``dvc status`` makes). Code (``envace/``)
+and params are always here, so they are always compared. A data dependency (the prepared tasks, the SFT
+model under ``science.dir``, a cell's checkpoint for the test-time parts) is a by-product that a fresh clone
+does not have until it re-runs the part that produces it (which has its own row): it is compared where it
+exists on this machine, and named as not checked where it does not. A part is **current** when none of its
+code, params or present data inputs differs, i.e. the commit it ran at and HEAD have the same stage
+dependencies; a recorded commit with ``code_dirty`` then only means that files outside its dependencies had
+uncommitted changes.
 
 DVC's repository lock is free while a stage's command runs (DVC releases it around the command), so the
 aggregate stage can make this check itself; anything DVC refuses is reported as ``unknown`` with its reason,
@@ -36,6 +38,8 @@ class PartState:
     commits: tuple[str, ...]  # short hashes recorded by the part's stage runs, "+dirty" where code_dirty
     state: str
     detail: str = ""
+    compared: int = 0  # data dependencies present here and compared with the lock's record
+    absent: tuple[str, ...] = ()  # data dependencies not on this machine (not compared)
 
 
 def recorded_commits(outs: Iterable[Path]) -> tuple[str, ...]:
@@ -84,24 +88,35 @@ def part_states(root: Path, dvcfile: str = DVCFILE, skip: tuple[str, ...] = ("ag
                 if not any(p.exists() for p in outs):
                     continue  # not run here yet
                 commits = recorded_commits(outs)
+                lock = dvcfile.replace(".yaml", ".lock")
                 try:
                     changed = [str(d.def_path) for d in stage.deps if _code_or_params(d) and d.changed()]
+                    data = [d for d in stage.deps if not _code_or_params(d)]
+                    absent = [str(d.def_path) for d in data if not d.exists]
+                    changed += [str(d.def_path) for d in data if d.exists and d.changed()]
                 except Exception as exc:  # a lock entry DVC cannot read: unknown, with DVC's reason
                     rows.append(PartState(address, commits, UNKNOWN, f"DVC: {type(exc).__name__}: {exc}"))
                     continue
+                inputs = (len(data) - len(absent), tuple(absent))
                 if changed and not any(d.hash_info for d in stage.deps if not _is_params(d)):
-                    why = f"no record in {dvcfile.replace('.yaml', '.lock')} (still running, or outputs from elsewhere)"
-                    rows.append(PartState(address, commits, STALE, why))
+                    why = f"no record in {lock} (still running, or outputs from elsewhere)"
+                    rows.append(PartState(address, commits, STALE, why, *inputs))
                 elif changed:
-                    why = f"changed since {dvcfile.replace('.yaml', '.lock')} recorded its run: {', '.join(changed)}"
-                    rows.append(PartState(address, commits, STALE, why))
+                    why = f"changed since {lock} recorded its run: {', '.join(changed)}"
+                    rows.append(PartState(address, commits, STALE, why, *inputs))
                 else:
-                    rows.append(PartState(address, commits, CURRENT, "code and params equal its recorded run's"))
+                    what = "code, params and data inputs" if not absent else "code, params and present data inputs"
+                    rows.append(PartState(address, commits, CURRENT, f"{what} equal its recorded run's", *inputs))
     except Exception as exc:  # the repository lock itself, or the index
         return [PartState("(all)", (), UNKNOWN, f"DVC: {type(exc).__name__}: {exc}")]
     finally:
         repo.close()
     return rows
+
+
+def _inputs_text(state: PartState) -> str:
+    text = f"{state.compared} compared"
+    return text + (f"; not here, not compared: {', '.join(state.absent)}" if state.absent else "")
 
 
 def provenance_table(states: list[PartState]) -> pd.DataFrame:
@@ -112,10 +127,11 @@ def provenance_table(states: list[PartState]) -> pd.DataFrame:
                 "produced by commit": ", ".join(s.commits) or "—",
                 "state": "**STALE**" if s.state == STALE else s.state,
                 "detail": s.detail,
+                "data inputs": _inputs_text(s),
             }
             for s in states
         ],
-        columns=["part (stage)", "produced by commit", "state", "detail"],
+        columns=["part (stage)", "produced by commit", "state", "detail", "data inputs"],
     )
 
 
@@ -126,5 +142,6 @@ def provenance_summary(states: list[PartState]) -> dict[str, Any]:
         "current": sum(s.state == CURRENT for s in states),
         "stale": [s.stage for s in states if s.state == STALE],
         "unknown": [s.stage for s in states if s.state == UNKNOWN],
+        "inputs_not_here": {s.stage: list(s.absent) for s in states if s.absent},
         "commits": sorted({c for s in states for c in s.commits}),
     }

@@ -72,10 +72,15 @@ def repo(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_a_part_is_current_until_its_code_or_params_change(repo: Path) -> None:
+def test_a_part_is_current_until_its_code_params_or_data_inputs_change(repo: Path) -> None:
     (state,) = part_states(repo, "dvc.yaml")
     assert (state.stage, state.state, state.commits) == ("dvc.yaml:part", CURRENT, ("abcdef1",))
+    assert (state.compared, state.absent) == (1, ())
+    assert provenance_table([state]).loc[0, "data inputs"] == "1 compared"
     (repo / "data" / "input.txt").write_text("other rows\n")  # a data dep: another run's by-product
+    (state,) = part_states(repo, "dvc.yaml")
+    assert state.state == STALE and "data/input.txt" in state.detail
+    (repo / "data" / "input.txt").write_text("rows\n")
     assert part_states(repo, "dvc.yaml")[0].state == CURRENT
     (repo / "envace" / "code.py").write_text("X = 2\n")
     (state,) = part_states(repo, "dvc.yaml")
@@ -101,3 +106,14 @@ def test_outputs_without_a_lock_record_are_stale(repo: Path) -> None:
     (repo / "dvc.lock").unlink()
     (state,) = part_states(repo, "dvc.yaml")
     assert state.state == STALE and "no record in dvc.lock" in state.detail
+
+
+def test_a_data_input_absent_here_is_named_not_compared(repo: Path) -> None:
+    """A fresh clone lacks the by-products earlier parts wrote: the part stays current on code and params,
+    and the table says which inputs it could not compare."""
+    (repo / "data" / "input.txt").unlink()
+    (state,) = part_states(repo, "dvc.yaml")
+    assert state.state == CURRENT and "present data inputs" in state.detail
+    assert (state.compared, state.absent) == (0, ("data/input.txt",))
+    assert provenance_table([state]).loc[0, "data inputs"] == "0 compared; not here, not compared: data/input.txt"
+    assert provenance_summary([state])["inputs_not_here"] == {"dvc.yaml:part": ["data/input.txt"]}
