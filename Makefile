@@ -33,7 +33,7 @@ export PREFECT_API_URL := http://127.0.0.1:$(PREFECT_PORT)/api
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help install lint test test-e2e pipeline params ablation scale serve stop ui plots readme-plots serve-model science science-testtime
+.PHONY: help install lint test test-e2e pipeline params ablation scale serve stop ui plots readme-plots serve-model science science-testtime science-testtime-grid
 
 # variables whose $(NAME) in a target's `## ...` text `make help` shows expanded (their values now)
 HELP_VARS := VENV PY PROFILE SCIENCE_PROFILE OVERRIDES ARGS VARIANTS HOME_VARIANT MODELS PREFECT_PORT MLFLOW_PORT PREFECT_API_URL SERVE_MODEL MODEL_PORT SCIENCE_JOBS
@@ -94,6 +94,14 @@ science: install ## the science matrix on $(SCIENCE_PROFILE): data, SFT (the org
 science-testtime: install ## test-time sweep on the science cells ($(SCIENCE_JOBS) at a time; after `make science`), then the aggregate
 	$(PY) -m envace.config profile=$(SCIENCE_PROFILE) $(OVERRIDES)
 	$(call science_phase,:testtime(_base$$|@))
+	dvc repro --single-item science/dvc.yaml:aggregate
+	@$(PY) -c 'import yaml; s = yaml.safe_load(open("params.yaml"))["science"]; print("Science report: " + s["reports"] + "/science.md")'
+
+# The organism only: the first seed's whole test-time grid on seeds 1 and 2 (science/testtime_grid/dvc.yaml),
+# the long base halves first (sorted by the name's half), then the aggregate.
+science-testtime-grid: install ## the organism: the whole test-time grid on seeds 1 and 2 too (4 parts, $(SCIENCE_JOBS) at a time; after `make science-testtime`), then the aggregate
+	$(PY) -m envace.config profile=$(SCIENCE_PROFILE) $(OVERRIDES)
+	dvc stage list science/testtime_grid/dvc.yaml --name-only | sort -t- -k2 | xargs -r -P $(SCIENCE_JOBS) -n 1 dvc repro --single-item
 	dvc repro --single-item science/dvc.yaml:aggregate
 	@$(PY) -c 'import yaml; s = yaml.safe_load(open("params.yaml"))["science"]; print("Science report: " + s["reports"] + "/science.md")'
 

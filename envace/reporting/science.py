@@ -15,7 +15,9 @@
   its difference, per-seed differences, raw and Holm-adjusted p, verdict and bootstrap interval at the
   family's level (envace.reporting.science_family);
 - ``testtime``: per sweep cell ``<variant>/seed<k>/<mode>/n<N>/<rehearser>`` its success, n, costs, and
-  ``testtime_comparisons``: each cell's paired gain over N=0 and the paper's trained-vs-base comparison.
+  ``testtime_comparisons``: each cell's paired gain over N=0 and the paper's trained-vs-base comparison per
+  seed, and both pooled over the seeds that ran them (keys without a seed, ``envace/parallel/n2/trained-vs-n0``,
+  with ``seeds`` and ``per_seed``); ``testtime_reruns``: cells two stages ran, with both success rates.
 
 The tables are envace.reporting.science_tables, the figures envace.reporting.science_plots; this module
 writes ``science.json`` and the report's markdown. The report reads the paper's numbers only through
@@ -55,7 +57,9 @@ from envace.reporting.science_tables import (
     p_text,
     primary_table,
     probe_fidelity_table,
+    reruns_table,
     signed,
+    testtime_pooled_table,
     testtime_table,
     timings,
 )
@@ -128,6 +132,7 @@ def science_json(summary: Mapping[str, Any], cfg: DictConfig) -> dict[str, Any]:
         for k, c in summary["testtime"].items()
     }
     out["testtime_comparisons"] = agg["testtime"]
+    out["testtime_reruns"] = agg["testtime_reruns"]
     s = cfg.science
     out["positive_control"] = summary["positive_control"]
     out["design"] = {
@@ -177,12 +182,20 @@ def comparison_text(agg: Mapping[str, Any], key: str) -> str | None:
     for name, row in sorted(primary["comparisons"].items()):
         if name == key or (testtime and name.endswith(key)):
             return _primary_text(name, row, primary)
-    if testtime:
-        found = sorted((k, v) for k, v in agg["testtime"].items() if k.endswith(key))
-        name, d = found[0] if found else (None, None)
+    if testtime:  # pooled over seeds (no seed in the name) where two or more seeds have it, else the first seed's
+        found = sorted((k.count("/"), k) for k in agg["testtime"] if k.endswith(key))
+        name = found[0][1] if found else None
+        d = agg["testtime"].get(name) if name else None
     else:
         name, d = key, agg["differences"].get(key, {}).get("all")
-    return None if d is None else f"{_label(name)} = {signed(d)} points ({d['n_tasks']} tasks) → {EXPLORATORY}"
+    if d is None:
+        return None
+    if "seeds" in d:
+        seeds = ", ".join(f"{100 * x:+.1f}" for x in d["per_seed"])
+        size = f"{d['n_tasks']} tasks × {len(d['seeds'])} seeds {d['seeds']}; per seed {seeds}"
+    else:
+        size = f"{d['n_tasks']} tasks"
+    return f"{_label(name)} = {signed(d)} points ({size}) → {EXPLORATORY}"
 
 
 def claims_reading(agg: Mapping[str, Any]) -> list[str]:
@@ -277,6 +290,8 @@ def aggregate(cfg: DictConfig) -> dict[str, Any]:
         "science_fidelity": fidelity_table(root, summary["cells"]),
         "science_fidelity_training": probe_fidelity_table(summary["cells"]),
         "science_testtime": testtime_table(summary["testtime"], agg["testtime"]),
+        "science_testtime_pooled": testtime_pooled_table(agg["testtime"]),
+        "science_testtime_reruns": reruns_table(agg["testtime_reruns"]),
         "science_costs": timings(root),
     }
     figures = {
@@ -431,6 +446,12 @@ def report_text(
         "",
         markdown(tables["science_testtime"]),
         "",
+        "Pooled over the seeds that ran both sides (exploratory, unadjusted 95% intervals; paired on the tasks, "
+        "seeds resampled as rows):",
+        "",
+        markdown(tables["science_testtime_pooled"]) if len(tables["science_testtime_pooled"]) else "(none yet)",
+        "",
+        *reruns_text(tables["science_testtime_reruns"]),
         "## What each part cost",
         "",
         markdown(tables["science_costs"]),
@@ -449,6 +470,19 @@ def report_text(
         "",
     ]
     return "\n".join(parts)
+
+
+def reruns_text(table: Any) -> list[str]:
+    """The paragraph on test-time cells that two stages ran (none: nothing)."""
+    if not len(table):
+        return []
+    return [
+        "Cells run twice, by stage `testtime` (the run used above) and again by stage `testtime_grid` (which runs "
+        "a seed's whole grid, N=0 and parallel N=2 included): what re-running one configuration changes.",
+        "",
+        markdown(table),
+        "",
+    ]
 
 
 def primary_text(primary: Mapping[str, Any]) -> str:

@@ -113,6 +113,8 @@ def main_figure(agg: Mapping[str, Any], variants: list[str]) -> Any:
 
 
 def testtime_figure(testtime: Mapping[str, Any]) -> Any:
+    """Success vs N per (mode, rehearser): the mean over the seeds that ran that line's every N (N=0: each
+    seed's own), so that a line never mixes seeds across its points; the legend says how many."""
     rows = [
         dict(key=k, **{f: v for f, v in c.items() if f != "tasks"}, n=len(c.get("tasks", [])))
         for k, c in testtime.items()
@@ -120,18 +122,19 @@ def testtime_figure(testtime: Mapping[str, Any]) -> Any:
     if not rows:
         return None
     frame = pd.DataFrame(rows)
-    fig, (ax,) = new_figure("Test-time rehearsal: success vs N (first seed solid; other seeds dashed)", size=(7, 3.6))
-    none = frame[frame["mode"] == "none"]
-    for (seed, mode, rehearser), group in frame[frame["mode"] != "none"].groupby(["seed", "mode", "rehearser"]):
-        base = none[none["seed"] == seed]
-        g = pd.concat([base, group]).sort_values("n_attempts")
-        ax.plot(
-            g["n_attempts"],
-            100 * g["success_rate"],
-            marker="o",
-            linestyle="-" if seed == frame["seed"].min() else "--",
-            label=f"seed {seed} {mode}/{rehearser}",
-        )
+    fig, (ax,) = new_figure("Test-time rehearsal: success vs N (mean over the seeds that ran each line)", size=(7, 3.6))
+    none = frame[frame["mode"] == "none"].set_index("seed")["success_rate"]
+    for (mode, rehearser), group in frame[frame["mode"] != "none"].groupby(["mode", "rehearser"]):
+        table = group.pivot_table(index="seed", columns="n_attempts", values="success_rate")
+        table[0] = none.reindex(table.index)
+        table = table.dropna()  # the seeds with every N of this line and their N=0
+        if table.empty:
+            continue
+        mean = table[sorted(table.columns)].mean()
+        seeds = list(table.index)
+        which = f"seed {seeds[0]}" if len(seeds) == 1 else f"{len(seeds)} seeds"
+        label = f"{mode}/{rehearser} ({which})"
+        ax.plot(mean.index, 100 * mean.values, marker="o", linestyle="-" if len(seeds) > 1 else "--", label=label)
     ax.set_xlabel("private rehearsal attempts N")
     ax.set_ylabel("success rate (%)")
     integer_ticks(ax.xaxis)

@@ -1,7 +1,7 @@
 """Where the science report's numbers came from: one row per part of the matrix that has results (a stage of
-``science/dvc.yaml`` whose outputs exist), with the commit(s) its stage runner recorded in the part's details
-files (``produced_by``) and whether the part's code, params and data inputs still equal those
-``science/dvc.lock`` recorded for its run.
+``science/dvc.yaml`` or ``science/testtime_grid/dvc.yaml`` whose outputs exist), with the commit(s) its stage
+runner recorded in the part's details files (``produced_by``) and whether the part's code, params and data
+inputs still equal those its file's ``dvc.lock`` recorded for its run.
 
 The second check is DVC's own per-dependency comparison (the one ``dvc status`` makes). Code (``envace/``)
 and params are always here, so they are always compared. A data dependency (the prepared tasks, the SFT
@@ -29,6 +29,8 @@ import pandas as pd
 from envace.reporting.provenance import CODE_DIR
 
 DVCFILE = "science/dvc.yaml"
+GRID_DVCFILE = "science/testtime_grid/dvc.yaml"  # the first seed's test-time grid on further seeds (organism)
+DVCFILES = (DVCFILE, GRID_DVCFILE)
 CURRENT, STALE, UNKNOWN = "current", "stale", "unknown"
 
 
@@ -68,8 +70,10 @@ def _code_or_params(dep: Any) -> bool:
     return _is_params(dep) or name == CODE_DIR or name.startswith(f"{CODE_DIR}/")
 
 
-def part_states(root: Path, dvcfile: str = DVCFILE, skip: tuple[str, ...] = ("aggregate",)) -> list[PartState]:
-    """One row per stage of ``dvcfile`` (but ``skip``) whose outputs exist under ``root``."""
+def part_states(
+    root: Path, dvcfiles: str | tuple[str, ...] = DVCFILES, skip: tuple[str, ...] = ("aggregate",)
+) -> list[PartState]:
+    """One row per stage of ``dvcfiles`` (but ``skip``) whose outputs exist under ``root``, in file order."""
     try:
         from dvc.repo import Repo
 
@@ -77,11 +81,15 @@ def part_states(root: Path, dvcfile: str = DVCFILE, skip: tuple[str, ...] = ("ag
     except Exception as exc:  # no DVC or not a DVC repository: say so in the table
         return [PartState("(all)", (), UNKNOWN, f"DVC could not open {root}: {exc}")]
     rows = []
-    wanted = (Path(root) / dvcfile).resolve()
+    files = (dvcfiles,) if isinstance(dvcfiles, str) else dvcfiles
+    wanted = {(Path(root) / f).resolve(): f for f in files}
     try:
         with repo.lock:
-            for stage in repo.index.stages:
-                if Path(str(stage.dvcfile.path)).resolve() != wanted or stage.name in skip:
+            stages = [s for s in repo.index.stages if Path(str(s.dvcfile.path)).resolve() in wanted]
+            order = list(wanted)
+            for stage in sorted(stages, key=lambda s: order.index(Path(str(s.dvcfile.path)).resolve())):
+                dvcfile = wanted[Path(str(stage.dvcfile.path)).resolve()]
+                if stage.name in skip:
                     continue
                 address = f"{dvcfile}:{stage.name}"
                 outs = [Path(out.fs_path) for out in stage.outs]

@@ -56,6 +56,10 @@ class Outcomes:
 
 
 BASE_REHEARSER_DIR = "base_rehearser"  # under science.metrics: stage testtime_base's files
+# under science.metrics: stage testtime_grid's files, the first seed's whole test-time grid run on further seeds,
+# one directory per half (``trained``: stage testtime's cells; ``base``: testtime_base's)
+GRID_DIR = "full_grid"
+GRID_HALVES = ("trained", "base")
 
 
 def outcomes_of(runs: Sequence[Sequence[Mapping[str, Any]]], where: str = "") -> Outcomes:
@@ -209,19 +213,56 @@ def comparisons(variants: Iterable[str]) -> list[tuple[str, str]]:
 
 
 def testtime_cells(root: Path) -> dict[str, dict[str, Any]]:
-    """``{"<variant>/seed<k>/<mode>/n<N>/<rehearser>": metrics + per-task rows}`` of both halves of the
-    test-time sweep: ``root/testtime`` (stage ``testtime``: every seed's trained-rehearser cells and N=0)
-    and ``root/base_rehearser/testtime`` (stage ``testtime_base``: the first seed's base-rehearser cells),
-    one dict, so that every cell pairs with its seed's N=0 on the same tasks. A cell in both is refused."""
+    """``{"<variant>/seed<k>/<mode>/n<N>/<rehearser>": metrics + per-task rows}`` of every test-time part, one
+    dict, so that every cell pairs with its seed's N=0 on the same tasks: ``root/testtime`` (stage
+    ``testtime``: every seed's trained-rehearser cells and N=0), ``root/base_rehearser/testtime`` (stage
+    ``testtime_base``: the first seed's base and oracle cells) and ``root/full_grid/<half>/testtime`` (stage
+    ``testtime_grid``: the first seed's grid on further seeds). A cell in both halves of one grid is refused;
+    a grid cell that stage ``testtime`` already has (N=0, parallel N=2) keeps ``testtime``'s run (the other
+    is a re-run: ``testtime_reruns``)."""
     out = _sweep_cells(root / "testtime")
     extra = _sweep_cells(root / BASE_REHEARSER_DIR / "testtime")
-    clash = sorted(set(extra) & set(out))
+    where = f"{root / BASE_REHEARSER_DIR} repeats test-time cells of {root / 'testtime'}"
+    _refuse_clash(out, extra, where, "testtime_base")
+    cells = {**out, **extra}
+    return cells | {k: c for k, c in grid_cells(root).items() if k not in cells}
+
+
+def _refuse_clash(a: Mapping[str, Any], b: Mapping[str, Any], what: str, stage: str) -> None:
+    clash = sorted(set(a) & set(b))
     if clash:
         raise ValueError(
-            f"science aggregate: {root / BASE_REHEARSER_DIR} repeats test-time cells of {root / 'testtime'}: "
-            f"{clash}; the base half must hold only base-rehearser cells with N > 0 (re-run stage testtime_base)"
+            f"science aggregate: {what}: {clash}; the base half must hold only base-rehearser cells with N > 0 "
+            f"(re-run stage {stage})"
         )
-    return {**out, **extra}
+
+
+def grid_cells(root: Path) -> dict[str, dict[str, Any]]:
+    """The cells of stage ``testtime_grid`` (``root/full_grid/<half>/testtime``), both halves in one dict."""
+    trained, base = (_sweep_cells(root / GRID_DIR / half / "testtime") for half in GRID_HALVES)
+    _refuse_clash(trained, base, f"{root / GRID_DIR}'s two halves hold the same test-time cells", "testtime_grid")
+    return {**trained, **base}
+
+
+def testtime_reruns(root: Path) -> dict[str, dict[str, Any]]:
+    """The test-time cells run twice, once by stage ``testtime`` (the run the report uses) and once by stage
+    ``testtime_grid`` (which runs a seed's whole grid, N=0 and parallel N=2 included): per cell both success
+    rates and the share of tasks whose outcome agrees, a measure of what a re-run of one configuration
+    changes (another machine's arithmetic, or nothing)."""
+    kept = _sweep_cells(root / "testtime")
+    out: dict[str, dict[str, Any]] = {}
+    for key, again in sorted(grid_cells(root).items()):
+        first = kept.get(key)
+        if first is None or not first["tasks"] or not again["tasks"]:
+            continue
+        a, b = outcomes_of([first["tasks"]]), outcomes_of([again["tasks"]], f" of the re-run of {key}")
+        out[key] = {
+            "success": a.mean,
+            "rerun_success": b.mean,
+            "n_tasks": len(a.task_ids),
+            "agree": float(np.mean(a.matrix[0] == aligned(b, a.task_ids)[0])),
+        }
+    return out
 
 
 def _sweep_cells(directory: Path) -> dict[str, dict[str, Any]]:
@@ -273,12 +314,14 @@ def summarize(root: Path, variants: Sequence[str], n_boot: int) -> dict[str, Any
         }
     testtime = testtime_cells(root)
     aggregate["testtime"] = testtime_comparisons(testtime, n_boot)
+    aggregate["testtime_reruns"] = testtime_reruns(root)
     return {"cells": cells, "groups": groups, "aggregate": aggregate, "testtime": testtime}
 
 
 def testtime_comparisons(testtime: Mapping[str, Mapping[str, Any]], n_boot: int) -> dict[str, Any]:
-    """Gain of each (seed, mode, N, rehearser) cell over the same seed's N=0, paired on its tasks; and the
-    paper's comparison: gain of parallel N=2 with the trained rehearser minus that with the base."""
+    """Gain of each (seed, mode, N, rehearser) cell over the same seed's N=0, paired on its tasks; the paper's
+    comparison, parallel N=2 with the trained rehearser minus the base one, on every seed that ran both; and
+    each of these pooled over the seeds that have it (``testtime_pooled``)."""
     out: dict[str, Any] = {}
     for key, cell in testtime.items():
         variant, seed, mode, n, rehearser = key.split("/")
@@ -286,13 +329,47 @@ def testtime_comparisons(testtime: Mapping[str, Mapping[str, Any]], n_boot: int)
         if n == "n0" or none is None or not cell["tasks"] or not none["tasks"]:
             continue
         out[f"{key}-vs-n0"] = paired_difference(outcomes_of([cell["tasks"]]), outcomes_of([none["tasks"]]), n_boot)
-    first = sorted({k.split("/")[1] for k in testtime}, key=lambda s: int(s.removeprefix("seed")))[:1]
-    for seed in first:
-        for variant in sorted({k.split("/")[0] for k in testtime}):
-            trained = testtime.get(f"{variant}/{seed}/parallel/n2/trained")
-            base = testtime.get(f"{variant}/{seed}/parallel/n2/base")
-            if trained and base and trained["tasks"] and base["tasks"]:
-                out[f"{variant}/{seed}/parallel/n2/trained-vs-base"] = paired_difference(
-                    outcomes_of([trained["tasks"]]), outcomes_of([base["tasks"]]), n_boot
-                )
+    for variant, seed in sorted({tuple(k.split("/")[:2]) for k in testtime}):
+        trained = testtime.get(f"{variant}/{seed}/{PAPER_CELL}/trained")
+        base = testtime.get(f"{variant}/{seed}/{PAPER_CELL}/base")
+        if trained and base and trained["tasks"] and base["tasks"]:
+            out[f"{variant}/{seed}/{PAPER_CELL}/trained-vs-base"] = paired_difference(
+                outcomes_of([trained["tasks"]]), outcomes_of([base["tasks"]]), n_boot
+            )
+    return out | testtime_pooled(testtime, n_boot)
+
+
+PAPER_CELL = "parallel/n2"  # the test-time setting the paper compares rehearsers at
+
+
+def testtime_pooled(testtime: Mapping[str, Mapping[str, Any]], n_boot: int) -> dict[str, Any]:
+    """Per ``<variant>/<mode>/n<N>/<rehearser>``, its gain over N=0 pooled over every seed that ran both
+    (the key without a seed: ``envace/parallel/n2/trained-vs-n0``), and trained − base at the paper's
+    setting (``envace/parallel/n2/trained-vs-base``), where two or more seeds have it. Paired on the tasks;
+    seeds enter as rows (``paired_difference``); ``per_seed`` and ``seeds`` list each seed's difference."""
+    by_setting: dict[tuple[str, str], dict[int, Mapping[str, Any]]] = {}
+    for key, cell in testtime.items():
+        variant, seed, setting = key.split("/", 2)
+        if cell["tasks"]:
+            by_setting.setdefault((variant, setting), {})[int(seed.removeprefix("seed"))] = cell
+    pairs = []
+    for (variant, setting), runs in sorted(by_setting.items()):
+        mode, n, rehearser = setting.split("/")
+        if n != "n0":
+            pairs.append((f"{variant}/{setting}-vs-n0", runs, by_setting.get((variant, "none/n0/none"), {})))
+    for variant in sorted({v for v, _ in by_setting}):
+        trained, base = (by_setting.get((variant, f"{PAPER_CELL}/{r}"), {}) for r in ("trained", "base"))
+        pairs.append((f"{variant}/{PAPER_CELL}/trained-vs-base", trained, base))
+    out: dict[str, Any] = {}
+    for name, a_runs, b_runs in pairs:
+        seeds = sorted(set(a_runs) & set(b_runs))
+        if len(seeds) < 2:
+            continue
+        a = outcomes_of([a_runs[k]["tasks"] for k in seeds], f" of {name}")
+        b = outcomes_of([b_runs[k]["tasks"] for k in seeds], f" of {name}")
+        b_rows = aligned(b, a.task_ids)
+        out[name] = paired_difference(a, b, n_boot) | {
+            "seeds": seeds,
+            "per_seed": [float(d) for d in a.matrix.mean(axis=1) - b_rows.mean(axis=1)],
+        }
     return out

@@ -146,6 +146,40 @@ def testtime_table(testtime: Mapping[str, Any], comparisons: Mapping[str, Any]) 
     return pd.DataFrame(rows)
 
 
+def testtime_pooled_table(comparisons: Mapping[str, Any]) -> pd.DataFrame:
+    """The test-time comparisons pooled over seeds (envace.reporting.science_stats.testtime_pooled): one row
+    each, with its seeds and per-seed differences."""
+    rows = [
+        {
+            "comparison": name,
+            "seeds": ", ".join(map(str, d["seeds"])),
+            "difference (points) [95% CI]": signed(d),
+            "per seed (points)": ", ".join(f"{100 * x:+.1f}" for x in d["per_seed"]),
+            "n tasks": d["n_tasks"],
+        }
+        for name, d in sorted(comparisons.items())
+        if "seeds" in d
+    ]
+    columns = ["comparison", "seeds", "difference (points) [95% CI]", "per seed (points)", "n tasks"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def reruns_table(reruns: Mapping[str, Any]) -> pd.DataFrame:
+    """Test-time cells run twice (stage testtime, then stage testtime_grid): both success rates, agreement."""
+    rows = [
+        {
+            "cell": key,
+            "success % (testtime, used)": pct(r["success"]),
+            "success % (testtime_grid re-run)": pct(r["rerun_success"]),
+            "tasks with the same outcome %": pct(r["agree"]),
+            "n tasks": r["n_tasks"],
+        }
+        for key, r in sorted(reruns.items())
+    ]
+    columns = ["cell", "success % (testtime, used)", "success % (testtime_grid re-run)"]
+    return pd.DataFrame(rows, columns=[*columns, "tasks with the same outcome %", "n tasks"])
+
+
 def fidelity_table(root: Path, cells: Mapping[str, Any]) -> pd.DataFrame:
     """REHEARSE on the oracle's real calls (the same calls for every model): SFT base, untrained, cells."""
     rows = []

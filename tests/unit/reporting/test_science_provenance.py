@@ -117,3 +117,19 @@ def test_a_data_input_absent_here_is_named_not_compared(repo: Path) -> None:
     assert (state.compared, state.absent) == (0, ("data/input.txt",))
     assert provenance_table([state]).loc[0, "data inputs"] == "0 compared; not here, not compared: data/input.txt"
     assert provenance_summary([state])["inputs_not_here"] == {"dvc.yaml:part": ["data/input.txt"]}
+
+
+def test_parts_of_several_dvc_files_are_listed_file_by_file(repo: Path) -> None:
+    """The organism's further-seed test-time grid lives in a dvc.yaml of its own; its parts join the table."""
+    (repo / "sub").mkdir()
+    (repo / "sub" / "dvc.yaml").write_text(
+        "stages:\n  grid:\n    wdir: ..\n    cmd: python make_grid.py\n    deps:\n      - m\n"
+        "    outs:\n      - g:\n          cache: false\n"
+    )
+    (repo / "make_grid.py").write_text(MAKE_PART.replace('pathlib.Path("m")', 'pathlib.Path("g")'))
+    _run([DVC, "repro", "-q", "--single-item", "sub/dvc.yaml:grid"], repo)
+    states = part_states(repo, ("dvc.yaml", "sub/dvc.yaml"))
+    assert [s.stage for s in states] == ["dvc.yaml:part", "sub/dvc.yaml:grid"]
+    grid = states[1]
+    assert (grid.state, grid.compared, grid.absent) == (CURRENT, 1, ())  # its input m: the other file's output
+    assert part_states(repo, "dvc.yaml")[0].stage == "dvc.yaml:part"

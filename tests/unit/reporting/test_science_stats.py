@@ -625,3 +625,57 @@ def test_the_report_names_the_committed_start_when_the_matrix_runs_no_warm_up():
 
     assert start_text(compose(["profile=organism"])).startswith("The SFT model at `science/organism/start`")
     assert start_text(compose(["profile=cpu"])).startswith("One SFT warm-up (")
+
+
+def _sweep(directory, cells):
+    """A sweep's files as the rehearsal stage writes them: ``cells`` maps '<mode>/n<N>/<rehearser>' to 0/1 lists."""
+    _write(
+        directory / "rehearsal_sweep.json",
+        {"cells": {f"toolworld/{k}": {"success_rate": float(np.mean(v))} for k, v in cells.items()}},
+    )
+    labels = {k: "-".join((k.split("/")[1], k.split("/")[0], k.split("/")[2])) for k in cells}
+    _write(directory / "tasks.json", {labels[k]: rows(v) for k, v in cells.items()})
+
+
+def test_the_grid_on_further_seeds_folds_in_pools_over_seeds_and_reports_its_reruns(tmp_path):
+    """Stage testtime_grid's halves join the test-time cells; a cell stage testtime already ran keeps
+    testtime's run, and the two runs' agreement is reported; comparisons pool over the seeds that have them."""
+    from envace.reporting.science_stats import testtime_cells, testtime_comparisons, testtime_reruns
+
+    n0 = [1] * 10 + [0] * 30
+    _sweep(tmp_path / "testtime" / "envace-seed0", {"none/n0/none": n0, "parallel/n2/trained": [1] * 12 + [0] * 28})
+    _sweep(tmp_path / "base_rehearser" / "testtime" / "envace-seed0", {"parallel/n2/base": [1] * 11 + [0] * 29})
+    _sweep(tmp_path / "testtime" / "envace-seed1", {"none/n0/none": n0, "parallel/n2/trained": [1] * 8 + [0] * 32})
+    rerun = [1] * 7 + [0] * 32 + [1]  # two of 40 tasks turn out otherwise on the re-run
+    grid = tmp_path / "full_grid"
+    _sweep(
+        grid / "trained" / "testtime" / "envace-seed1",
+        {"none/n0/none": n0, "parallel/n2/trained": rerun, "sequential/n1/trained": [1] * 9 + [0] * 31},
+    )
+    _sweep(grid / "base" / "testtime" / "envace-seed1", {"parallel/n2/base": [1] * 6 + [0] * 34})
+    cells = testtime_cells(tmp_path)
+    assert {"envace/seed1/sequential/n1/trained", "envace/seed1/parallel/n2/base"} <= set(cells)
+    assert cells["envace/seed1/parallel/n2/trained"]["success_rate"] == pytest.approx(0.2)  # testtime's run kept
+    reruns = testtime_reruns(tmp_path)
+    assert set(reruns) == {"envace/seed1/none/n0/none", "envace/seed1/parallel/n2/trained"}
+    assert reruns["envace/seed1/none/n0/none"]["agree"] == 1.0
+    r = reruns["envace/seed1/parallel/n2/trained"]
+    assert (r["success"], r["rerun_success"], r["agree"], r["n_tasks"]) == (0.2, 0.2, pytest.approx(38 / 40), 40)
+
+    out = testtime_comparisons(cells, 200)
+    assert out["envace/seed1/parallel/n2/trained-vs-base"]["diff"] == pytest.approx(0.05)  # every seed with both
+    pooled = out["envace/parallel/n2/trained-vs-n0"]
+    assert pooled["seeds"] == [0, 1] and pooled["per_seed"] == pytest.approx([0.05, -0.05])
+    assert pooled["diff"] == pytest.approx(0.0) and pooled["n_tasks"] == 40
+    assert out["envace/parallel/n2/trained-vs-base"]["per_seed"] == pytest.approx([0.025, 0.05])
+    assert "envace/sequential/n1/trained-vs-n0" not in out  # one seed: no pooled row, the seed's own row only
+    assert "envace/seed1/sequential/n1/trained-vs-n0" in out
+
+
+def test_the_grids_two_halves_may_not_hold_the_same_cell(tmp_path):
+    from envace.reporting.science_stats import testtime_cells
+
+    for half in ("trained", "base"):
+        _sweep(tmp_path / "full_grid" / half / "testtime" / "envace-seed1", {"parallel/n2/base": [1, 0]})
+    with pytest.raises(ValueError, match=r"two halves hold the same test-time cells.*testtime_grid"):
+        testtime_cells(tmp_path)
