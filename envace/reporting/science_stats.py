@@ -212,20 +212,22 @@ def comparisons(variants: Iterable[str]) -> list[tuple[str, str]]:
     return pairs + [(v, "sft_base") for v in names]
 
 
-def testtime_cells(root: Path) -> dict[str, dict[str, Any]]:
+def testtime_cells(root: Path, grid: Mapping[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     """``{"<variant>/seed<k>/<mode>/n<N>/<rehearser>": metrics + per-task rows}`` of every test-time part, one
     dict, so that every cell pairs with its seed's N=0 on the same tasks: ``root/testtime`` (stage
     ``testtime``: every seed's trained-rehearser cells and N=0), ``root/base_rehearser/testtime`` (stage
     ``testtime_base``: the first seed's base and oracle cells) and ``root/full_grid/<half>/testtime`` (stage
     ``testtime_grid``: the first seed's grid on further seeds). A cell in both halves of one grid is refused;
     a grid cell that stage ``testtime`` already has (N=0, parallel N=2) keeps ``testtime``'s run (the other
-    is a re-run: ``testtime_reruns``)."""
+    is a re-run: ``testtime_reruns``). ``grid``: the grid's cells when the caller has read them already
+    (``grid_cells``)."""
     out = _sweep_cells(root / "testtime")
     extra = _sweep_cells(root / BASE_REHEARSER_DIR / "testtime")
     where = f"{root / BASE_REHEARSER_DIR} repeats test-time cells of {root / 'testtime'}"
     _refuse_clash(out, extra, where, "testtime_base")
     cells = {**out, **extra}
-    return cells | {k: c for k, c in grid_cells(root).items() if k not in cells}
+    grid = grid_cells(root) if grid is None else grid
+    return cells | {k: c for k, c in grid.items() if k not in cells}
 
 
 def _refuse_clash(a: Mapping[str, Any], b: Mapping[str, Any], what: str, stage: str) -> None:
@@ -244,16 +246,18 @@ def grid_cells(root: Path) -> dict[str, dict[str, Any]]:
     return {**trained, **base}
 
 
-def testtime_reruns(root: Path) -> dict[str, dict[str, Any]]:
-    """The test-time cells run twice, once by stage ``testtime`` (the run the report uses) and once by stage
-    ``testtime_grid`` (which runs a seed's whole grid, N=0 and parallel N=2 included): per cell both success
-    rates and the share of tasks whose outcome agrees, a measure of what a re-run of one configuration
-    changes (another machine's arithmetic, or nothing)."""
-    kept = _sweep_cells(root / "testtime")
+def testtime_reruns(
+    testtime: Mapping[str, Mapping[str, Any]], grid: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """The test-time cells run twice, once by stage ``testtime`` or ``testtime_base`` (the run the report uses:
+    ``testtime``, from ``testtime_cells``) and once by stage ``testtime_grid`` (``grid``, from ``grid_cells``;
+    it runs a seed's whole grid, N=0 and parallel N=2 included): per cell both success rates and the share of
+    tasks whose outcome agrees, a measure of what a re-run of one configuration changes (another machine's
+    arithmetic, or nothing). A grid cell that ``testtime`` holds as the very same object is the grid's own."""
     out: dict[str, dict[str, Any]] = {}
-    for key, again in sorted(grid_cells(root).items()):
-        first = kept.get(key)
-        if first is None or not first["tasks"] or not again["tasks"]:
+    for key, again in sorted(grid.items()):
+        first = testtime.get(key)
+        if first is None or first is again or not first["tasks"] or not again["tasks"]:
             continue
         a, b = outcomes_of([first["tasks"]]), outcomes_of([again["tasks"]], f" of the re-run of {key}")
         out[key] = {
@@ -312,9 +316,10 @@ def summarize(root: Path, variants: Sequence[str], n_boot: int) -> dict[str, Any
         aggregate["differences"][f"{a}-{b}"] = {
             s: paired_difference(groups[a].subset(s), groups[b].subset(s), n_boot) for s in SUBSETS
         }
-    testtime = testtime_cells(root)
+    grid = grid_cells(root)
+    testtime = testtime_cells(root, grid)
     aggregate["testtime"] = testtime_comparisons(testtime, n_boot)
-    aggregate["testtime_reruns"] = testtime_reruns(root)
+    aggregate["testtime_reruns"] = testtime_reruns(testtime, grid)
     return {"cells": cells, "groups": groups, "aggregate": aggregate, "testtime": testtime}
 
 
