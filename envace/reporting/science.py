@@ -396,7 +396,11 @@ def report_text(
         "equal what `science/dvc.lock` recorded for its run (envace.reporting.science_provenance). Data inputs "
         "are by-products of earlier parts (prepared tasks, the SFT model, a cell's checkpoint): they are compared "
         "where they exist on the machine that wrote this report and listed where they do not. A current part's "
-        "numbers are what this commit's code produces from those inputs.",
+        "numbers are what this commit's declared code produces from those inputs. A stage lists its code by "
+        "hand, so the last column names the files its command can import (the static import closure, an "
+        "over-approximation) that it does not list and that changed since the commit it ran at: code DVC "
+        "does not compare, and whose change the reader has to judge (e.g. a reporting module that only the "
+        "aggregate runs).",
         "",
         markdown(tables["science_provenance"]),
         "",

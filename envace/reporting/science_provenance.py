@@ -12,6 +12,15 @@ code, params or present data inputs differs, i.e. the commit it ran at and HEAD 
 dependencies; a recorded commit with ``code_dirty`` then only means that files outside its dependencies had
 uncommitted changes.
 
+A third check covers what DVC cannot see: a stage lists its code dependencies by hand, and the modules its
+command imports (envace.utils.imports: the static closure of ``python -m <module>``, an over-approximation)
+can reach files it does not list. For each part, the files of that closure outside its declared
+dependencies that differ between a commit the part ran at and this working tree (``git diff``) are named
+(column "undeclared code changed since"); empty means the part's whole importable code is as it ran, not
+only the declared part. A part stays current on DVC's check whatever this column says: the column says
+where the reader has to trust that a change did not reach the part's numbers (a reporting module imported
+for another part's sake, say); ``unknown`` where git cannot tell (a commit not in this clone's history).
+
 DVC's repository lock is free while a stage's command runs (DVC releases it around the command), so the
 aggregate stage can make this check itself; anything DVC refuses is reported as ``unknown`` with its reason,
 never guessed."""
@@ -19,6 +28,8 @@ never guessed."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +38,7 @@ from typing import Any
 import pandas as pd
 
 from envace.reporting.provenance import CODE_DIR
+from envace.utils.imports import closure, import_graph, module_paths
 
 DVCFILE = "science/dvc.yaml"
 GRID_DVCFILE = "science/testtime_grid/dvc.yaml"  # the first seed's test-time grid on further seeds (organism)
@@ -42,6 +54,8 @@ class PartState:
     detail: str = ""
     compared: int = 0  # data dependencies present here and compared with the lock's record
     absent: tuple[str, ...] = ()  # data dependencies not on this machine (not compared)
+    # files its command can import, not among its declared deps, changed since its commit(s); None: unknown
+    undeclared: tuple[str, ...] | None = ()
 
 
 def recorded_commits(outs: Iterable[Path]) -> tuple[str, ...]:
@@ -70,6 +84,40 @@ def _code_or_params(dep: Any) -> bool:
     return _is_params(dep) or name == CODE_DIR or name.startswith(f"{CODE_DIR}/")
 
 
+def importable_files(root: Path, cmd: str, graph: dict[str, set[str]] | None = None) -> set[str]:
+    """The files under ``root/envace`` that ``cmd`` can load (relative, posix): the import closure of each
+    ``python -m <module>`` it runs, or every file of the package when it runs none (a script)."""
+    package = Path(root) / CODE_DIR
+    if not package.is_dir():
+        return set()
+    paths = module_paths(package)
+    graph = import_graph(package) if graph is None else graph
+    starts = [m for m in re.findall(r"python\S*\s+-m\s+(\S+)", cmd) if m in graph]
+    modules = set().union(*(closure(graph, m) for m in starts)) if starts else set(paths)
+    return {paths[m].relative_to(root).as_posix() for m in modules}
+
+
+def undeclared_changes(
+    root: Path, files: set[str], declared: Iterable[str], commits: Iterable[str]
+) -> tuple[str, ...] | None:
+    """Those of ``files`` that no ``declared`` dependency (a file or a folder) covers and that differ between
+    one of ``commits`` (short hashes, ``+dirty`` allowed) and the working tree; None when git cannot tell."""
+    declared = [d.rstrip("/") for d in declared]
+    outside = {f for f in files if not any(f == d or f.startswith(d + "/") for d in declared)}
+    commits = [c.split("+", 1)[0] for c in commits]
+    if not commits:
+        return None
+    changed: set[str] = set()
+    for commit in commits:
+        done = subprocess.run(
+            ["git", "diff", "--name-only", commit, "--", CODE_DIR], cwd=root, capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            return None
+        changed.update(done.stdout.split())
+    return tuple(sorted(outside & changed))
+
+
 def part_states(
     root: Path, dvcfiles: str | tuple[str, ...] = DVCFILES, skip: tuple[str, ...] = ("aggregate",)
 ) -> list[PartState]:
@@ -79,10 +127,11 @@ def part_states(
 
         repo = Repo(str(root))
     except Exception as exc:  # no DVC or not a DVC repository: say so in the table
-        return [PartState("(all)", (), UNKNOWN, f"DVC could not open {root}: {exc}")]
+        return [PartState("(all)", (), UNKNOWN, f"DVC could not open {root}: {exc}", undeclared=None)]
     rows = []
     files = (dvcfiles,) if isinstance(dvcfiles, str) else dvcfiles
     wanted = {(Path(root) / f).resolve(): f for f in files}
+    graph = import_graph(Path(root) / CODE_DIR) if (Path(root) / CODE_DIR).is_dir() else {}
     try:
         with repo.lock:
             stages = [s for s in repo.index.stages if Path(str(s.dvcfile.path)).resolve() in wanted]
@@ -103,9 +152,18 @@ def part_states(
                     absent = [str(d.def_path) for d in data if not d.exists]
                     changed += [str(d.def_path) for d in data if d.exists and d.changed()]
                 except Exception as exc:  # a lock entry DVC cannot read: unknown, with DVC's reason
-                    rows.append(PartState(address, commits, UNKNOWN, f"DVC: {type(exc).__name__}: {exc}"))
+                    rows.append(
+                        PartState(address, commits, UNKNOWN, f"DVC: {type(exc).__name__}: {exc}", undeclared=None)
+                    )
                     continue
-                inputs = (len(data) - len(absent), tuple(absent))
+                declared = [str(d.def_path) for d in stage.deps if _code_or_params(d) and not _is_params(d)]
+                cmd = " ".join(stage.cmd) if isinstance(stage.cmd, list) else str(stage.cmd)
+                loaded = importable_files(Path(root), cmd, graph)
+                inputs = (
+                    len(data) - len(absent),
+                    tuple(absent),
+                    undeclared_changes(Path(root), loaded, declared, commits),
+                )
                 if changed and not any(d.hash_info for d in stage.deps if not _is_params(d)):
                     why = f"no record in {lock} (still running, or outputs from elsewhere)"
                     rows.append(PartState(address, commits, STALE, why, *inputs))
@@ -116,10 +174,20 @@ def part_states(
                     what = "code, params and data inputs" if not absent else "code, params and present data inputs"
                     rows.append(PartState(address, commits, CURRENT, f"{what} equal its recorded run's", *inputs))
     except Exception as exc:  # the repository lock itself, or the index
-        return [PartState("(all)", (), UNKNOWN, f"DVC: {type(exc).__name__}: {exc}")]
+        return [PartState("(all)", (), UNKNOWN, f"DVC: {type(exc).__name__}: {exc}", undeclared=None)]
     finally:
         repo.close()
     return rows
+
+
+def _undeclared_text(state: PartState, shown: int = 4) -> str:
+    if state.undeclared is None:
+        return "unknown (git cannot compare its commit)"
+    if not state.undeclared:
+        return "none"
+    names = [f.removeprefix(f"{CODE_DIR}/") for f in state.undeclared]
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{len(names)}: {', '.join(names[:shown])}{more}"
 
 
 def _inputs_text(state: PartState) -> str:
@@ -136,10 +204,18 @@ def provenance_table(states: list[PartState]) -> pd.DataFrame:
                 "state": "**STALE**" if s.state == STALE else s.state,
                 "detail": s.detail,
                 "data inputs": _inputs_text(s),
+                "undeclared code changed since": _undeclared_text(s),
             }
             for s in states
         ],
-        columns=["part (stage)", "produced by commit", "state", "detail", "data inputs"],
+        columns=[
+            "part (stage)",
+            "produced by commit",
+            "state",
+            "detail",
+            "data inputs",
+            "undeclared code changed since",
+        ],
     )
 
 
@@ -151,5 +227,7 @@ def provenance_summary(states: list[PartState]) -> dict[str, Any]:
         "stale": [s.stage for s in states if s.state == STALE],
         "unknown": [s.stage for s in states if s.state == UNKNOWN],
         "inputs_not_here": {s.stage: list(s.absent) for s in states if s.absent},
+        "undeclared_changes": {s.stage: list(s.undeclared) for s in states if s.undeclared},
+        "undeclared_unknown": [s.stage for s in states if s.undeclared is None],
         "commits": sorted({c for s in states for c in s.commits}),
     }

@@ -1,9 +1,9 @@
 """The import graph of envace/ has no circles, its packages keep their floors, only engines/verl imports verl, Ray.
 
-Every import counts: module-level and inside functions, ``from x import y`` (an edge to ``x``, and to
-``x.y`` when that is a module), and ``importlib.import_module("...")`` with a literal name. A package's
-``__init__`` is a module of its own, so a submodule importing its own package while the package imports
-it is a circle too.
+The graph is envace.utils.imports's: every import counts, module-level and inside functions, ``from x import
+y`` (an edge to ``x``, and to ``x.y`` when that is a module), and ``importlib.import_module("...")`` with a
+literal name. A package's ``__init__`` is a module of its own, so a submodule importing its own package while
+the package imports it is a circle too.
 
 The package order (``LAYERS``, bottom first) is the house plan of docs/ARCHITECTURE.md: a module may import
 its own package and the packages on the floors below it, never one above. Imports inside functions count
@@ -16,52 +16,13 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from envace.utils import imports
+
 ROOT = Path(__file__).resolve().parents[2] / "envace"
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imported(path: Path, name: str, modules: set[str]) -> set[str]:
-    """The envace modules ``path`` (module ``name``) imports."""
-    out: set[str] = set()
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    for node in ast.walk(_without_type_checking(ast.parse(path.read_text()))):
-        targets: list[str] = []
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
-        elif (
-            isinstance(node, ast.Call)
-            and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
-            and node.args
-            and isinstance(node.args[0], ast.Constant)
-            and isinstance(node.args[0].value, str)
-        ):
-            targets = [node.args[0].value]
-        out.update(t for t in targets if t in modules and t != name)
-    return out
-
-
-def _without_type_checking(tree: ast.Module) -> ast.Module:
-    """The tree less the bodies of ``if TYPE_CHECKING:`` blocks (imports for annotations only)."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING":
-            node.body = [ast.Pass()]
-    return tree
-
-
 def import_graph() -> dict[str, set[str]]:
-    paths = {module_name(p): p for p in ROOT.rglob("*.py")}
-    modules = set(paths)
-    return {name: imported(path, name, modules) for name, path in paths.items()}
+    return imports.import_graph(ROOT)
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -133,3 +133,61 @@ def test_parts_of_several_dvc_files_are_listed_file_by_file(repo: Path) -> None:
     grid = states[1]
     assert (grid.state, grid.compared, grid.absent) == (CURRENT, 1, ())  # its input m: the other file's output
     assert part_states(repo, "dvc.yaml")[0].stage == "dvc.yaml:part"
+
+
+def _commit_all(repo: Path) -> str:
+    _run(["git", "add", "-A"], repo)
+    _run(["git", "commit", "-q", "-m", "x"], repo)
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+
+
+def test_code_outside_the_declared_deps_changed_since_the_producing_commit_is_named(repo: Path) -> None:
+    """DVC compares only the files a stage lists; a module the part can import but does not list, changed
+    since the commit it ran at, is named (the part stays current on DVC's check)."""
+    (repo / "envace" / "helper.py").write_text("Y = 1\n")
+    head = _commit_all(repo)
+    details = repo / "m" / "x.details.json"
+    details.write_text(json.dumps({"produced_by": {"commit": head, "code_dirty": False}}))
+    (state,) = part_states(repo, "dvc.yaml")
+    assert (state.state, state.undeclared) == (CURRENT, ())  # nothing changed since it ran
+    assert provenance_table([state]).loc[0, "undeclared code changed since"] == "none"
+    (repo / "envace" / "helper.py").write_text("Y = 2\n")  # not a dep of the part (a script: all of envace/)
+    (state,) = part_states(repo, "dvc.yaml")
+    assert (state.state, state.undeclared) == (CURRENT, ("envace/helper.py",))
+    assert provenance_table([state]).loc[0, "undeclared code changed since"] == "1: helper.py"
+    assert provenance_summary([state])["undeclared_changes"] == {"dvc.yaml:part": ["envace/helper.py"]}
+    (repo / "envace" / "code.py").write_text("X = 2\n")  # a declared dep: DVC's check, not this column
+    (state,) = part_states(repo, "dvc.yaml")
+    assert (state.state, state.undeclared) == (STALE, ("envace/helper.py",))
+
+
+def test_a_producing_commit_git_does_not_know_leaves_the_undeclared_check_unknown(repo: Path) -> None:
+    _commit_all(repo)  # the fixture's part records commit abcdef1234, which this history lacks
+    (state,) = part_states(repo, "dvc.yaml")
+    assert state.state == CURRENT and state.undeclared is None
+    assert provenance_table([state]).loc[0, "undeclared code changed since"].startswith("unknown")
+    assert provenance_summary([state])["undeclared_unknown"] == ["dvc.yaml:part"]
+
+
+def test_the_importable_files_of_a_module_command_are_its_import_closure(tmp_path: Path) -> None:
+    from envace.reporting.science_provenance import importable_files
+
+    package = tmp_path / "envace"
+    (package / "stages").mkdir(parents=True)
+    for name, text in {
+        "__init__.py": "",
+        "stages/__init__.py": "",
+        "stages/run.py": "from envace.stages import lib\n\ndef later():\n    import envace.late\n",
+        "stages/lib.py": "X = 1\n",
+        "late.py": "",
+        "unused.py": "import envace.stages.run\n",
+    }.items():
+        (package / name).write_text(text)
+    assert importable_files(tmp_path, "python -m envace.stages.run --seed 1") == {
+        "envace/__init__.py",
+        "envace/stages/__init__.py",
+        "envace/stages/run.py",
+        "envace/stages/lib.py",
+        "envace/late.py",  # imported inside a function: counted (the safe side)
+    }
+    assert len(importable_files(tmp_path, "python make_part.py")) == 6  # a script: the whole package
