@@ -34,6 +34,21 @@ def test_every_stage_module_is_a_dvc_stage_and_runnable():
 
 
 @pytest.mark.parametrize("name", list(DVC))
+def test_each_stage_declares_every_envace_file_its_command_can_import(name):
+    """DVC re-runs a stage only for the dependencies it lists; a module its command imports but the stage
+    does not list (a helper under envace/utils, say) could change its outputs unseen. The closure is static
+    (envace.utils.imports): an import inside a function counts, the safe side."""
+    from envace.reporting.science_provenance import importable_files
+
+    stage = DVC[name].get("do", DVC[name])
+    declared = [d.rstrip("/") for d in stage["deps"] if isinstance(d, str) and d.startswith("envace")]
+    files = importable_files(ROOT, stage["cmd"])
+    assert files, f"stage {name}: its command {stage['cmd']!r} runs no envace module"
+    missing = sorted(f for f in files if not any(f == d or f.startswith(d + "/") for d in declared))
+    assert not missing, f"dvc.yaml stage {name}: add to its deps (or a folder holding them): {missing}"
+
+
+@pytest.mark.parametrize("name", list(DVC))
 def test_declared_params_exist_and_paths_come_from_params(name):
     stage = DVC[name].get("do", DVC[name])
     for key in stage.get("params", []):
