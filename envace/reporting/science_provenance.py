@@ -33,12 +33,12 @@ import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
 from envace.reporting.provenance import CODE_DIR
-from envace.utils.imports import Package, closure, read_package
+from envace.utils.imports import closure, import_graph, module_paths
 
 DVCFILE = "science/dvc.yaml"
 GRID_DVCFILE = "science/testtime_grid/dvc.yaml"  # the first seed's test-time grid on further seeds (organism)
@@ -82,6 +82,17 @@ def _is_params(dep: Any) -> bool:
 def _code_or_params(dep: Any) -> bool:
     name = str(dep.def_path)
     return _is_params(dep) or name == CODE_DIR or name.startswith(f"{CODE_DIR}/")
+
+
+class Package(NamedTuple):
+    """A package read once, for many commands: its ``paths`` (``module_paths``) and import ``graph``."""
+
+    paths: dict[str, Path]
+    graph: dict[str, set[str]]
+
+
+def read_package(package_dir: Path) -> Package:
+    return Package(module_paths(package_dir), import_graph(package_dir))
 
 
 def importable_files(root: Path, cmd: str, package: Package | None = None) -> set[str]:

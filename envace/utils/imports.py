@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import NamedTuple
 
 
 def module_name(path: Path, package_dir: Path) -> str:
@@ -64,21 +63,9 @@ def module_paths(package_dir: Path) -> dict[str, Path]:
 
 def import_graph(package_dir: Path) -> dict[str, set[str]]:
     """``{module: the modules of the same package it imports}``."""
-    return read_package(package_dir).graph
-
-
-class Package(NamedTuple):
-    """A package read once: ``paths`` (``module_paths``) and ``graph`` (``import_graph``)."""
-
-    paths: dict[str, Path]
-    graph: dict[str, set[str]]
-
-
-def read_package(package_dir: Path) -> Package:
-    """The source files and the import graph of the package at ``package_dir``, from one walk of it."""
     paths = module_paths(package_dir)
     modules = set(paths)
-    return Package(paths, {name: imported(path, name, modules) for name, path in paths.items()})
+    return {name: imported(path, name, modules) for name, path in paths.items()}
 
 
 def closure(graph: dict[str, set[str]], start: str) -> set[str]:

@@ -191,7 +191,7 @@ def test_the_importable_files_of_a_module_command_are_its_import_closure(tmp_pat
         "envace/late.py",  # imported inside a function: counted (the safe side)
     }
     assert len(importable_files(tmp_path, "python make_part.py")) == 6  # a script: the whole package
-    from envace.utils.imports import read_package
+    from envace.reporting.science_provenance import read_package
 
     read = read_package(package)  # read once, asked about many commands: the same answers
     assert importable_files(tmp_path, "python -m envace.stages.lib", read) == {

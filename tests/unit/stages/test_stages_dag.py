@@ -36,7 +36,7 @@ def test_every_stage_module_is_a_dvc_stage_and_runnable():
 @pytest.fixture(scope="module")
 def package():
     """envace's source files and import graph, read once for every stage."""
-    from envace.utils.imports import read_package
+    from envace.reporting.science_provenance import read_package
 
     return read_package(ROOT / "envace")
 
