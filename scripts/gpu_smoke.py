@@ -10,6 +10,15 @@ Modes:
         bf16 (SFT warm-up, rollouts and — when verl's core_algos is importable — RL steps), the
         role-wise estimator and the policy loss on CUDA tensors, compared with CPU results. What could
         not run (verl absent) is detected and reported, not failed.
+  organism  The model organism (issue 46; its committed start science/organism/start, 5.7 MB, so nothing
+        to download) trained on the device by the pipeline's own stage code: prepare_data and
+        template_prompts for the tool world, then stage train (envace.stages.train.run, the local engine,
+        role-wise GRPO) for --steps steps (default 30, the main job's) with the real-environment validation
+        curve every 10 steps, all under the organism profile, no MLflow. Checks the plumbing (finite losses,
+        weights changed, the model was on the device, a validation point at step 0 and at the last step)
+        and records what a CPU run records (validation success per step, seconds per step) beside the
+        committed CPU run's curve (metrics/train.details.json), without judging the learning: one run of
+        100 validation tasks is not a test of it.
 
 Writes ``report.json`` in --out and exits non-zero when a check fails.
 """
@@ -63,6 +72,83 @@ def build_tiny_model_dir(out: Path, specs: list[Any], *, sft_epochs: int, device
     last = {k: round(v, 4) for k, v in (sft[-1] if sft else {}).items()}
     logger.info("tiny model: %d SFT epochs, last %s", len(sft), last)
     return Path(result.artifacts["policy"])
+
+
+# ---- mode organism ------------------------------------------------------------------------------
+ORGANISM_PATHS = ("prepared", "prompts", "checkpoints", "evaluation", "rehearsal", "metrics", "plots", "reports")
+
+
+def organism_overrides(out: Path, steps: int, device: str, precision: str | None, val_tasks: int) -> list[str]:
+    """The organism profile with every output under ``out``, on ``device``, ``steps`` GRPO steps."""
+    every = max(1, min(10, steps))
+    overrides = [
+        "profile=organism",
+        f"engine.device={device}",
+        f"train.steps={steps}",
+        f"train.val_every={every}",
+        f"train.fidelity_every={every}",
+        f"train.val_tasks={val_tasks}",
+        f"train.checkpoint_every={steps + 1}",  # a smoke run is not resumed
+        *(f"paths.{name}={out / 'organism' / name}" for name in ORGANISM_PATHS),
+    ]
+    return overrides + ([f"engine.precision={precision}", f"eval.precision={precision}"] if precision else [])
+
+
+def run_organism(
+    out: Path, steps: int, device: str = "cuda", precision: str | None = None, val_tasks: int = 0
+) -> dict[str, Any]:
+    import torch
+    from safetensors.torch import load_file
+
+    from envace.config.load import compose, typed_config
+    from envace.stages import prepare_data, template_prompts, train
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("organism mode needs CUDA (torch.cuda.is_available() is False); --device cpu runs on the CPU")
+    overrides = organism_overrides(out, steps, device, precision, val_tasks)
+    cfg = typed_config(compose(overrides))
+    report: dict[str, Any] = {"device": device, "overrides": overrides, "torch": torch.__version__}
+    report["device_name"] = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+    started = time.time()
+    prepare_data.run(cfg)
+    template_prompts.run(cfg)
+    report["data_seconds"] = round(time.time() - started, 1)
+    started = time.time()
+    result = train.run(cfg)
+    seconds = time.time() - started
+    curves = result["curves"]
+    points = {int(s): v for s, v in zip(curves["step"], curves.get("val/success", [])) if v is not None}
+    start = load_file(str(Path(cfg.model.path) / "model.safetensors"))
+    final = load_file(str(Path(cfg.paths.checkpoints) / "final" / "policy" / "model.safetensors"))
+    reference = Path("metrics/train.details.json")
+    cpu = json.loads(reference.read_text())["curves"] if reference.exists() else {}
+    report["train"] = {
+        "steps_done": result["steps_done"],
+        "precision": result["precision"],
+        "seconds": round(seconds, 1),
+        "seconds_per_step": round(seconds / max(1, result["steps_done"]), 2),
+        "val_success": points,
+        "val_gain_last": round(points[max(points)] - points[0], 4) if 0 in points else None,
+        "fidelity_exact_match": {
+            int(s): v for s, v in zip(curves["step"], curves.get("fidelity/exact_match", [])) if v is not None
+        },
+        "final": {k: v for k, v in result.items() if k.startswith("final/") and isinstance(v, float)},
+        "max_weight_change": max(float((final[k].float() - start[k].float()).abs().max()) for k in start),
+        "cuda_max_memory_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1) if device == "cuda" else None,
+    }
+    report["cpu_reference"] = {
+        "what": f"{reference}: the committed main job (make pipeline) on a CPU, same profile",
+        "val_success": {int(s): v for s, v in zip(cpu.get("step", []), cpu.get("val/success", [])) if v is not None},
+    }
+    losses = [v for k, v in report["train"]["final"].items() if "loss" in k]
+    report["checks"] = {
+        "organism_trained_every_step": result["steps_done"] == steps,
+        "organism_losses_finite": bool(losses) and all(math.isfinite(v) for v in losses),
+        "organism_weights_changed": report["train"]["max_weight_change"] > 0,
+        "organism_validated_at_start_and_end": {0, steps} <= set(points),
+        "organism_on_device": device == "cpu" or (report["train"]["cuda_max_memory_mib"] or 0) > 0,
+    }
+    return report
 
 
 # ---- mode verl ------------------------------------------------------------------------------------
@@ -438,21 +524,26 @@ def eval_backend_on(engine: Any) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["verl", "bare"])
+    parser.add_argument("mode", choices=["verl", "bare", "organism"])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=None, help="RL steps (verl, bare: 3; organism: 30)")
     parser.add_argument("--dry-run", action="store_true", help="verl mode: prepare on CPU and stop before launching")
-    parser.add_argument("--device", default="cuda", help="bare mode: 'cpu' exercises the same code without a GPU")
+    parser.add_argument("--device", default="cuda", help="bare, organism: 'cpu' runs the same code without a GPU")
+    parser.add_argument("--precision", default=None, help="organism: fp32 (the profile's), bf16 or auto")
+    parser.add_argument("--val-tasks", type=int, default=0, help="organism: validation tasks per point (0: all 100)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import torch
 
     torch.set_num_threads(1 if args.dry_run or args.device == "cpu" else 4)
     args.out.mkdir(parents=True, exist_ok=True)  # torch threads set above
+    steps = args.steps if args.steps is not None else (30 if args.mode == "organism" else 3)
     if args.mode == "verl":
-        report = {"mode": args.mode, **run_verl(args.out, args.steps, dry_run=args.dry_run)}
+        report = {"mode": args.mode, **run_verl(args.out, steps, dry_run=args.dry_run)}
+    elif args.mode == "organism":
+        report = {"mode": args.mode, **run_organism(args.out, steps, args.device, args.precision, args.val_tasks)}
     else:
-        report = {"mode": args.mode, **run_bare(args.out, args.steps, args.device)}
+        report = {"mode": args.mode, **run_bare(args.out, steps, args.device)}
     checks = report.get("checks", {})
     report["ok"] = bool(checks) and all(checks.values()) and report.get("verl_returncode", 0) == 0
     (args.out / "report.json").write_text(json.dumps(report, indent=2, default=str))

@@ -33,7 +33,7 @@ import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
@@ -84,26 +84,43 @@ def _code_or_params(dep: Any) -> bool:
     return _is_params(dep) or name == CODE_DIR or name.startswith(f"{CODE_DIR}/")
 
 
-def importable_files(root: Path, cmd: str, graph: dict[str, set[str]] | None = None) -> set[str]:
+class Package(NamedTuple):
+    """A package read once, for many commands: its ``paths`` (``module_paths``) and import ``graph``."""
+
+    paths: dict[str, Path]
+    graph: dict[str, set[str]]
+
+
+def read_package(package_dir: Path) -> Package:
+    return Package(module_paths(package_dir), import_graph(package_dir))
+
+
+def importable_files(root: Path, cmd: str, package: Package | None = None) -> set[str]:
     """The files under ``root/envace`` that ``cmd`` can load (relative, posix): the import closure of each
-    ``python -m <module>`` it runs, or every file of the package when it runs none (a script)."""
-    package = Path(root) / CODE_DIR
-    if not package.is_dir():
+    ``python -m <module>`` it runs, or every file of the package when it runs none (a script). ``package``:
+    ``root/envace`` read already (``read_package``), for a caller asking about many commands."""
+    package_dir = Path(root) / CODE_DIR
+    if not package_dir.is_dir():
         return set()
-    paths = module_paths(package)
-    graph = import_graph(package) if graph is None else graph
+    paths, graph = read_package(package_dir) if package is None else package
     starts = [m for m in re.findall(r"python\S*\s+-m\s+(\S+)", cmd) if m in graph]
     modules = set().union(*(closure(graph, m) for m in starts)) if starts else set(paths)
     return {paths[m].relative_to(root).as_posix() for m in modules}
 
 
+def uncovered(files: Iterable[str], declared: Iterable[str]) -> set[str]:
+    """Those of ``files`` (relative, posix) that no ``declared`` dependency covers: neither the file itself nor
+    a folder holding it (a trailing ``/`` allowed)."""
+    folders = [d.rstrip("/") for d in declared]
+    return {f for f in files if not any(f == d or f.startswith(d + "/") for d in folders)}
+
+
 def undeclared_changes(
     root: Path, files: set[str], declared: Iterable[str], commits: Iterable[str]
 ) -> tuple[str, ...] | None:
-    """Those of ``files`` that no ``declared`` dependency (a file or a folder) covers and that differ between
-    one of ``commits`` (short hashes, ``+dirty`` allowed) and the working tree; None when git cannot tell."""
-    declared = [d.rstrip("/") for d in declared]
-    outside = {f for f in files if not any(f == d or f.startswith(d + "/") for d in declared)}
+    """Those of ``files`` that no ``declared`` dependency covers (``uncovered``) and that differ between one
+    of ``commits`` (short hashes, ``+dirty`` allowed) and the working tree; None when git cannot tell."""
+    outside = uncovered(files, declared)
     commits = [c.split("+", 1)[0] for c in commits]
     if not commits:
         return None
@@ -131,7 +148,7 @@ def part_states(
     rows = []
     files = (dvcfiles,) if isinstance(dvcfiles, str) else dvcfiles
     wanted = {(Path(root) / f).resolve(): f for f in files}
-    graph = import_graph(Path(root) / CODE_DIR) if (Path(root) / CODE_DIR).is_dir() else {}
+    package = read_package(Path(root) / CODE_DIR) if (Path(root) / CODE_DIR).is_dir() else None
     try:
         with repo.lock:
             stages = [s for s in repo.index.stages if Path(str(s.dvcfile.path)).resolve() in wanted]
@@ -158,7 +175,7 @@ def part_states(
                     continue
                 declared = [str(d.def_path) for d in stage.deps if _code_or_params(d) and not _is_params(d)]
                 cmd = " ".join(stage.cmd) if isinstance(stage.cmd, list) else str(stage.cmd)
-                loaded = importable_files(Path(root), cmd, graph)
+                loaded = importable_files(Path(root), cmd, package)
                 inputs = (
                     len(data) - len(absent),
                     tuple(absent),

@@ -212,22 +212,32 @@ def comparisons(variants: Iterable[str]) -> list[tuple[str, str]]:
     return pairs + [(v, "sft_base") for v in names]
 
 
-def testtime_cells(root: Path, grid: Mapping[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
-    """``{"<variant>/seed<k>/<mode>/n<N>/<rehearser>": metrics + per-task rows}`` of every test-time part, one
-    dict, so that every cell pairs with its seed's N=0 on the same tasks: ``root/testtime`` (stage
-    ``testtime``: every seed's trained-rehearser cells and N=0), ``root/base_rehearser/testtime`` (stage
-    ``testtime_base``: the first seed's base and oracle cells) and ``root/full_grid/<half>/testtime`` (stage
-    ``testtime_grid``: the first seed's grid on further seeds). A cell in both halves of one grid is refused;
-    a grid cell that stage ``testtime`` already has (N=0, parallel N=2) keeps ``testtime``'s run (the other
-    is a re-run: ``testtime_reruns``). ``grid``: the grid's cells when the caller has read them already
-    (``grid_cells``)."""
+def staged_testtime_cells(root: Path) -> dict[str, dict[str, Any]]:
+    """The test-time cells of the stages that run on the matrix's first seeds, keyed like ``testtime_cells``:
+    ``root/testtime`` (stage ``testtime``: every seed's trained-rehearser cells and N=0) and
+    ``root/base_rehearser/testtime`` (stage ``testtime_base``: the first seed's base and oracle cells). A cell
+    in both is refused."""
     out = _sweep_cells(root / "testtime")
     extra = _sweep_cells(root / BASE_REHEARSER_DIR / "testtime")
     where = f"{root / BASE_REHEARSER_DIR} repeats test-time cells of {root / 'testtime'}"
     _refuse_clash(out, extra, where, "testtime_base")
-    cells = {**out, **extra}
+    return {**out, **extra}
+
+
+def testtime_cells(
+    root: Path,
+    grid: Mapping[str, dict[str, Any]] | None = None,
+    staged: Mapping[str, dict[str, Any]] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """``{"<variant>/seed<k>/<mode>/n<N>/<rehearser>": metrics + per-task rows}`` of every test-time part, one
+    dict, so that every cell pairs with its seed's N=0 on the same tasks: the cells of stages ``testtime`` and
+    ``testtime_base`` (``staged_testtime_cells``) and those of stage ``testtime_grid``
+    (``root/full_grid/<half>/testtime``: the first seed's grid on further seeds, ``grid_cells``). Where both
+    ran a cell (N=0 and parallel N=2 of the grid's seeds) the staged run is the one used; the grid's is a
+    re-run (``testtime_reruns``). ``grid``, ``staged``: those cells when the caller has read them already."""
+    staged = staged_testtime_cells(root) if staged is None else staged
     grid = grid_cells(root) if grid is None else grid
-    return cells | {k: c for k, c in grid.items() if k not in cells}
+    return {**staged, **{k: c for k, c in grid.items() if k not in staged}}
 
 
 def _refuse_clash(a: Mapping[str, Any], b: Mapping[str, Any], what: str, stage: str) -> None:
@@ -247,17 +257,17 @@ def grid_cells(root: Path) -> dict[str, dict[str, Any]]:
 
 
 def testtime_reruns(
-    testtime: Mapping[str, Mapping[str, Any]], grid: Mapping[str, Mapping[str, Any]]
+    staged: Mapping[str, Mapping[str, Any]], grid: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, dict[str, Any]]:
-    """The test-time cells run twice, once by stage ``testtime`` or ``testtime_base`` (the run the report uses:
-    ``testtime``, from ``testtime_cells``) and once by stage ``testtime_grid`` (``grid``, from ``grid_cells``;
-    it runs a seed's whole grid, N=0 and parallel N=2 included): per cell both success rates and the share of
-    tasks whose outcome agrees, a measure of what a re-run of one configuration changes (another machine's
-    arithmetic, or nothing). A grid cell that ``testtime`` holds as the very same object is the grid's own."""
+    """The test-time cells run twice, once by stage ``testtime`` or ``testtime_base`` (``staged``, from
+    ``staged_testtime_cells``: the run the report uses) and once by stage ``testtime_grid`` (``grid``, from
+    ``grid_cells``; it runs a seed's whole grid, N=0 and parallel N=2 included): per cell both success rates
+    and the share of tasks whose outcome agrees, a measure of what a re-run of one configuration changes
+    (another machine's arithmetic, or nothing). A cell without per-task rows in either run is left out."""
     out: dict[str, dict[str, Any]] = {}
-    for key, again in sorted(grid.items()):
-        first = testtime.get(key)
-        if first is None or first is again or not first["tasks"] or not again["tasks"]:
+    for key in sorted(set(staged) & set(grid)):
+        first, again = staged[key], grid[key]
+        if not first["tasks"] or not again["tasks"]:
             continue
         a, b = outcomes_of([first["tasks"]]), outcomes_of([again["tasks"]], f" of the re-run of {key}")
         out[key] = {
@@ -316,10 +326,10 @@ def summarize(root: Path, variants: Sequence[str], n_boot: int) -> dict[str, Any
         aggregate["differences"][f"{a}-{b}"] = {
             s: paired_difference(groups[a].subset(s), groups[b].subset(s), n_boot) for s in SUBSETS
         }
-    grid = grid_cells(root)
-    testtime = testtime_cells(root, grid)
+    staged, grid = staged_testtime_cells(root), grid_cells(root)
+    testtime = testtime_cells(root, grid, staged)
     aggregate["testtime"] = testtime_comparisons(testtime, n_boot)
-    aggregate["testtime_reruns"] = testtime_reruns(testtime, grid)
+    aggregate["testtime_reruns"] = testtime_reruns(staged, grid)
     return {"cells": cells, "groups": groups, "aggregate": aggregate, "testtime": testtime}
 
 

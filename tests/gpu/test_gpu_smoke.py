@@ -27,10 +27,10 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def run_smoke(mode: str, out: Path) -> dict:
+def run_smoke(mode: str, out: Path, *args: str) -> dict:
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable}
     result = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "gpu_smoke.sh"), mode],
+        ["bash", str(ROOT / "scripts" / "gpu_smoke.sh"), mode, *args],
         env=env,
         capture_output=True,
         check=False,
@@ -50,6 +50,12 @@ def test_bare_local_engine_estimator_and_loss_on_cuda(tmp_path: Path) -> None:
     report = run_smoke("bare", tmp_path)
     assert report["estimator"]["matches_cpu"] and report["local_engine"]["dtype"] == "torch.float32"
     assert report["local_engine"]["precision"] == "bf16" and report["precision"]["auto"] == "bf16"
+
+
+@pytest.mark.skipif(not cuda_available(), reason="needs a CUDA device")
+def test_the_organism_trains_on_cuda_through_the_train_stage(tmp_path: Path) -> None:
+    report = run_smoke("organism", tmp_path, "--steps", "10")
+    assert report["train"]["cuda_max_memory_mib"] > 0 and set(report["train"]["val_success"]) == {"0", "10"}
 
 
 @pytest.mark.skipif(

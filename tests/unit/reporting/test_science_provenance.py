@@ -191,3 +191,20 @@ def test_the_importable_files_of_a_module_command_are_its_import_closure(tmp_pat
         "envace/late.py",  # imported inside a function: counted (the safe side)
     }
     assert len(importable_files(tmp_path, "python make_part.py")) == 6  # a script: the whole package
+    from envace.reporting.science_provenance import read_package
+
+    read = read_package(package)  # read once, asked about many commands: the same answers
+    assert importable_files(tmp_path, "python -m envace.stages.lib", read) == {
+        "envace/__init__.py",
+        "envace/stages/__init__.py",
+        "envace/stages/lib.py",
+    }
+    assert importable_files(tmp_path, "python make_part.py", read) == importable_files(tmp_path, "python x.py")
+
+
+def test_a_file_is_covered_by_itself_or_a_folder_holding_it_not_by_a_name_it_starts_with() -> None:
+    from envace.reporting.science_provenance import uncovered
+
+    files = ["envace/utils/io.py", "envace/utils_extra.py", "envace/core/a.py", "envace/stages/x.py"]
+    assert uncovered(files, ["envace/utils", "envace/core/", "envace/stages/x.py"]) == {"envace/utils_extra.py"}
+    assert uncovered(files, []) == set(files)

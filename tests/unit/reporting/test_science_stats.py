@@ -640,7 +640,13 @@ def _sweep(directory, cells):
 def test_the_grid_on_further_seeds_folds_in_pools_over_seeds_and_reports_its_reruns(tmp_path):
     """Stage testtime_grid's halves join the test-time cells; a cell stage testtime already ran keeps
     testtime's run, and the two runs' agreement is reported; comparisons pool over the seeds that have them."""
-    from envace.reporting.science_stats import grid_cells, testtime_cells, testtime_comparisons, testtime_reruns
+    from envace.reporting.science_stats import (
+        grid_cells,
+        staged_testtime_cells,
+        testtime_cells,
+        testtime_comparisons,
+        testtime_reruns,
+    )
 
     n0 = [1] * 10 + [0] * 30
     _sweep(tmp_path / "testtime" / "envace-seed0", {"none/n0/none": n0, "parallel/n2/trained": [1] * 12 + [0] * 28})
@@ -653,13 +659,14 @@ def test_the_grid_on_further_seeds_folds_in_pools_over_seeds_and_reports_its_rer
         {"none/n0/none": n0, "parallel/n2/trained": rerun, "sequential/n1/trained": [1] * 9 + [0] * 31},
     )
     _sweep(grid / "base" / "testtime" / "envace-seed1", {"parallel/n2/base": [1] * 6 + [0] * 34})
-    grid = grid_cells(tmp_path)
-    cells = testtime_cells(tmp_path, grid)
-    assert cells == testtime_cells(tmp_path)  # the grid read here or inside
+    grid, staged = grid_cells(tmp_path), staged_testtime_cells(tmp_path)
+    cells = testtime_cells(tmp_path, grid, staged)
+    assert cells == testtime_cells(tmp_path)  # the cells read here or inside
     assert {"envace/seed1/sequential/n1/trained", "envace/seed1/parallel/n2/base"} <= set(cells)
     assert cells["envace/seed1/parallel/n2/trained"]["success_rate"] == pytest.approx(0.2)  # testtime's run kept
-    reruns = testtime_reruns(cells, grid)
+    reruns = testtime_reruns(staged, grid)
     assert set(reruns) == {"envace/seed1/none/n0/none", "envace/seed1/parallel/n2/trained"}
+    assert testtime_reruns(staged, {}) == {} and testtime_reruns({}, grid) == {}  # a rerun needs both runs
     assert reruns["envace/seed1/none/n0/none"]["agree"] == 1.0
     r = reruns["envace/seed1/parallel/n2/trained"]
     assert (r["success"], r["rerun_success"], r["agree"], r["n_tasks"]) == (0.2, 0.2, pytest.approx(38 / 40), 40)

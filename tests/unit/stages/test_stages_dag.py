@@ -33,18 +33,26 @@ def test_every_stage_module_is_a_dvc_stage_and_runnable():
         assert len((ROOT / "envace" / "stages" / f"{name}.py").read_text().splitlines()) <= 200
 
 
+@pytest.fixture(scope="module")
+def package():
+    """envace's source files and import graph, read once for every stage."""
+    from envace.reporting.science_provenance import read_package
+
+    return read_package(ROOT / "envace")
+
+
 @pytest.mark.parametrize("name", list(DVC))
-def test_each_stage_declares_every_envace_file_its_command_can_import(name):
+def test_each_stage_declares_every_envace_file_its_command_can_import(name, package):
     """DVC re-runs a stage only for the dependencies it lists; a module its command imports but the stage
     does not list (a helper under envace/utils, say) could change its outputs unseen. The closure is static
     (envace.utils.imports): an import inside a function counts, the safe side."""
-    from envace.reporting.science_provenance import importable_files
+    from envace.reporting.science_provenance import importable_files, uncovered
 
     stage = DVC[name].get("do", DVC[name])
-    declared = [d.rstrip("/") for d in stage["deps"] if isinstance(d, str) and d.startswith("envace")]
-    files = importable_files(ROOT, stage["cmd"])
+    declared = [d for d in stage["deps"] if isinstance(d, str) and d.startswith("envace")]
+    files = importable_files(ROOT, stage["cmd"], package)
     assert files, f"stage {name}: its command {stage['cmd']!r} runs no envace module"
-    missing = sorted(f for f in files if not any(f == d or f.startswith(d + "/") for d in declared))
+    missing = sorted(uncovered(files, declared))
     assert not missing, f"dvc.yaml stage {name}: add to its deps (or a folder holding them): {missing}"
 
 
