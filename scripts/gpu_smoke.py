@@ -13,9 +13,11 @@ Modes:
   organism  The model organism (issue 46; its committed start science/organism/start, 5.7 MB, so nothing
         to download) trained on the device by the pipeline's own stage code: prepare_data and
         template_prompts for the tool world, then stage train (envace.stages.train.run, the local engine,
-        role-wise GRPO) for --steps steps (default 30, the main job's) with the real-environment validation
-        curve every 10 steps, all under the organism profile, no MLflow. Checks the plumbing (finite losses,
-        weights changed, the model was on the device, a validation point at step 0 and at the last step)
+        role-wise GRPO) for --steps steps (default 10: a CPU core takes ~33 s a step, and the GPU speed of a
+        model this small is not measured yet; 30 is the main job's) with the real-environment validation
+        curve every 10 steps, all under the organism profile, no MLflow. Checks the plumbing (every step
+        logged, finite losses, weights changed, the model was on the device, validation at step 0 and at
+        the last step)
         and records what a CPU run records (validation success per step, seconds per step) beside the
         committed CPU run's curve (metrics/train.details.json), without judging the learning: one run of
         100 validation tasks is not a test of it.
@@ -97,11 +99,15 @@ def organism_overrides(out: Path, steps: int, device: str, precision: str | None
 def run_organism(
     out: Path, steps: int, device: str = "cuda", precision: str | None = None, val_tasks: int = 0
 ) -> dict[str, Any]:
+    import csv
+    import shutil
+
     import torch
     from safetensors.torch import load_file
 
     from envace.config.load import compose, typed_config
     from envace.stages import prepare_data, template_prompts, train
+    from envace.stages.train_setup import config_hash
 
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("organism mode needs CUDA (torch.cuda.is_available() is False); --device cpu runs on the CPU")
@@ -109,15 +115,22 @@ def run_organism(
     cfg = typed_config(compose(overrides))
     report: dict[str, Any] = {"device": device, "overrides": overrides, "torch": torch.__version__}
     report["device_name"] = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+    # a smoke run starts from the committed start: never resume a killed run's checkpoints (the resume
+    # directory is keyed by the config, not by the output paths)
+    shutil.rmtree(train.WORK_ROOT / config_hash(cfg), ignore_errors=True)
     started = time.time()
     prepare_data.run(cfg)
     template_prompts.run(cfg)
     report["data_seconds"] = round(time.time() - started, 1)
+    _write_report(out, {"mode": "organism", **report, "state": "training (killed if nothing follows)", "ok": False})
     started = time.time()
     result = train.run(cfg)
     seconds = time.time() - started
     curves = result["curves"]
     points = {int(s): v for s, v in zip(curves["step"], curves.get("val/success", [])) if v is not None}
+    with open(Path(cfg.paths.plots) / "train_steps.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if int(float(r["step"])) > 0]  # RL steps (step 0: the probe)
+    losses = [float(r[k]) for r in rows for k in r if k in LOSS_COLUMNS and r[k] not in ("", None)]
     start = load_file(str(Path(cfg.model.path) / "model.safetensors"))
     final = load_file(str(Path(cfg.paths.checkpoints) / "final" / "policy" / "model.safetensors"))
     reference = Path("metrics/train.details.json")
@@ -140,15 +153,21 @@ def run_organism(
         "what": f"{reference}: the committed main job (make pipeline) on a CPU, same profile",
         "val_success": {int(s): v for s, v in zip(cpu.get("step", []), cpu.get("val/success", [])) if v is not None},
     }
-    losses = [v for k, v in report["train"]["final"].items() if "loss" in k]
     report["checks"] = {
-        "organism_trained_every_step": result["steps_done"] == steps,
+        "organism_every_step_logged": sorted(int(float(r["step"])) for r in rows) == list(range(1, steps + 1)),
         "organism_losses_finite": bool(losses) and all(math.isfinite(v) for v in losses),
         "organism_weights_changed": report["train"]["max_weight_change"] > 0,
         "organism_validated_at_start_and_end": {0, steps} <= set(points),
         "organism_on_device": device == "cpu" or (report["train"]["cuda_max_memory_mib"] or 0) > 0,
     }
-    return report
+    return {**report, "state": "finished"}
+
+
+LOSS_COLUMNS = ("loss", "loss/act", "loss/rehearse", "pg_loss")  # per RL step in the train stage's train_steps.csv
+
+
+def _write_report(out: Path, report: dict[str, Any]) -> None:
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
 
 
 # ---- mode verl ------------------------------------------------------------------------------------
@@ -526,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=["verl", "bare", "organism"])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=None, help="RL steps (verl, bare: 3; organism: 30)")
+    parser.add_argument("--steps", type=int, default=None, help="RL steps (verl, bare: 3; organism: 10)")
     parser.add_argument("--dry-run", action="store_true", help="verl mode: prepare on CPU and stop before launching")
     parser.add_argument("--device", default="cuda", help="bare, organism: 'cpu' runs the same code without a GPU")
     parser.add_argument("--precision", default=None, help="organism: fp32 (the profile's), bf16 or auto")
@@ -537,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1 if args.dry_run or args.device == "cpu" else 4)
     args.out.mkdir(parents=True, exist_ok=True)  # torch threads set above
-    steps = args.steps if args.steps is not None else (30 if args.mode == "organism" else 3)
+    steps = args.steps if args.steps is not None else (10 if args.mode == "organism" else 3)
     if args.mode == "verl":
         report = {"mode": args.mode, **run_verl(args.out, steps, dry_run=args.dry_run)}
     elif args.mode == "organism":
@@ -546,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         report = {"mode": args.mode, **run_bare(args.out, steps, args.device)}
     checks = report.get("checks", {})
     report["ok"] = bool(checks) and all(checks.values()) and report.get("verl_returncode", 0) == 0
-    (args.out / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    _write_report(args.out, report)
     logger.info("report: %s", json.dumps(report, default=str)[:4000])
     return 0 if report["ok"] else 1
 

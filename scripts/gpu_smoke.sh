@@ -5,8 +5,8 @@
 #   scripts/gpu_smoke.sh bare               # PyTorch + transformers only: local engine on CUDA (bf16),
 #                                           # estimator and loss on CUDA tensors (verl parts skipped if absent)
 #   scripts/gpu_smoke.sh verl --dry-run     # CPU: everything up to the launch (model, data, composed config)
-#   scripts/gpu_smoke.sh organism [--steps N] # PyTorch + transformers only: the model organism's main-job
-#                                           # training (stage train, local engine) on CUDA, validation curve
+#   scripts/gpu_smoke.sh organism [--steps N] # PyTorch + transformers only: the model organism's training
+#                                           # (stage train, local engine) on CUDA, 10 steps, validation curve
 #
 # Environment: PYTHON (default: python), OUT (report directory; default: a new temp dir),
 # ENVACE_SMOKE_TIMEOUT (seconds, default 570). Exit status: 0 when every check passed.

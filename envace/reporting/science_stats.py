@@ -263,7 +263,8 @@ def testtime_reruns(
     ``staged_testtime_cells``: the run the report uses) and once by stage ``testtime_grid`` (``grid``, from
     ``grid_cells``; it runs a seed's whole grid, N=0 and parallel N=2 included): per cell both success rates
     and the share of tasks whose outcome agrees, a measure of what a re-run of one configuration changes
-    (another machine's arithmetic, or nothing). A cell without per-task rows in either run is left out."""
+    (another machine's arithmetic, or nothing). A cell that lacks per-task rows in one of its two runs is
+    left out."""
     out: dict[str, dict[str, Any]] = {}
     for key in sorted(set(staged) & set(grid)):
         first, again = staged[key], grid[key]

@@ -1,7 +1,7 @@
 """GPU checks (marker ``gpu``; deselected by default): run scripts/gpu_smoke.sh and read its report.
 
-``pytest -m gpu tests/gpu`` on a machine with CUDA. ``bare`` needs PyTorch + transformers only; ``verl``
-additionally needs the GPU extra (verl[verl-core,vllm], Ray) and is skipped without vLLM.
+``pytest -m gpu tests/gpu`` on a machine with CUDA. ``bare`` and ``organism`` need PyTorch + transformers
+only; ``verl`` additionally needs the GPU extra (verl[verl-core,vllm], Ray) and is skipped without vLLM.
 """
 
 from __future__ import annotations
