@@ -78,6 +78,12 @@ def build_tiny_model_dir(out: Path, specs: list[Any], *, sft_epochs: int, device
 
 # ---- mode organism ------------------------------------------------------------------------------
 ORGANISM_PATHS = ("prepared", "prompts", "checkpoints", "evaluation", "rehearsal", "metrics", "plots", "reports")
+LOSS_COLUMNS = ("loss", "loss/act", "loss/rehearse", "pg_loss")  # per RL step in the train stage's train_steps.csv
+
+
+def _points(curves: dict[str, list[Any]], key: str) -> dict[int, float]:
+    """``{step: value}`` of one training curve (``envace.core.curves``), the steps it was measured at."""
+    return {int(s): v for s, v in zip(curves.get("step", []), curves.get(key, [])) if v is not None}
 
 
 def organism_overrides(out: Path, steps: int, device: str, precision: str | None, val_tasks: int) -> list[str]:
@@ -127,7 +133,7 @@ def run_organism(
     result = train.run(cfg)
     seconds = time.time() - started
     curves = result["curves"]
-    points = {int(s): v for s, v in zip(curves["step"], curves.get("val/success", [])) if v is not None}
+    points = _points(curves, "val/success")
     with open(Path(cfg.paths.plots) / "train_steps.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if int(float(r["step"])) > 0]  # RL steps (step 0: the probe)
     losses = [float(r[k]) for r in rows for k in r if k in LOSS_COLUMNS and r[k] not in ("", None)]
@@ -142,16 +148,14 @@ def run_organism(
         "seconds_per_step": round(seconds / max(1, result["steps_done"]), 2),
         "val_success": points,
         "val_gain_last": round(points[max(points)] - points[0], 4) if 0 in points else None,
-        "fidelity_exact_match": {
-            int(s): v for s, v in zip(curves["step"], curves.get("fidelity/exact_match", [])) if v is not None
-        },
+        "fidelity_exact_match": _points(curves, "fidelity/exact_match"),
         "final": {k: v for k, v in result.items() if k.startswith("final/") and isinstance(v, float)},
         "max_weight_change": max(float((final[k].float() - start[k].float()).abs().max()) for k in start),
         "cuda_max_memory_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1) if device == "cuda" else None,
     }
     report["cpu_reference"] = {
         "what": f"{reference}: the committed main job (make pipeline) on a CPU, same profile",
-        "val_success": {int(s): v for s, v in zip(cpu.get("step", []), cpu.get("val/success", [])) if v is not None},
+        "val_success": _points(cpu, "val/success"),
     }
     report["checks"] = {
         "organism_every_step_logged": sorted(int(float(r["step"])) for r in rows) == list(range(1, steps + 1)),
@@ -161,9 +165,6 @@ def run_organism(
         "organism_on_device": device == "cpu" or (report["train"]["cuda_max_memory_mib"] or 0) > 0,
     }
     return {**report, "state": "finished"}
-
-
-LOSS_COLUMNS = ("loss", "loss/act", "loss/rehearse", "pg_loss")  # per RL step in the train stage's train_steps.csv
 
 
 def _write_report(out: Path, report: dict[str, Any]) -> None:
